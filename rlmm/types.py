@@ -1,0 +1,232 @@
+"""Kafka's remote-log value types, as frozen dataclasses with Kafka's field names in snake_case.
+
+Both packages use these; validation lives here so every entry point rejects the same bad input.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from rlmm.errors import InvalidArgumentError
+
+
+class RemoteLogSegmentState(enum.IntEnum):
+    COPY_SEGMENT_STARTED = 0
+    COPY_SEGMENT_FINISHED = 1
+    DELETE_SEGMENT_STARTED = 2
+    DELETE_SEGMENT_FINISHED = 3
+
+
+class RemotePartitionDeleteState(enum.IntEnum):
+    DELETE_PARTITION_MARKED = 0
+    DELETE_PARTITION_STARTED = 1
+    DELETE_PARTITION_FINISHED = 2
+
+
+def _require_type(owner: str, name: str, value: Any, expected: type | tuple[type, ...]) -> None:
+    # bool is an int in Python; Kafka's offsets and ids are never booleans.
+    if isinstance(value, bool) and expected is not bool and bool not in _as_tuple(expected):
+        raise InvalidArgumentError(f"{owner}.{name} must be {_type_names(expected)}, got bool {value!r}")
+    if not isinstance(value, expected):
+        raise InvalidArgumentError(
+            f"{owner}.{name} must be {_type_names(expected)}, got {type(value).__name__} {value!r}"
+        )
+
+
+def _as_tuple(expected: type | tuple[type, ...]) -> tuple[type, ...]:
+    return expected if isinstance(expected, tuple) else (expected,)
+
+
+def _type_names(expected: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in _as_tuple(expected))
+
+
+def _require_non_negative(owner: str, name: str, value: int) -> None:
+    _require_type(owner, name, value, int)
+    if value < 0:
+        raise InvalidArgumentError(f"{owner}.{name} must be >= 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicIdPartition:
+    topic_id: uuid.UUID
+    topic: str
+    partition: int
+
+    def __post_init__(self) -> None:
+        _require_type("TopicIdPartition", "topic_id", self.topic_id, uuid.UUID)
+        _require_type("TopicIdPartition", "topic", self.topic, str)
+        if not self.topic:
+            raise InvalidArgumentError("TopicIdPartition.topic must not be empty")
+        _require_non_negative("TopicIdPartition", "partition", self.partition)
+
+    def __str__(self) -> str:
+        return f"{self.topic_id}:{self.topic}-{self.partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteLogSegmentId:
+    topic_id_partition: TopicIdPartition
+    id: uuid.UUID
+
+    def __post_init__(self) -> None:
+        _require_type("RemoteLogSegmentId", "topic_id_partition", self.topic_id_partition, TopicIdPartition)
+        _require_type("RemoteLogSegmentId", "id", self.id, uuid.UUID)
+
+    @classmethod
+    def generate(cls, topic_id_partition: TopicIdPartition) -> RemoteLogSegmentId:
+        return cls(topic_id_partition, uuid.uuid4())
+
+    def __str__(self) -> str:
+        return f"{self.topic_id_partition}/{self.id}"
+
+
+def _frozen_epochs(owner: str, epochs: Mapping[int, int]) -> Mapping[int, int]:
+    if not isinstance(epochs, Mapping):
+        raise InvalidArgumentError(
+            f"{owner}.segment_leader_epochs must be a mapping of epoch -> start offset, "
+            f"got {type(epochs).__name__}"
+        )
+    if not epochs:
+        raise InvalidArgumentError(f"{owner}.segment_leader_epochs must not be empty")
+    for epoch, offset in epochs.items():
+        _require_non_negative(owner, f"segment_leader_epochs key {epoch!r}", epoch)
+        _require_non_negative(owner, f"segment_leader_epochs[{epoch}]", offset)
+    return MappingProxyType(dict(sorted(epochs.items())))
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteLogSegmentMetadata:
+    remote_log_segment_id: RemoteLogSegmentId
+    start_offset: int
+    end_offset: int
+    max_timestamp_ms: int
+    broker_id: int
+    event_timestamp_ms: int
+    segment_size_in_bytes: int
+    segment_leader_epochs: Mapping[int, int]
+    custom_metadata: bytes | None = None
+    state: RemoteLogSegmentState = RemoteLogSegmentState.COPY_SEGMENT_STARTED
+    txn_idx_empty: bool = False
+
+    def __post_init__(self) -> None:
+        owner = "RemoteLogSegmentMetadata"
+        _require_type(owner, "remote_log_segment_id", self.remote_log_segment_id, RemoteLogSegmentId)
+        _require_non_negative(owner, "start_offset", self.start_offset)
+        _require_type(owner, "end_offset", self.end_offset, int)
+        if self.end_offset < self.start_offset:
+            raise InvalidArgumentError(
+                f"{owner}.end_offset ({self.end_offset}) must be >= start_offset ({self.start_offset})"
+            )
+        _require_type(owner, "max_timestamp_ms", self.max_timestamp_ms, int)
+        _require_type(owner, "broker_id", self.broker_id, int)
+        _require_type(owner, "event_timestamp_ms", self.event_timestamp_ms, int)
+        _require_non_negative(owner, "segment_size_in_bytes", self.segment_size_in_bytes)
+        if self.segment_size_in_bytes > 2**31 - 1:
+            raise InvalidArgumentError(f"{owner}.segment_size_in_bytes must fit in an int32")
+        epochs = _frozen_epochs(owner, self.segment_leader_epochs)
+        object.__setattr__(self, "segment_leader_epochs", epochs)
+        first_epoch_start = next(iter(epochs.values()))
+        if first_epoch_start < self.start_offset or max(epochs.values()) > self.end_offset:
+            raise InvalidArgumentError(
+                f"{owner}.segment_leader_epochs offsets must lie within "
+                f"[start_offset, end_offset] = [{self.start_offset}, {self.end_offset}], got {dict(epochs)}"
+            )
+        _require_type(owner, "custom_metadata", self.custom_metadata, (bytes, type(None)))
+        _require_type(owner, "state", self.state, RemoteLogSegmentState)
+        _require_type(owner, "txn_idx_empty", self.txn_idx_empty, bool)
+
+    @property
+    def topic_id_partition(self) -> TopicIdPartition:
+        return self.remote_log_segment_id.topic_id_partition
+
+    def epoch_end_offset(self, epoch: int) -> int:
+        """Last offset of `epoch` inside this segment: the next epoch's start - 1, or the segment end."""
+        later = [start for e, start in self.segment_leader_epochs.items() if e > epoch]
+        return min(later) - 1 if later else self.end_offset
+
+    def create_with_update(self, update: RemoteLogSegmentMetadataUpdate) -> RemoteLogSegmentMetadata:
+        if update.remote_log_segment_id != self.remote_log_segment_id:
+            raise InvalidArgumentError(
+                f"update is for segment {update.remote_log_segment_id}, not {self.remote_log_segment_id}"
+            )
+        return RemoteLogSegmentMetadata(
+            remote_log_segment_id=self.remote_log_segment_id,
+            start_offset=self.start_offset,
+            end_offset=self.end_offset,
+            max_timestamp_ms=self.max_timestamp_ms,
+            broker_id=update.broker_id,
+            event_timestamp_ms=update.event_timestamp_ms,
+            segment_size_in_bytes=self.segment_size_in_bytes,
+            segment_leader_epochs=self.segment_leader_epochs,
+            custom_metadata=update.custom_metadata,
+            state=update.state,
+            txn_idx_empty=self.txn_idx_empty,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RemoteLogSegmentMetadata):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            self.remote_log_segment_id, self.start_offset, self.end_offset, self.max_timestamp_ms,
+            self.broker_id, self.event_timestamp_ms, self.segment_size_in_bytes,
+            tuple(self.segment_leader_epochs.items()), self.custom_metadata, self.state, self.txn_idx_empty,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteLogSegmentMetadataUpdate:
+    remote_log_segment_id: RemoteLogSegmentId
+    event_timestamp_ms: int
+    custom_metadata: bytes | None
+    state: RemoteLogSegmentState
+    broker_id: int
+
+    def __post_init__(self) -> None:
+        owner = "RemoteLogSegmentMetadataUpdate"
+        _require_type(owner, "remote_log_segment_id", self.remote_log_segment_id, RemoteLogSegmentId)
+        _require_type(owner, "event_timestamp_ms", self.event_timestamp_ms, int)
+        _require_type(owner, "custom_metadata", self.custom_metadata, (bytes, type(None)))
+        _require_type(owner, "state", self.state, RemoteLogSegmentState)
+        _require_type(owner, "broker_id", self.broker_id, int)
+
+    @property
+    def topic_id_partition(self) -> TopicIdPartition:
+        return self.remote_log_segment_id.topic_id_partition
+
+
+@dataclass(frozen=True, slots=True)
+class RemotePartitionDeleteMetadata:
+    topic_id_partition: TopicIdPartition
+    state: RemotePartitionDeleteState
+    event_timestamp_ms: int
+    broker_id: int
+
+    def __post_init__(self) -> None:
+        owner = "RemotePartitionDeleteMetadata"
+        _require_type(owner, "topic_id_partition", self.topic_id_partition, TopicIdPartition)
+        _require_type(owner, "state", self.state, RemotePartitionDeleteState)
+        _require_type(owner, "event_timestamp_ms", self.event_timestamp_ms, int)
+        _require_type(owner, "broker_id", self.broker_id, int)
+
+
+__all__ = [
+    "RemoteLogSegmentId",
+    "RemoteLogSegmentMetadata",
+    "RemoteLogSegmentMetadataUpdate",
+    "RemoteLogSegmentState",
+    "RemotePartitionDeleteMetadata",
+    "RemotePartitionDeleteState",
+    "TopicIdPartition",
+]
