@@ -1,0 +1,275 @@
+"""Avro single-object encoding of metadata events, resolving any older writer schema by fingerprint.
+
+Schemas live in `schemas/*.avsc` (one file per record version); the newest version of each is the reader.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import struct
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from rlmm.errors import InvalidArgumentError
+from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent
+from rlmm.types import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+
+MAGIC = b"\xc3\x01"  # Avro single-object encoding marker, followed by the 8-byte CRC-64-AVRO fingerprint
+_HEADER = len(MAGIC) + 8
+_FILE_NAME = re.compile(r"^(?P<name>[a-z_]+)\.v(?P<version>\d+)\.avsc$")
+
+SCHEMA_DIR = Path(os.environ.get("TIERLOG_SCHEMA_DIR", Path(__file__).resolve().parent.parent / "schemas"))
+
+
+class DecodeError(ValueError):
+    """A record value is not a tierlog event this reader understands."""
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    name: str  # file stem without version, e.g. "segment_record"
+    version: int
+    schema: Any  # parsed fastavro schema
+    fingerprint: bytes
+
+
+@dataclass(frozen=True)
+class SchemaRegistry:
+    """All known versions of every event schema, keyed by fingerprint; the newest version reads."""
+
+    by_fingerprint: dict[bytes, SchemaVersion]
+    current: dict[str, SchemaVersion]
+
+    @classmethod
+    def load(cls, directory: Path = SCHEMA_DIR) -> SchemaRegistry:
+        by_fp: dict[bytes, SchemaVersion] = {}
+        current: dict[str, SchemaVersion] = {}
+        for path in sorted(directory.glob("*.avsc")):
+            match = _FILE_NAME.match(path.name)
+            if not match:
+                continue
+            raw = json.loads(path.read_text())
+            parsed = fastavro.parse_schema(raw)
+            fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+            version = SchemaVersion(match["name"], int(match["version"]), parsed, fp)
+            by_fp[fp] = version
+            if version.name not in current or current[version.name].version < version.version:
+                current[version.name] = version
+        if not {"segment_record", "partition_delete_record", "epoch_checkpoint_record"} <= current.keys():
+            raise FileNotFoundError(f"tierlog event schemas missing from {directory}")
+        return cls(by_fp, current)
+
+
+@cache
+def registry() -> SchemaRegistry:
+    return SchemaRegistry.load()
+
+
+def encode_with(version: SchemaVersion, datum: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    buffer.write(MAGIC)
+    # The fingerprint is stored little-endian, as Avro's single-object encoding specifies.
+    buffer.write(version.fingerprint[::-1])
+    fastavro.schemaless_writer(buffer, version.schema, datum)
+    return buffer.getvalue()
+
+
+def encode(event: MetadataEvent) -> bytes:
+    name, datum = to_datum(event)
+    return encode_with(registry().current[name], datum)
+
+
+def decode(value: bytes) -> MetadataEvent:
+    name, datum = decode_datum(value)
+    return from_datum(name, datum)
+
+
+def decode_datum(value: bytes) -> tuple[str, dict[str, Any]]:
+    if len(value) < _HEADER or value[:2] != MAGIC:
+        raise DecodeError("value does not start with the Avro single-object marker C3 01")
+    fp = value[2:_HEADER][::-1]
+    writer = registry().by_fingerprint.get(fp)
+    if writer is None:
+        raise DecodeError(f"unknown schema fingerprint {fp.hex()}: written by a newer tierlog? upgrade this node")
+    reader = registry().current[writer.name]
+    try:
+        datum = fastavro.schemaless_reader(io.BytesIO(value[_HEADER:]), writer.schema, reader.schema)
+    except Exception as exc:  # fastavro raises many types for truncated or garbled bytes
+        raise DecodeError(f"cannot decode {writer.name} v{writer.version}: {exc}") from exc
+    if not isinstance(datum, dict):
+        raise DecodeError(f"{writer.name} decoded to {type(datum).__name__}, expected a record")
+    return writer.name, datum
+
+
+def _tp_fields(tp: TopicIdPartition) -> dict[str, Any]:
+    return {"topic_id": str(tp.topic_id), "topic": tp.topic, "partition": tp.partition}
+
+
+def _tp_from(datum: dict[str, Any]) -> TopicIdPartition:
+    return TopicIdPartition(_as_uuid(datum["topic_id"]), datum["topic"], datum["partition"])
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def to_datum(event: MetadataEvent) -> tuple[str, dict[str, Any]]:
+    if isinstance(event, RemoteLogSegmentMetadata):
+        segment_id = event.remote_log_segment_id
+        return "segment_record", {
+            **_tp_fields(segment_id.topic_id_partition),
+            "segment_id": str(segment_id.id),
+            "start_offset": event.start_offset,
+            "end_offset": event.end_offset,
+            "max_timestamp_ms": event.max_timestamp_ms,
+            "broker_id": event.broker_id,
+            "event_timestamp_ms": event.event_timestamp_ms,
+            "segment_size_in_bytes": event.segment_size_in_bytes,
+            "segment_leader_epochs": [
+                {"epoch": e, "start_offset": o} for e, o in event.segment_leader_epochs.items()
+            ],
+            "custom_metadata": event.custom_metadata,
+            "state": event.state.name,
+            "txn_idx_empty": event.txn_idx_empty,
+        }
+    if isinstance(event, RemotePartitionDeleteMetadata):
+        return "partition_delete_record", {
+            **_tp_fields(event.topic_id_partition),
+            "state": event.state.name,
+            "event_timestamp_ms": event.event_timestamp_ms,
+            "broker_id": event.broker_id,
+        }
+    if isinstance(event, EpochCheckpoint):
+        return "epoch_checkpoint_record", {
+            **_tp_fields(event.topic_id_partition),
+            "epochs": [
+                {
+                    "epoch": lineage.epoch,
+                    "highest_log_offset": lineage.highest_log_offset,
+                    "displaced_segment_ids": sorted(str(s) for s in lineage.displaced_segment_ids),
+                }
+                for lineage in event.epochs
+            ],
+            "event_timestamp_ms": event.event_timestamp_ms,
+            "broker_id": event.broker_id,
+        }
+    raise InvalidArgumentError(f"not a tierlog metadata event: {type(event).__name__}")
+
+
+def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
+    try:
+        tp = _tp_from(datum)
+        if name == "segment_record":
+            return RemoteLogSegmentMetadata(
+                remote_log_segment_id=RemoteLogSegmentId(tp, _as_uuid(datum["segment_id"])),
+                start_offset=datum["start_offset"],
+                end_offset=datum["end_offset"],
+                max_timestamp_ms=datum["max_timestamp_ms"],
+                broker_id=datum["broker_id"],
+                event_timestamp_ms=datum["event_timestamp_ms"],
+                segment_size_in_bytes=datum["segment_size_in_bytes"],
+                segment_leader_epochs={e["epoch"]: e["start_offset"] for e in datum["segment_leader_epochs"]},
+                custom_metadata=datum["custom_metadata"],
+                state=RemoteLogSegmentState[datum["state"]],
+                txn_idx_empty=datum.get("txn_idx_empty", False),
+            )
+        if name == "partition_delete_record":
+            return RemotePartitionDeleteMetadata(
+                topic_id_partition=tp,
+                state=RemotePartitionDeleteState[datum["state"]],
+                event_timestamp_ms=datum["event_timestamp_ms"],
+                broker_id=datum["broker_id"],
+            )
+        if name == "epoch_checkpoint_record":
+            return EpochCheckpoint(
+                topic_id_partition=tp,
+                epochs=tuple(
+                    EpochLineage(
+                        e["epoch"],
+                        e["highest_log_offset"],
+                        frozenset(_as_uuid(s) for s in e["displaced_segment_ids"]),
+                    )
+                    for e in datum["epochs"]
+                ),
+                event_timestamp_ms=datum["event_timestamp_ms"],
+                broker_id=datum["broker_id"],
+            )
+    except (InvalidArgumentError, KeyError, ValueError) as exc:
+        raise DecodeError(f"{name} holds invalid values: {exc}") from exc
+    raise DecodeError(f"no event type for schema {name}")
+
+
+# --- the audit archive's record: one metadata-topic record with its position, decoded --------------------
+
+def archived_event_schema() -> dict[str, Any]:
+    """Schema of one archived metadata record; Spark reads its nullable event structs as columns."""
+    reg = registry()
+    return {
+        "type": "record",
+        "name": "ArchivedEvent",
+        "namespace": "io.tierlog.audit",
+        "doc": "One record of the metadata topic, decoded, with its topic position; all events null = tombstone.",
+        "fields": [
+            {"name": "metadata_topic", "type": "string"},
+            {"name": "metadata_partition", "type": "int"},
+            {"name": "offset", "type": "long"},
+            {"name": "timestamp_ms", "type": "long"},
+            {"name": "key", "type": "string"},
+            {"name": "segment", "type": ["null", reg.current["segment_record"].schema], "default": None},
+            {"name": "partition_delete", "type": ["null", reg.current["partition_delete_record"].schema],
+             "default": None},
+            {"name": "epoch_checkpoint", "type": ["null", reg.current["epoch_checkpoint_record"].schema],
+             "default": None},
+        ],
+    }
+
+
+_ARCHIVE_FIELD = {
+    "segment_record": "segment",
+    "partition_delete_record": "partition_delete",
+    "epoch_checkpoint_record": "epoch_checkpoint",
+}
+
+
+def to_archived(
+    metadata_topic: str, metadata_partition: int, offset: int, timestamp_ms: int, key: bytes, value: bytes | None
+) -> dict[str, Any]:
+    """An archive datum for one raw topic record (value None is a tombstone)."""
+    datum: dict[str, Any] = {
+        "metadata_topic": metadata_topic,
+        "metadata_partition": metadata_partition,
+        "offset": offset,
+        "timestamp_ms": timestamp_ms,
+        "key": key.decode(),
+        "segment": None,
+        "partition_delete": None,
+        "epoch_checkpoint": None,
+    }
+    if value is not None:
+        name, event_datum = decode_datum(value)
+        datum[_ARCHIVE_FIELD[name]] = event_datum
+    return datum
+
+
+def from_archived(datum: dict[str, Any]) -> MetadataEvent | None:
+    """The event an archive datum holds, or None for a tombstone."""
+    for name, field in _ARCHIVE_FIELD.items():
+        if datum.get(field) is not None:
+            return from_datum(name, datum[field])
+    return None

@@ -1,0 +1,99 @@
+"""The metadata events tierlog appends to its topic, and the record keys compaction works on.
+
+One key per segment, one per partition's delete state, one per partition's epoch lineage; see DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Literal
+
+from rlmm.errors import InvalidArgumentError
+from rlmm.types import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemotePartitionDeleteMetadata,
+    TopicIdPartition,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochLineage:
+    """What compaction could otherwise lose about one leader epoch of a user partition."""
+
+    epoch: int
+    highest_log_offset: int | None
+    displaced_segment_ids: frozenset[uuid.UUID] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochCheckpoint:
+    """The derived epoch lineage of a user partition, written after events that changed it."""
+
+    topic_id_partition: TopicIdPartition
+    epochs: tuple[EpochLineage, ...]
+    event_timestamp_ms: int
+    broker_id: int
+
+
+MetadataEvent = RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata | EpochCheckpoint
+
+KeyKind = Literal["segment", "partition-delete", "epochs"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordKey:
+    """The compaction key of a metadata record: `<kind>:<topic id>:<partition>[:<segment id>]`."""
+
+    kind: KeyKind
+    topic_id: uuid.UUID
+    partition: int
+    segment_id: uuid.UUID | None = None
+
+    def encode(self) -> bytes:
+        base = f"{self.kind}:{self.topic_id}:{self.partition}"
+        return (base if self.segment_id is None else f"{base}:{self.segment_id}").encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> RecordKey:
+        try:
+            parts = raw.decode().split(":")
+            kind = parts[0]
+            if kind == "segment" and len(parts) == 4:
+                return cls("segment", uuid.UUID(parts[1]), int(parts[2]), uuid.UUID(parts[3]))
+            if kind in ("partition-delete", "epochs") and len(parts) == 3:
+                return cls(kind, uuid.UUID(parts[1]), int(parts[2]))  # type: ignore[arg-type]
+        except (UnicodeDecodeError, ValueError):
+            pass
+        raise InvalidArgumentError(f"not a tierlog metadata record key: {raw!r}")
+
+    def same_user_partition(self, tp: TopicIdPartition) -> bool:
+        return self.topic_id == tp.topic_id and self.partition == tp.partition
+
+
+def segment_key(segment_id: RemoteLogSegmentId) -> RecordKey:
+    tp = segment_id.topic_id_partition
+    return RecordKey("segment", tp.topic_id, tp.partition, segment_id.id)
+
+
+def partition_delete_key(tp: TopicIdPartition) -> RecordKey:
+    return RecordKey("partition-delete", tp.topic_id, tp.partition)
+
+
+def epochs_key(tp: TopicIdPartition) -> RecordKey:
+    return RecordKey("epochs", tp.topic_id, tp.partition)
+
+
+def key_of(event: MetadataEvent) -> RecordKey:
+    if isinstance(event, RemoteLogSegmentMetadata):
+        return segment_key(event.remote_log_segment_id)
+    if isinstance(event, RemotePartitionDeleteMetadata):
+        return partition_delete_key(event.topic_id_partition)
+    return epochs_key(event.topic_id_partition)
+
+
+def metadata_partition_for(topic_id: uuid.UUID, partition: int, num_partitions: int) -> int:
+    """Every event of one user partition goes to one metadata partition, so its events are ordered."""
+    return zlib.crc32(topic_id.bytes + partition.to_bytes(4, "big")) % num_partitions
