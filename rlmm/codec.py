@@ -9,7 +9,6 @@ import io
 import json
 import os
 import re
-import struct
 import uuid
 from dataclasses import dataclass
 from functools import cache

@@ -1,0 +1,570 @@
+"""The metadata state machine of KAFKA_SEMANTICS.md as pure rules over a small store interface (no I/O).
+
+`apply_record` folds one metadata record into a store; the in-memory store here and the RocksDB view implement
+the same `StateStore` protocol, so both replay a log to the same state and the same digest.
+
+Compaction invariance: every segment record carries the segment's full state, and the epoch lineage that
+Kafka derives order-dependently (highest offset per epoch, finished segments displaced by a newer upload)
+is written as an `epochs:` checkpoint after each event that changed it, and applied authoritatively. A
+replay of only the newest record per key therefore reaches the same view as a replay of every record.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rlmm import view_format
+from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError
+from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent, RecordKey, epochs_key, key_of
+from rlmm.types import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+
+log = logging.getLogger(__name__)
+
+S = RemoteLogSegmentState
+P = RemotePartitionDeleteState
+
+_SEGMENT_TRANSITIONS: dict[RemoteLogSegmentState, frozenset[RemoteLogSegmentState]] = {
+    S.COPY_SEGMENT_STARTED: frozenset({S.COPY_SEGMENT_STARTED, S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED}),
+    S.COPY_SEGMENT_FINISHED: frozenset({S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED}),
+    S.DELETE_SEGMENT_STARTED: frozenset({S.DELETE_SEGMENT_STARTED, S.DELETE_SEGMENT_FINISHED}),
+    S.DELETE_SEGMENT_FINISHED: frozenset({S.DELETE_SEGMENT_FINISHED}),
+}
+
+_PARTITION_TRANSITIONS: dict[RemotePartitionDeleteState | None, frozenset[RemotePartitionDeleteState]] = {
+    None: frozenset({P.DELETE_PARTITION_MARKED}),
+    P.DELETE_PARTITION_MARKED: frozenset({P.DELETE_PARTITION_MARKED, P.DELETE_PARTITION_STARTED}),
+    P.DELETE_PARTITION_STARTED: frozenset({P.DELETE_PARTITION_STARTED, P.DELETE_PARTITION_FINISHED}),
+    P.DELETE_PARTITION_FINISHED: frozenset({P.DELETE_PARTITION_FINISHED}),
+}
+
+
+def is_valid_segment_transition(current: RemoteLogSegmentState, target: RemoteLogSegmentState) -> bool:
+    return target in _SEGMENT_TRANSITIONS[current]
+
+
+def is_valid_partition_transition(
+    current: RemotePartitionDeleteState | None, target: RemotePartitionDeleteState
+) -> bool:
+    return target in _PARTITION_TRANSITIONS[current]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Whether a record changed the state; `reason` says why one was dropped."""
+
+    applied: bool
+    reason: str | None = None
+
+    @classmethod
+    def dropped(cls, reason: str) -> Outcome:
+        return cls(False, reason)
+
+
+APPLIED = Outcome(True)
+
+
+class StateStore(Protocol):
+    """What the rules need from a store of materialized metadata; one user partition per call."""
+
+    def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None: ...
+    def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None: ...
+    def remove_segment(self, segment_id: RemoteLogSegmentId) -> None: ...
+    def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]: ...
+
+    def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None: ...
+    def put_partition_delete(self, metadata: RemotePartitionDeleteMetadata) -> None: ...
+
+    def lineage(self, tp: TopicIdPartition, epoch: int) -> EpochLineage | None: ...
+    def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]: ...
+    def put_lineage(self, tp: TopicIdPartition, lineage: EpochLineage) -> None: ...
+    def remove_lineage(self, tp: TopicIdPartition, epoch: int) -> None: ...
+    def checkpointed_lineage(self, tp: TopicIdPartition) -> bytes | None: ...
+    def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None: ...
+
+    def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None: ...
+    def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None: ...
+    def index_put(self, tp: TopicIdPartition, epoch: int, start_offset: int, segment: uuid.UUID) -> None: ...
+    def index_remove(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> None: ...
+
+    def forget_partition(self, tp: TopicIdPartition) -> None: ...
+    def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None: ...
+
+
+_LAST = 2**63 - 1
+
+
+# --- applying records ---------------------------------------------------------------------------------
+
+def apply_record(store: StateStore, key: RecordKey, event: MetadataEvent | None) -> Outcome:
+    """Fold one metadata record (None = tombstone) into `store`; invalid records are dropped, not raised."""
+    if event is None:
+        return _apply_tombstone(store, key)
+    if key_of(event) != key:
+        return Outcome.dropped(f"record key {key.encode()!r} does not match its event {key_of(event).encode()!r}")
+    if isinstance(event, RemoteLogSegmentMetadata):
+        return _apply_segment(store, event)
+    if isinstance(event, RemotePartitionDeleteMetadata):
+        return _apply_partition_delete(store, event)
+    return _apply_checkpoint(store, event)
+
+
+def _apply_tombstone(store: StateStore, key: RecordKey) -> Outcome:
+    if key.kind == "segment":
+        assert key.segment_id is not None
+        for candidate in _partitions_with(store, key):
+            existing = store.segment(RemoteLogSegmentId(candidate, key.segment_id))
+            if existing is not None:
+                _unreference(store, existing)
+                store.remove_segment(existing.remote_log_segment_id)
+        return APPLIED
+    for tp in _partitions_with(store, key):
+        if key.kind == "partition-delete":
+            store.forget_partition(tp)
+        else:
+            for lineage in list(store.lineages_of(tp)):
+                store.remove_lineage(tp, lineage.epoch)
+            store.set_checkpointed_lineage(tp, None)
+    return APPLIED
+
+
+def _partitions_with(store: StateStore, key: RecordKey) -> Iterable[TopicIdPartition]:
+    # A tombstone carries no topic name; the store knows the partition under the name it was created with.
+    tp = store.known_partition(key.topic_id, key.partition)
+    return () if tp is None else (tp,)
+
+
+def _apply_segment(store: StateStore, incoming: RemoteLogSegmentMetadata) -> Outcome:
+    existing = store.segment(incoming.remote_log_segment_id)
+    target = incoming.state
+    if existing is not None:
+        if not is_valid_segment_transition(existing.state, target):
+            return Outcome.dropped(
+                f"segment {incoming.remote_log_segment_id}: invalid transition {existing.state.name} -> {target.name}"
+            )
+        if target is not S.COPY_SEGMENT_STARTED and _immutable(existing) != _immutable(incoming):
+            return Outcome.dropped(
+                f"segment {incoming.remote_log_segment_id}: an update may not change offsets, size or epochs"
+            )
+    # A record for a segment this store never saw is applied as the full state it carries: compaction may
+    # have removed the records that created it.
+    if existing is not None and target is S.COPY_SEGMENT_STARTED:
+        _unreference(store, existing)  # a re-add may carry other epochs
+    if target is S.COPY_SEGMENT_FINISHED:
+        store.put_segment(incoming)
+        for epoch in incoming.segment_leader_epochs:
+            _reference_finished(store, incoming, epoch)
+    elif target is S.DELETE_SEGMENT_FINISHED:
+        if existing is not None:
+            _unreference(store, existing)
+            store.remove_segment(incoming.remote_log_segment_id)
+    else:
+        if target is S.DELETE_SEGMENT_STARTED:
+            _unreference(store, existing or incoming)
+        store.put_segment(incoming)
+    return APPLIED
+
+
+def _immutable(md: RemoteLogSegmentMetadata) -> tuple[object, ...]:
+    return (md.start_offset, md.end_offset, md.max_timestamp_ms, md.segment_size_in_bytes,
+            tuple(md.segment_leader_epochs.items()), md.txn_idx_empty)
+
+
+def _reference_finished(store: StateStore, md: RemoteLogSegmentMetadata, epoch: int) -> None:
+    """Kafka's rule for a COPY_SEGMENT_FINISHED segment in one of its leader epochs."""
+    tp = md.topic_id_partition
+    start = md.segment_leader_epochs[epoch]
+    end = md.epoch_end_offset(epoch)
+    current = store.lineage(tp, epoch)
+    highest = current.highest_log_offset if current else None
+    displaced = set(current.displaced_segment_ids) if current else set()
+    # A newer upload covering the same or a larger range (after a leader change) replaces older segments.
+    while (last := store.index_floor(tp, epoch, _LAST)) is not None and last[0] >= start and (
+        highest is None or highest <= end
+    ):
+        store.index_remove(tp, epoch, last[0])
+        displaced.add(last[1])
+    previous = store.index_get(tp, epoch, start)
+    store.index_put(tp, epoch, start, md.remote_log_segment_id.id)
+    if previous is not None and previous != md.remote_log_segment_id.id:
+        displaced.add(previous)
+    displaced.discard(md.remote_log_segment_id.id)
+    highest = end if highest is None else max(highest, end)
+    store.put_lineage(tp, EpochLineage(epoch, highest, frozenset(displaced)))
+
+
+def _unreference(store: StateStore, md: RemoteLogSegmentMetadata) -> None:
+    """Remove a segment from every epoch's offset index and displaced set (highest offsets stay)."""
+    tp = md.topic_id_partition
+    segment = md.remote_log_segment_id.id
+    for epoch, start in md.segment_leader_epochs.items():
+        if store.index_get(tp, epoch, start) == segment:
+            store.index_remove(tp, epoch, start)
+        lineage = store.lineage(tp, epoch)
+        if lineage is not None and segment in lineage.displaced_segment_ids:
+            _put_or_drop_lineage(store, tp, EpochLineage(
+                epoch, lineage.highest_log_offset, lineage.displaced_segment_ids - {segment}))
+
+
+def _put_or_drop_lineage(store: StateStore, tp: TopicIdPartition, lineage: EpochLineage) -> None:
+    if lineage.highest_log_offset is None and not lineage.displaced_segment_ids:
+        store.remove_lineage(tp, lineage.epoch)
+    else:
+        store.put_lineage(tp, lineage)
+
+
+def _apply_partition_delete(store: StateStore, incoming: RemotePartitionDeleteMetadata) -> Outcome:
+    tp = incoming.topic_id_partition
+    existing = store.partition_delete(tp)
+    # As for segments, a state this store never saw the start of is applied as the full state it carries.
+    if existing is not None and not is_valid_partition_transition(existing.state, incoming.state):
+        return Outcome.dropped(
+            f"partition {tp}: invalid delete transition {existing.state.name} -> {incoming.state.name}"
+        )
+    if incoming.state is P.DELETE_PARTITION_FINISHED:
+        store.forget_partition(tp)
+    else:
+        store.put_partition_delete(incoming)
+    return APPLIED
+
+
+def _apply_checkpoint(store: StateStore, checkpoint: EpochCheckpoint) -> Outcome:
+    tp = checkpoint.topic_id_partition
+    wanted = {lineage.epoch: lineage for lineage in checkpoint.epochs}
+    current = {lineage.epoch: lineage for lineage in store.lineages_of(tp)}
+    segments: dict[uuid.UUID, RemoteLogSegmentMetadata] | None = None
+    for epoch in sorted(wanted.keys() | current.keys()):
+        old = current.get(epoch, EpochLineage(epoch, None))
+        new = wanted.get(epoch, EpochLineage(epoch, None))
+        if old == new:
+            continue
+        changed = old.displaced_segment_ids ^ new.displaced_segment_ids
+        if changed:
+            if segments is None:
+                segments = {s.remote_log_segment_id.id: s for s in store.segments_of(tp)}
+            for segment_id in sorted(changed):
+                md = segments.get(segment_id)
+                if md is None or epoch not in md.segment_leader_epochs:
+                    continue
+                start = md.segment_leader_epochs[epoch]
+                if segment_id in new.displaced_segment_ids:
+                    if store.index_get(tp, epoch, start) == segment_id:
+                        store.index_remove(tp, epoch, start)
+                elif md.state is S.COPY_SEGMENT_FINISHED:
+                    store.index_put(tp, epoch, start, segment_id)
+        _put_or_drop_lineage(store, tp, new)
+    store.set_checkpointed_lineage(tp, lineage_digest(store, tp))
+    return APPLIED
+
+
+# --- what a writer derives from the state ----------------------------------------------------------------
+
+def lineage_digest(store: StateStore, tp: TopicIdPartition) -> bytes:
+    h = hashlib.sha256()
+    for lineage in sorted(store.lineages_of(tp), key=lambda lin: lin.epoch):
+        h.update(view_format.encode_lineage(lineage))
+    return h.digest()
+
+
+def pending_checkpoint(
+    store: StateStore, tp: TopicIdPartition, event_timestamp_ms: int, broker_id: int
+) -> EpochCheckpoint | None:
+    """The checkpoint a writer must append when tp's lineage changed since the last one applied."""
+    digest = lineage_digest(store, tp)
+    last = store.checkpointed_lineage(tp)
+    if last == digest or (last is None and digest == hashlib.sha256().digest()):
+        return None
+    epochs = tuple(sorted(store.lineages_of(tp), key=lambda lin: lin.epoch))
+    return EpochCheckpoint(tp, epochs, event_timestamp_ms, broker_id)
+
+
+# --- queries (Kafka's RemoteLogMetadataCache read paths) -----------------------------------------------
+
+def segment_for_offset(
+    store: StateStore, tp: TopicIdPartition, epoch: int, offset: int
+) -> RemoteLogSegmentMetadata | None:
+    entry = store.index_floor(tp, epoch, offset)
+    if entry is None:
+        return None
+    md = store.segment(RemoteLogSegmentId(tp, entry[1]))
+    if md is None or md.state is not S.COPY_SEGMENT_FINISHED:
+        return None
+    return md if offset <= md.epoch_end_offset(epoch) else None
+
+
+def next_segment_with_txn_index(
+    store: StateStore, tp: TopicIdPartition, epoch: int, offset: int
+) -> RemoteLogSegmentMetadata | None:
+    md = segment_for_offset(store, tp, epoch, offset)
+    while md is not None and md.txn_idx_empty:
+        md = segment_for_offset(store, tp, epoch, md.end_offset + 1)
+    return md
+
+
+def highest_offset_for_epoch(store: StateStore, tp: TopicIdPartition, epoch: int) -> int | None:
+    lineage = store.lineage(tp, epoch)
+    return lineage.highest_log_offset if lineage else None
+
+
+_LISTED = (S.COPY_SEGMENT_STARTED, S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED)
+
+
+def list_segments(
+    store: StateStore, tp: TopicIdPartition, epoch: int | None = None
+) -> list[RemoteLogSegmentMetadata]:
+    """Segments not finished deleting (containing `epoch` when given), by start offset then id."""
+    found = [
+        md for md in store.segments_of(tp)
+        if md.state in _LISTED and (epoch is None or epoch in md.segment_leader_epochs)
+    ]
+    found.sort(key=lambda md: (md.start_offset, md.end_offset, md.remote_log_segment_id.id.bytes))
+    return found
+
+
+def remote_log_size(store: StateStore, tp: TopicIdPartition, epoch: int) -> int:
+    return sum(md.segment_size_in_bytes for md in list_segments(store, tp, epoch))
+
+
+# --- the in-memory store ---------------------------------------------------------------------------------
+
+@dataclass
+class _PartitionState:
+    tp: TopicIdPartition
+    segments: dict[uuid.UUID, RemoteLogSegmentMetadata] = field(default_factory=dict)
+    delete: RemotePartitionDeleteMetadata | None = None
+    lineages: dict[int, EpochLineage] = field(default_factory=dict)
+    checkpointed: bytes | None = None
+    index: dict[int, tuple[list[int], dict[int, uuid.UUID]]] = field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not (self.segments or self.delete or self.lineages or self.index or self.checkpointed)
+
+
+class InMemoryState:
+    """A StateStore in plain dicts: the reference for the RocksDB view and the fold the pipeline uses."""
+
+    def __init__(self) -> None:
+        self._partitions: dict[tuple[uuid.UUID, int], _PartitionState] = {}
+
+    def _get(self, tp: TopicIdPartition) -> _PartitionState:
+        key = (tp.topic_id, tp.partition)
+        state = self._partitions.get(key)
+        if state is None:
+            state = self._partitions[key] = _PartitionState(tp)
+        return state
+
+    def _peek(self, tp: TopicIdPartition) -> _PartitionState | None:
+        return self._partitions.get((tp.topic_id, tp.partition))
+
+    def _tidy(self, tp: TopicIdPartition) -> None:
+        state = self._peek(tp)
+        if state is not None and state.empty():
+            del self._partitions[(tp.topic_id, tp.partition)]
+
+    def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None:
+        state = self._partitions.get((topic_id, partition))
+        return state.tp if state else None
+
+    def user_partitions(self) -> list[TopicIdPartition]:
+        return [state.tp for state in self._partitions.values()]
+
+    def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None:
+        state = self._peek(segment_id.topic_id_partition)
+        return state.segments.get(segment_id.id) if state else None
+
+    def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None:
+        self._get(metadata.topic_id_partition).segments[metadata.remote_log_segment_id.id] = metadata
+
+    def remove_segment(self, segment_id: RemoteLogSegmentId) -> None:
+        state = self._peek(segment_id.topic_id_partition)
+        if state is not None:
+            state.segments.pop(segment_id.id, None)
+            self._tidy(segment_id.topic_id_partition)
+
+    def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]:
+        state = self._peek(tp)
+        return iter(list(state.segments.values()) if state else [])
+
+    def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
+        state = self._peek(tp)
+        return state.delete if state else None
+
+    def put_partition_delete(self, metadata: RemotePartitionDeleteMetadata) -> None:
+        self._get(metadata.topic_id_partition).delete = metadata
+
+    def lineage(self, tp: TopicIdPartition, epoch: int) -> EpochLineage | None:
+        state = self._peek(tp)
+        return state.lineages.get(epoch) if state else None
+
+    def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]:
+        state = self._peek(tp)
+        return iter(sorted(state.lineages.values(), key=lambda lin: lin.epoch) if state else [])
+
+    def put_lineage(self, tp: TopicIdPartition, lineage: EpochLineage) -> None:
+        self._get(tp).lineages[lineage.epoch] = lineage
+
+    def remove_lineage(self, tp: TopicIdPartition, epoch: int) -> None:
+        state = self._peek(tp)
+        if state is not None:
+            state.lineages.pop(epoch, None)
+            self._tidy(tp)
+
+    def checkpointed_lineage(self, tp: TopicIdPartition) -> bytes | None:
+        state = self._peek(tp)
+        return state.checkpointed if state else None
+
+    def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None:
+        if lineage_digest is None:
+            state = self._peek(tp)
+            if state is not None:
+                state.checkpointed = None
+                self._tidy(tp)
+        else:
+            self._get(tp).checkpointed = lineage_digest
+
+    def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None:
+        state = self._peek(tp)
+        entry = state.index.get(epoch) if state else None
+        return entry[1].get(start_offset) if entry else None
+
+    def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None:
+        state = self._peek(tp)
+        entry = state.index.get(epoch) if state else None
+        if not entry:
+            return None
+        starts, ids = entry
+        position = bisect.bisect_right(starts, offset)
+        if position == 0:
+            return None
+        start = starts[position - 1]
+        return start, ids[start]
+
+    def index_put(self, tp: TopicIdPartition, epoch: int, start_offset: int, segment: uuid.UUID) -> None:
+        starts, ids = self._get(tp).index.setdefault(epoch, ([], {}))
+        if start_offset not in ids:
+            bisect.insort(starts, start_offset)
+        ids[start_offset] = segment
+
+    def index_remove(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> None:
+        state = self._peek(tp)
+        entry = state.index.get(epoch) if state else None
+        if state is None or not entry or start_offset not in entry[1]:
+            return
+        starts, ids = entry
+        del ids[start_offset]
+        starts.pop(bisect.bisect_left(starts, start_offset))
+        if not ids:
+            del state.index[epoch]
+        self._tidy(tp)
+
+    def forget_partition(self, tp: TopicIdPartition) -> None:
+        self._partitions.pop((tp.topic_id, tp.partition), None)
+
+    def digest(self) -> str:
+        return view_digest_of(self._entries())
+
+    def _entries(self) -> Iterator[tuple[str, bytes, bytes]]:
+        vf = view_format
+        for state in self._partitions.values():
+            tp = state.tp
+            for md in state.segments.values():
+                yield vf.SEGMENTS, vf.segment_key(md.remote_log_segment_id), vf.encode_segment(md)
+            if state.delete is not None:
+                yield vf.PARTITIONS, vf.partition_key(tp), vf.encode_partition_delete(state.delete)
+            for lineage in state.lineages.values():
+                yield vf.EPOCH_STATE, vf.lineage_key(tp, lineage.epoch), vf.encode_lineage(lineage)
+            for epoch, (_, ids) in state.index.items():
+                for start, segment in ids.items():
+                    yield vf.EPOCH_INDEX, vf.index_key(tp, epoch, start), segment.bytes
+
+
+def view_digest_of(entries: Iterable[tuple[str, bytes, bytes]]) -> str:
+    """The digest of a view: sha256 over its content entries, ordered by column family and key."""
+    h = hashlib.sha256()
+    for family, key, value in sorted(entries):
+        for part in (family.encode(), key, value):
+            h.update(len(part).to_bytes(4, "big"))
+            h.update(part)
+    return h.hexdigest()
+
+
+# --- the writer's side: validating calls and the records that follow an applied event --------------------
+
+def prepare_add(store: StateStore, metadata: RemoteLogSegmentMetadata) -> RemoteLogSegmentMetadata:
+    """Check an `add_remote_log_segment_metadata` call against the state; return the record to append."""
+    if metadata.state is not S.COPY_SEGMENT_STARTED:
+        raise InvalidArgumentError(
+            f"add_remote_log_segment_metadata: state must be COPY_SEGMENT_STARTED, got {metadata.state.name} "
+            f"for segment {metadata.remote_log_segment_id}"
+        )
+    existing = store.segment(metadata.remote_log_segment_id)
+    if existing is not None and not is_valid_segment_transition(existing.state, metadata.state):
+        raise InvalidArgumentError(
+            f"add_remote_log_segment_metadata: segment {metadata.remote_log_segment_id} is already "
+            f"{existing.state.name}; use a new segment id for a new upload"
+        )
+    return metadata
+
+
+def prepare_update(store: StateStore, update: RemoteLogSegmentMetadataUpdate) -> RemoteLogSegmentMetadata:
+    """Check an `update_remote_log_segment_metadata` call; return the segment's full new state to append."""
+    if update.state is S.COPY_SEGMENT_STARTED:
+        raise InvalidArgumentError(
+            "update_remote_log_segment_metadata: state may not be COPY_SEGMENT_STARTED "
+            "(use add_remote_log_segment_metadata)"
+        )
+    existing = store.segment(update.remote_log_segment_id)
+    if existing is None:
+        raise RemoteResourceNotFoundError(f"no remote log segment {update.remote_log_segment_id}")
+    if not is_valid_segment_transition(existing.state, update.state):
+        raise InvalidArgumentError(
+            f"update_remote_log_segment_metadata: segment {update.remote_log_segment_id} cannot go from "
+            f"{existing.state.name} to {update.state.name}"
+        )
+    return existing.create_with_update(update)
+
+
+def prepare_partition_delete(store: StateStore, metadata: RemotePartitionDeleteMetadata) -> None:
+    current = store.partition_delete(metadata.topic_id_partition)
+    if not is_valid_partition_transition(current.state if current else None, metadata.state):
+        raise InvalidArgumentError(
+            f"put_remote_partition_delete_metadata: partition {metadata.topic_id_partition} cannot go from "
+            f"{current.state.name if current else 'no delete state'} to {metadata.state.name}"
+        )
+
+
+def records_after(
+    store: StateStore, key: RecordKey, event: MetadataEvent, doomed_segments: Iterable[RecordKey],
+    event_timestamp_ms: int, broker_id: int,
+) -> list[tuple[RecordKey, MetadataEvent | None]]:
+    """What a writer appends once `event` is applied: tombstones for what is gone and a lineage checkpoint.
+
+    `doomed_segments` are the segment keys a partition held before its DELETE_PARTITION_FINISHED.
+    """
+    if isinstance(event, RemotePartitionDeleteMetadata):
+        if event.state is not P.DELETE_PARTITION_FINISHED:
+            return []
+        tp = event.topic_id_partition
+        return [(k, None) for k in doomed_segments] + [(epochs_key(tp), None), (key, None)]
+    if not isinstance(event, RemoteLogSegmentMetadata):
+        return []
+    follow: list[tuple[RecordKey, MetadataEvent | None]] = []
+    checkpoint = pending_checkpoint(store, event.topic_id_partition, event_timestamp_ms, broker_id)
+    if checkpoint is not None:
+        follow.append((epochs_key(event.topic_id_partition), checkpoint))
+    if event.state is S.DELETE_SEGMENT_FINISHED:
+        follow.append((key, None))
+    return follow
