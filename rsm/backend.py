@@ -1,0 +1,147 @@
+"""The storage backend interface: put, ranged get, batched delete, list by prefix.
+
+Each backend is one module in rsm.backends; RangeStream is the file-like object every ranged get returns.
+"""
+
+from __future__ import annotations
+
+import abc
+import io
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from rlmm.config import ConfigKey
+from rlmm.errors import RemoteStorageError
+from rsm.metrics import Metrics
+
+# What put() uploads: a file on this host (a segment) or bytes already in memory (a packed index).
+Source = Path | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+class StorageBackend(abc.ABC):
+    """An object store seen through four calls. Keys are '/'-separated and relative to the backend's root.
+
+    Errors: a missing object on get_range raises RemoteResourceNotFoundError; a start position at or past
+    the end of the object raises InvalidArgumentError; anything else raises RemoteStorageError whose
+    message names the location (bucket or directory), the key and the cause, and never a credential.
+    """
+
+    @abc.abstractmethod
+    def put(self, key: str, source: Source) -> None:
+        """Store `source` under `key` atomically: readers see the old object, the new one, or none."""
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, end: int | None = None) -> RangeStream:
+        """Stream bytes start..end (inclusive; None or past the size means to the end of the object)."""
+
+    @abc.abstractmethod
+    def delete(self, keys: Sequence[str]) -> None:
+        """Delete `keys` in one request where the store allows it; missing keys are not an error."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix`, in key order."""
+
+    @abc.abstractmethod
+    def describe(self, key: str) -> str:
+        """Where `key` lives, for error messages (for example: bucket 'b', key 'p/k')."""
+
+    def close(self) -> None:  # noqa: B027 - backends without connections need no cleanup
+        """Release connections and threads."""
+
+
+class BackendModule(Protocol):
+    """What a module in rsm.backends provides so that the manager can find and build it by name."""
+
+    NAME: str
+    CONFIG_KEYS: tuple[ConfigKey, ...]
+
+    def create(self, config: dict[str, Any], metrics: Metrics) -> StorageBackend: ...
+
+
+class RangeStream(io.RawIOBase):
+    """A read-only binary stream over one ranged read that never holds more than the caller's buffer.
+
+    It counts bytes into the metrics, fails loudly (naming the object) if the store closes the body
+    early, and turns the transport's exceptions into RemoteStorageError.
+    """
+
+    def __init__(
+        self,
+        body: Any,
+        length: int,
+        where: str,
+        on_bytes: Callable[[int], None] | None = None,
+        on_error: Callable[[], None] | None = None,
+        translate: Callable[[BaseException], RemoteStorageError] | None = None,
+    ) -> None:
+        super().__init__()
+        self._body = body
+        self._remaining = length
+        self._where = where
+        self._on_bytes = on_bytes
+        self._on_error = on_error
+        self._translate = translate
+        self.length = length
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError("read from a closed RangeStream")
+        view = memoryview(buffer).cast("B")
+        wanted = min(len(view), self._remaining)
+        if wanted == 0:
+            return 0
+        try:
+            chunk = self._body.read(wanted)
+        except RemoteStorageError:
+            raise
+        except Exception as exc:
+            self._fail()
+            if self._translate is not None:
+                raise self._translate(exc) from exc
+            raise RemoteStorageError(f"reading {self._where} failed: {exc}") from exc
+        if not chunk:
+            self._fail()
+            raise RemoteStorageError(
+                f"reading {self._where} failed: the store ended the body {self._remaining} bytes early"
+            )
+        count = len(chunk)
+        view[:count] = chunk
+        self._remaining -= count
+        if self._on_bytes is not None:
+            self._on_bytes(count)
+        return count
+
+    def _fail(self) -> None:
+        if self._on_error is not None:
+            self._on_error()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._body.close()
+            finally:
+                super().close()
+
+    def __enter__(self) -> RangeStream:
+        return self
+
+
+def read_all(stream: BinaryIO | RangeStream) -> bytes:
+    """Read a stream to its end and close it."""
+    with stream:
+        return stream.read()
+
+
+__all__ = ["BackendModule", "ObjectInfo", "RangeStream", "Source", "StorageBackend", "read_all"]

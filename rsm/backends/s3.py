@@ -1,0 +1,319 @@
+"""The S3 backend, through boto3: any S3-compatible server (AWS, SeaweedFS, MinIO) with path-style option.
+
+Single PUT below the multipart threshold, parallel multipart above it (aborted on failure); every
+upload carries Content-MD5 so the server rejects corrupted bytes; bounded timeouts and retries.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from rlmm.config import ConfigKey, parse_bool, parse_int, parse_str
+from rlmm.errors import ConfigError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
+from rsm.backend import ObjectInfo, RangeStream, Source, StorageBackend
+from rsm.keys import normalize_prefix
+from rsm.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+NAME = "s3"
+_MIB = 1 << 20
+# S3's own floor for every part but the last.
+MIN_PART_SIZE = 5 * _MIB
+MAX_PARTS = 10_000
+
+
+def _positive(value: int) -> bool:
+    return value > 0
+
+
+CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("s3.bucket", parse_str, required=True, check=bool, requirement="a bucket name"),
+    ConfigKey("s3.prefix", parse_str, default=""),
+    ConfigKey("s3.endpoint.url", parse_str),
+    ConfigKey("s3.region", parse_str, default="us-east-1", check=bool, requirement="a region name"),
+    ConfigKey("s3.access.key.id", parse_str, secret=True),
+    ConfigKey("s3.secret.access.key", parse_str, secret=True),
+    # Local servers (SeaweedFS, MinIO) need path-style; unset means "path-style when an endpoint is set".
+    ConfigKey("s3.path.style.access", parse_bool),
+    ConfigKey("s3.multipart.threshold.bytes", parse_int, 32 * _MIB, check=_positive, requirement="> 0"),
+    ConfigKey(
+        "s3.multipart.part.size.bytes", parse_int, 16 * _MIB,
+        check=lambda v: v >= MIN_PART_SIZE, requirement=f">= {MIN_PART_SIZE} (S3's minimum part size)",
+    ),
+    ConfigKey("s3.multipart.concurrency", parse_int, 4, check=_positive, requirement="> 0"),
+    ConfigKey("s3.request.timeout.ms", parse_int, 30_000, check=_positive, requirement="> 0"),
+    ConfigKey("s3.retries.max", parse_int, 3, check=lambda v: v >= 0, requirement=">= 0"),
+    ConfigKey("s3.max.connections", parse_int, 16, check=_positive, requirement="> 0"),
+)
+
+
+def create(config: dict[str, Any], metrics: Metrics) -> StorageBackend:
+    if (config["s3.access.key.id"] is None) != (config["s3.secret.access.key"] is None):
+        raise ConfigError("rsm: config keys s3.access.key.id and s3.secret.access.key must be set together")
+    return S3Backend(config, metrics)
+
+
+def _content_md5(data: bytes) -> str:
+    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")
+
+
+def _file_md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_MIB):
+            digest.update(chunk)
+    return base64.b64encode(digest.digest()).decode("ascii")
+
+
+def _error_code(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _status(exc: BaseException) -> int:
+    if isinstance(exc, ClientError):
+        return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+    return 0
+
+
+class S3Backend(StorageBackend):
+    def __init__(self, config: dict[str, Any], metrics: Metrics) -> None:
+        self._bucket: str = config["s3.bucket"]
+        self._prefix = normalize_prefix(config["s3.prefix"], "s3.prefix")
+        self._threshold: int = config["s3.multipart.threshold.bytes"]
+        self._part_size: int = config["s3.multipart.part.size.bytes"]
+        self._concurrency: int = config["s3.multipart.concurrency"]
+        self._metrics = metrics
+        # Kept only to scrub them from any message that might echo them; never logged.
+        self._secrets = tuple(
+            s for s in (config["s3.access.key.id"], config["s3.secret.access.key"]) if s
+        )
+        endpoint = config["s3.endpoint.url"]
+        path_style = config["s3.path.style.access"]
+        if path_style is None:
+            path_style = endpoint is not None
+        timeout = config["s3.request.timeout.ms"] / 1000.0
+        boto_config = BotoConfig(
+            region_name=config["s3.region"],
+            connect_timeout=timeout,
+            read_timeout=timeout,
+            retries={"max_attempts": config["s3.retries.max"] + 1, "mode": "standard"},
+            max_pool_connections=max(config["s3.max.connections"], self._concurrency),
+            s3={"addressing_style": "path" if path_style else "auto"},
+            # We send Content-MD5 on every upload ourselves; the streaming CRC trailers botocore would
+            # add by default are not understood by every S3-compatible server.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        try:
+            self._client = boto3.session.Session().client(
+                "s3",
+                endpoint_url=endpoint,
+                aws_access_key_id=config["s3.access.key.id"],
+                aws_secret_access_key=config["s3.secret.access.key"],
+                config=boto_config,
+            )
+        except (BotoCoreError, ValueError) as exc:
+            raise RemoteStorageError(f"cannot create the S3 client: {self._scrub(str(exc))}") from None
+        # Count what actually goes on the wire, retries included (our per-call counters see one request).
+        self._client.meta.events.register("before-send.s3", self._count_attempt)
+
+    def _count_attempt(self, event_name: str = "", **_: Any) -> None:
+        self._metrics.increment(f"s3.http_attempts.{event_name.rsplit('.', 1)[-1]}")
+
+    def __repr__(self) -> str:
+        return f"S3Backend(bucket={self._bucket!r}, prefix={self._prefix!r})"
+
+    def _key(self, key: str) -> str:
+        return f"{self._prefix}/{key}" if self._prefix else key
+
+    def describe(self, key: str) -> str:
+        return f"bucket {self._bucket!r}, key {self._key(key)!r}"
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "<redacted>")
+        return text
+
+    def _error(self, operation: str, key: str, exc: BaseException) -> RemoteStorageError:
+        return RemoteStorageError(
+            f"S3 {operation} failed for {self.describe(key)}: {self._scrub(str(exc))}"
+        )
+
+    # -- put ------------------------------------------------------------------------------------
+
+    def put(self, key: str, source: Source) -> None:
+        size = len(source) if isinstance(source, bytes) else self._size(key, source)
+        if size >= self._threshold and not isinstance(source, bytes):
+            self._put_multipart(key, source, size)
+            return
+        with self._metrics.time("backend.put") as timer:
+            try:
+                if isinstance(source, bytes):
+                    self._client.put_object(
+                        Bucket=self._bucket, Key=self._key(key), Body=source, ContentMD5=_content_md5(source)
+                    )
+                else:
+                    md5 = _file_md5(source)
+                    with open(source, "rb") as body:
+                        self._client.put_object(
+                            Bucket=self._bucket, Key=self._key(key), Body=body, ContentMD5=md5,
+                            ContentLength=size,
+                        )
+            except (BotoCoreError, ClientError, OSError) as exc:
+                raise self._error("PutObject", key, exc) from exc
+            timer.bytes = size
+
+    def _size(self, key: str, path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError as exc:
+            raise RemoteStorageError(f"cannot upload {path} to {self.describe(key)}: {exc}") from exc
+
+    def _put_multipart(self, key: str, path: Path, size: int) -> None:
+        part_size = max(self._part_size, math.ceil(size / MAX_PARTS))
+        count = math.ceil(size / part_size)
+        with self._metrics.time("backend.put_multipart") as timer:
+            try:
+                created = self._client.create_multipart_upload(Bucket=self._bucket, Key=self._key(key))
+            except (BotoCoreError, ClientError) as exc:
+                raise self._error("CreateMultipartUpload", key, exc) from exc
+            upload_id = created["UploadId"]
+            try:
+                etags = self._upload_parts(key, path, upload_id, part_size, count)
+                self._client.complete_multipart_upload(
+                    Bucket=self._bucket, Key=self._key(key), UploadId=upload_id,
+                    MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in etags]},
+                )
+            except BaseException as exc:
+                self._abort(key, upload_id)
+                if isinstance(exc, RemoteStorageError):
+                    raise
+                if isinstance(exc, (BotoCoreError, ClientError, OSError)):
+                    raise self._error("multipart upload", key, exc) from exc
+                raise
+            timer.bytes = size
+
+    def _upload_parts(
+        self, key: str, path: Path, upload_id: str, part_size: int, count: int
+    ) -> list[tuple[int, str]]:
+        def upload(number: int) -> tuple[int, str]:
+            with open(path, "rb") as handle:
+                handle.seek((number - 1) * part_size)
+                data = handle.read(part_size)
+            with self._metrics.time("backend.upload_part") as timer:
+                try:
+                    reply = self._client.upload_part(
+                        Bucket=self._bucket, Key=self._key(key), UploadId=upload_id, PartNumber=number,
+                        Body=data, ContentMD5=_content_md5(data),
+                    )
+                except (BotoCoreError, ClientError) as exc:
+                    raise self._error(f"UploadPart {number}/{count}", key, exc) from exc
+                timer.bytes = len(data)
+            return number, str(reply["ETag"])
+
+        # Memory stays at concurrency x part size: each worker reads only its own part.
+        with ThreadPoolExecutor(self._concurrency, thread_name_prefix="rsm-upload") as pool:
+            futures: list[Future[tuple[int, str]]] = [pool.submit(upload, n) for n in range(1, count + 1)]
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for future in pending:
+                future.cancel()
+            for future in done:
+                error = future.exception()
+                if error is not None:
+                    raise error
+        return sorted(f.result() for f in futures)
+
+    def _abort(self, key: str, upload_id: str) -> None:
+        try:
+            self._client.abort_multipart_upload(Bucket=self._bucket, Key=self._key(key), UploadId=upload_id)
+        except (BotoCoreError, ClientError) as exc:
+            # The bucket's lifecycle rule for incomplete uploads is the backstop; the object is not visible.
+            log.warning(
+                "aborting multipart upload of %s failed: %s", self.describe(key), self._scrub(str(exc))
+            )
+
+    # -- get ------------------------------------------------------------------------------------
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> RangeStream:
+        byte_range = f"bytes={start}-{'' if end is None else end}"
+        with self._metrics.time("backend.get"):
+            try:
+                reply = self._client.get_object(Bucket=self._bucket, Key=self._key(key), Range=byte_range)
+            except ClientError as exc:
+                if _error_code(exc) in ("NoSuchKey", "404", "NotFound") or _status(exc) == 404:
+                    raise RemoteResourceNotFoundError(f"no object at {self.describe(key)}") from None
+                if _error_code(exc) == "InvalidRange" or _status(exc) == 416:
+                    content_range = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
+                        "content-range", ""
+                    )
+                    size = content_range.rpartition("/")[2] or "unknown"
+                    raise InvalidArgumentError(
+                        f"start position {start} is at or past the end of {self.describe(key)} ({size} bytes)"
+                    ) from None
+                raise self._error("GetObject", key, exc) from exc
+            except BotoCoreError as exc:
+                raise self._error("GetObject", key, exc) from exc
+        body: BinaryIO = reply["Body"]
+        return RangeStream(
+            body,
+            int(reply["ContentLength"]),
+            self.describe(key),
+            on_bytes=lambda n: self._metrics.add_bytes("backend.get", n),
+            on_error=lambda: self._metrics.add_error("backend.get"),
+            translate=lambda exc: self._error("GetObject body read", key, exc),
+        )
+
+    # -- delete and list ------------------------------------------------------------------------
+
+    def delete(self, keys: Sequence[str]) -> None:
+        if not keys:
+            return
+        with self._metrics.time("backend.delete"):
+            try:
+                reply = self._client.delete_objects(
+                    Bucket=self._bucket,
+                    Delete={"Objects": [{"Key": self._key(k)} for k in keys], "Quiet": True},
+                )
+            except (BotoCoreError, ClientError) as exc:
+                raise self._error("DeleteObjects", ", ".join(keys), exc) from exc
+            failed = [e for e in reply.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if failed:
+                detail = "; ".join(f"{e.get('Key')}: {e.get('Code')} {e.get('Message', '')}" for e in failed)
+                raise RemoteStorageError(
+                    f"S3 DeleteObjects failed in bucket {self._bucket!r} for {self._scrub(detail)}"
+                )
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        strip = len(self._prefix) + 1 if self._prefix else 0
+        with self._metrics.time("backend.list"):
+            found: list[ObjectInfo] = []
+            try:
+                pages = self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self._bucket, Prefix=self._key(prefix)
+                )
+                for page in pages:
+                    contents = page.get("Contents", [])
+                    found.extend(ObjectInfo(o["Key"][strip:], int(o["Size"])) for o in contents)
+            except (BotoCoreError, ClientError) as exc:
+                raise self._error("ListObjectsV2", prefix, exc) from exc
+        return iter(found)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+__all__ = ["CONFIG_KEYS", "MIN_PART_SIZE", "NAME", "S3Backend", "create"]

@@ -1,0 +1,272 @@
+"""The RemoteStorageManager facade: Kafka's RSM calls in snake_case over one storage backend.
+
+Each segment is two objects, `.log` and a packed `.indexes`; see DESIGN.md "The storage layout".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, BinaryIO
+
+from rlmm.config import ConfigKey, parse_bool, parse_config, parse_int, parse_str
+from rlmm.errors import ConfigError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
+from rlmm.types import RemoteLogSegmentMetadata
+from rsm import custom_metadata
+from rsm.backend import RangeStream, StorageBackend, read_all
+from rsm.backends import available_backends
+from rsm.custom_metadata import SegmentCustomMetadata
+from rsm.index_cache import IndexCache
+from rsm.keys import SegmentKeys, keys_for
+from rsm.metrics import Metrics
+from rsm.packed_index import (
+    BROKER_READ_GROUP,
+    MAX_HEADER_SIZE,
+    PackedIndexLayout,
+    extract,
+    pack,
+    parse_header,
+)
+from rsm.types import IndexType, LogSegmentData
+
+log = logging.getLogger(__name__)
+_OWNER = "rsm"
+
+
+def _non_negative(value: int) -> bool:
+    return value >= 0
+
+
+CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("storage.backend", parse_str, default="filesystem"),
+    # Spread keys over the store's key space by a hash of the partition (helps S3 request-rate limits).
+    ConfigKey("storage.hash.prefix", parse_bool, default=False),
+    ConfigKey("index.cache.max.bytes", parse_int, 64 << 20, check=_non_negative, requirement=">= 0"),
+    ConfigKey("index.cache.ttl.ms", parse_int, 600_000, check=lambda v: v > 0, requirement="> 0"),
+)
+
+
+def _parse(raw: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """Core config, the chosen backend's name, and its config (its required keys enforced)."""
+    backends = available_backends()
+    # Keys of backends that are not selected are accepted (a broker's config may carry them all).
+    every_backend_key = tuple(
+        dataclasses.replace(key, required=False) for module in backends.values() for key in module.CONFIG_KEYS
+    )
+    core = parse_config(raw, CORE_CONFIG_KEYS + every_backend_key, _OWNER)
+    name = core["storage.backend"]
+    if name not in backends:
+        raise ConfigError(
+            f"{_OWNER}: config key storage.backend must be one of {', '.join(sorted(backends))}, got {name!r}"
+        )
+    own_keys = backends[name].CONFIG_KEYS
+    own_names = {key.name for key in own_keys}
+    backend_config = parse_config({k: v for k, v in raw.items() if k in own_names}, own_keys, _OWNER)
+    return core, name, backend_config
+
+
+def _require_metadata(metadata: object) -> RemoteLogSegmentMetadata:
+    if not isinstance(metadata, RemoteLogSegmentMetadata):
+        raise InvalidArgumentError(
+            f"expected RemoteLogSegmentMetadata, got {type(metadata).__name__}"
+        )
+    return metadata
+
+
+def _require_index_type(value: object) -> IndexType:
+    if not isinstance(value, IndexType):
+        raise InvalidArgumentError(f"expected an rsm.IndexType, got {type(value).__name__} {value!r}")
+    return value
+
+
+class RemoteStorageManager:
+    """Kafka's RemoteStorageManager. Thread-safe; one instance serves every partition of a broker."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        core, name, backend_config = _parse(config)
+        self._metrics = Metrics()
+        self._backend: StorageBackend = available_backends()[name].create(backend_config, self._metrics)
+        self._hashed: bool = core["storage.hash.prefix"]
+        self._cache = IndexCache(
+            core["index.cache.max.bytes"], core["index.cache.ttl.ms"] / 1000.0, self._metrics
+        )
+        self._closed = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"RemoteStorageManager(backend={self._backend!r}, hash_prefix={self._hashed})"
+
+    def __enter__(self) -> RemoteStorageManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise RemoteStorageError("this RemoteStorageManager is closed; create a new one")
+
+    # -- copy -----------------------------------------------------------------------------------
+
+    def copy_log_segment_data(self, metadata: RemoteLogSegmentMetadata, data: LogSegmentData) -> bytes | None:
+        """Upload the segment, then its packed indexes; return the section table as custom metadata.
+
+        A retry with the same metadata overwrites both objects, so the call is idempotent.
+        """
+        self._check_open()
+        _require_metadata(metadata)
+        if not isinstance(data, LogSegmentData):
+            raise InvalidArgumentError(f"expected rsm.LogSegmentData, got {type(data).__name__}")
+        keys = keys_for(metadata, self._hashed)
+        with self._metrics.time("rsm.copy_log_segment_data") as timer:
+            # Read the indexes first: a missing file fails the copy before anything is uploaded.
+            packed, layout = pack(self._read_indexes(data))
+            self._backend.put(keys.log, data.log_segment)
+            # Written last: a segment whose .indexes object exists is complete.
+            self._backend.put(keys.indexes, packed)
+            timer.bytes = metadata.segment_size_in_bytes + len(packed)
+        self._cache.invalidate(metadata.remote_log_segment_id.id)
+        log.debug("copied segment %s to %s", metadata.remote_log_segment_id, keys.log)
+        return custom_metadata.encode(SegmentCustomMetadata(layout, self._hashed))
+
+    @staticmethod
+    def _read_indexes(data: LogSegmentData) -> dict[IndexType, bytes]:
+        paths = {
+            IndexType.OFFSET: data.offset_index,
+            IndexType.TIMESTAMP: data.time_index,
+            IndexType.PRODUCER_SNAPSHOT: data.producer_snapshot_index,
+        }
+        if data.transaction_index is not None:
+            paths[IndexType.TRANSACTION] = data.transaction_index
+        indexes = {IndexType.LEADER_EPOCH: data.leader_epoch_index}
+        for index_type, path in paths.items():
+            try:
+                indexes[index_type] = path.read_bytes()
+            except OSError as exc:
+                raise RemoteStorageError(f"cannot read the {index_type.name} index {path}: {exc}") from exc
+        return indexes
+
+    # -- fetch ----------------------------------------------------------------------------------
+
+    def fetch_log_segment(
+        self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None = None
+    ) -> RangeStream:
+        """Stream the segment's bytes from `start` to `end` inclusive (None or past the size: to the end)."""
+        self._check_open()
+        _require_metadata(metadata)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise InvalidArgumentError(f"start position must be an int >= 0, got {start!r}")
+        if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end < start):
+            raise InvalidArgumentError(f"end position must be None or an int >= start ({start}), got {end!r}")
+        keys = self._keys(metadata)
+        with self._metrics.time("rsm.fetch_log_segment"):
+            return self._backend.get_range(keys.log, start, end)
+
+    def fetch_indexes(
+        self, metadata: RemoteLogSegmentMetadata, types: Iterable[IndexType]
+    ) -> dict[IndexType, BinaryIO]:
+        """Every requested index the segment has, from one ranged GET; absent types are left out."""
+        self._check_open()
+        _require_metadata(metadata)
+        wanted = {_require_index_type(t) for t in types}
+        with self._metrics.time("rsm.fetch_indexes") as timer:
+            found = self._fetch_sections(metadata, wanted)
+            timer.bytes = sum(len(b) for b in found.values())
+        return {t: io.BytesIO(found[t]) for t in sorted(found)}
+
+    def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> BinaryIO:
+        """One index; a miss loads the broker's whole OFFSET/TIMESTAMP/TRANSACTION group into the cache.
+
+        Raises RemoteResourceNotFoundError if the segment has no such index (a segment without
+        transactions has no TRANSACTION index).
+        """
+        self._check_open()
+        _require_metadata(metadata)
+        _require_index_type(index_type)
+        segment = metadata.remote_log_segment_id.id
+        with self._metrics.time("rsm.fetch_index") as timer:
+            hit = self._cache.get(segment, index_type)
+            if hit is None:
+                group = BROKER_READ_GROUP if index_type in BROKER_READ_GROUP else frozenset({index_type})
+                found = self._fetch_sections(metadata, group)
+                # Absent members are cached too, so the broker's TRANSACTION call after OFFSET costs nothing.
+                self._cache.put(segment, {t: found.get(t) for t in group})
+                data = found.get(index_type)
+            else:
+                data = hit.data
+            if data is None:
+                raise RemoteResourceNotFoundError(
+                    f"segment {metadata.remote_log_segment_id} has no {index_type.name} index"
+                )
+            timer.bytes = len(data)
+        return io.BytesIO(data)
+
+    def _segment_layout(
+        self, metadata: RemoteLogSegmentMetadata
+    ) -> tuple[SegmentKeys, PackedIndexLayout | None]:
+        """The segment's keys, and its section table when its custom metadata carries one."""
+        decoded = None
+        if metadata.custom_metadata:
+            decoded = custom_metadata.decode(metadata.custom_metadata, str(metadata.remote_log_segment_id))
+        if decoded is None:
+            return keys_for(metadata, self._hashed), None
+        return keys_for(metadata, decoded.hashed_keys), decoded.layout
+
+    def _keys(self, metadata: RemoteLogSegmentMetadata) -> SegmentKeys:
+        return self._segment_layout(metadata)[0]
+
+    def _fetch_sections(
+        self, metadata: RemoteLogSegmentMetadata, types: Iterable[IndexType]
+    ) -> dict[IndexType, bytes]:
+        keys, layout = self._segment_layout(metadata)
+        where = self._backend.describe(keys.indexes)
+        if layout is None:
+            # A segment without our custom metadata (an older writer): one extra read for the header.
+            header = read_all(self._backend.get_range(keys.indexes, 0, MAX_HEADER_SIZE - 1))
+            layout = parse_header(header, where)
+        wanted = layout.present(types)
+        if not wanted:
+            return {}
+        start, end = layout.span(wanted)
+        data = read_all(self._backend.get_range(keys.indexes, start, end - 1))
+        return extract(data, start, wanted, where)
+
+    # -- delete ---------------------------------------------------------------------------------
+
+    def delete_log_segment_data(self, metadata: RemoteLogSegmentMetadata) -> None:
+        """Delete both objects in one request; deleting what is already gone is not an error."""
+        self._check_open()
+        _require_metadata(metadata)
+        keys, layout = self._segment_layout(metadata)
+        targets = list(keys.both())
+        if layout is None:
+            # No custom metadata (a copy that failed, or an older writer): the segment may have been
+            # written under either key layout, and deleting a missing key costs nothing extra.
+            targets += keys_for(metadata, not self._hashed).both()
+        with self._metrics.time("rsm.delete_log_segment_data"):
+            self._backend.delete(targets)
+        self._cache.invalidate(metadata.remote_log_segment_id.id)
+
+    # -- lifecycle and metrics ------------------------------------------------------------------
+
+    @property
+    def backend(self) -> StorageBackend:
+        return self._backend
+
+    def metrics(self) -> dict[str, Any]:
+        """Plain-dict counters: per operation requests, errors, bytes and latency; cache statistics."""
+        snapshot = self._metrics.snapshot()
+        snapshot["index_cache"] = {"bytes": self._cache.size_bytes}
+        return snapshot
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._cache.clear()
+        self._backend.close()
+
+
+__all__ = ["CORE_CONFIG_KEYS", "RemoteStorageManager"]
