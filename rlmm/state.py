@@ -558,7 +558,8 @@ def records_after(
         if event.state is not P.DELETE_PARTITION_FINISHED:
             return []
         tp = event.topic_id_partition
-        return [(k, None) for k in doomed_segments] + [(epochs_key(tp), None), (key, None)]
+        tombstones: list[tuple[RecordKey, MetadataEvent | None]] = [(k, None) for k in doomed_segments]
+        return [*tombstones, (epochs_key(tp), None), (key, None)]
     if not isinstance(event, RemoteLogSegmentMetadata):
         return []
     follow: list[tuple[RecordKey, MetadataEvent | None]] = []
