@@ -1,0 +1,258 @@
+/*
+ * The connection from one plugin instance to the tierlog agent: a gRPC channel on a Unix domain socket,
+ * a deadline on every call, error mapping to Kafka's exceptions, and (optionally) the agent's process.
+ */
+package dev.tierlog.kafka;
+
+import java.io.IOException;
+import java.nio.channels.FileChannel;
+import java.nio.channels.FileLock;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.ThreadFactory;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+
+import io.grpc.Deadline;
+import io.grpc.ManagedChannel;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
+import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
+import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
+
+import org.apache.kafka.common.errors.ReplicaNotAvailableException;
+import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+import dev.tierlog.kafka.proto.AgentGrpc;
+import dev.tierlog.kafka.proto.CloseRequest;
+import dev.tierlog.kafka.proto.Component;
+import dev.tierlog.kafka.proto.ConfigureRequest;
+import dev.tierlog.kafka.proto.Empty;
+import dev.tierlog.kafka.proto.HealthResponse;
+
+/**
+ * One per plugin instance; {@code afterConfigure} restores state the agent lost by restarting. The broker configures its RLMM and RSM separately (possibly in separate class
+ * loaders), so each plugin owns a client; they meet at the socket, and a file lock keeps them from
+ * starting two agents.
+ */
+final class AgentClient implements AutoCloseable {
+    private static final Logger LOG = LoggerFactory.getLogger(AgentClient.class);
+    private static final long HEALTH_TIMEOUT_MS = 2_000;
+    private static final int MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+
+    /** A call against the channel, given the deadline it must meet. */
+    @FunctionalInterface
+    interface Rpc<T> {
+        T call(ManagedChannel channel, Deadline deadline);
+    }
+
+    private final AgentSettings settings;
+    private final Component component;
+    private final Rpc<Void> afterConfigure;
+    private final EventLoopGroup eventLoop;
+    private final ManagedChannel channel;
+
+    AgentClient(AgentSettings settings, Component component, Rpc<Void> afterConfigure) {
+        this.settings = settings;
+        this.component = component;
+        this.afterConfigure = afterConfigure;
+        this.eventLoop = new EpollEventLoopGroup(1, daemonThreads("tierlog-agent-io-" + component));
+        this.channel = NettyChannelBuilder.forAddress(new DomainSocketAddress(settings.socketPath.toFile()))
+            .eventLoopGroup(eventLoop)
+            .channelType(EpollDomainSocketChannel.class)
+            .usePlaintext()
+            .maxInboundMessageSize(MAX_MESSAGE_BYTES)
+            .build();
+    }
+
+    /** Makes sure an agent answers (starting one if allowed) and hands it this component's config. */
+    void start() throws RemoteStorageException {
+        ensureAgent();
+        configure(Deadline.after(settings.startupTimeoutMs, TimeUnit.MILLISECONDS));
+    }
+
+    /**
+     * Runs one call with a deadline. A call that finds the component unconfigured (the agent restarted)
+     * reconfigures it and runs once more; one that finds no agent restarts it when this adapter owns it.
+     */
+    <T> T call(String what, long timeoutMs, Rpc<T> rpc) throws RemoteStorageException {
+        Deadline deadline = Deadline.after(timeoutMs, TimeUnit.MILLISECONDS);
+        StatusRuntimeException first;
+        try {
+            return rpc.call(channel, deadline);
+        } catch (StatusRuntimeException e) {
+            first = e;
+        }
+        Status.Code code = first.getStatus().getCode();
+        boolean recover = code == Status.Code.FAILED_PRECONDITION
+            || (code == Status.Code.UNAVAILABLE && settings.start);
+        if (!recover || deadline.isExpired()) {
+            throw translate(what, first, timeoutMs);
+        }
+        try {
+            if (code == Status.Code.UNAVAILABLE) {
+                ensureAgent();
+            }
+            configure(deadline);
+            return rpc.call(channel, deadline);
+        } catch (StatusRuntimeException e) {
+            throw translate(what, e, timeoutMs);
+        }
+    }
+
+    AgentSettings settings() {
+        return settings;
+    }
+
+    /** Kafka's exception for a failed call; runtime ones (bad argument, not ready) are thrown directly. */
+    RemoteStorageException translate(String what, StatusRuntimeException e, long timeoutMs) {
+        Status status = e.getStatus();
+        String detail = status.getDescription() == null ? status.getCode().toString() : status.getDescription();
+        switch (status.getCode()) {
+            case NOT_FOUND:
+                return new RemoteResourceNotFoundException(detail);
+            case INVALID_ARGUMENT:
+                throw new IllegalArgumentException(what + ": " + detail);
+            case ABORTED:
+                // Kafka's own manager signals a partition that is still loading this way; clients retry.
+                throw new ReplicaNotAvailableException(what + ": " + detail);
+            case UNAVAILABLE:
+                channel.resetConnectBackoff();
+                return new RemoteStorageException("tierlog agent at " + settings.socketPath + " is unreachable ("
+                    + detail + ") during " + what + "; check the agent's log at " + settings.logFile, e);
+            case DEADLINE_EXCEEDED:
+                return new RemoteStorageException("tierlog agent at " + settings.socketPath
+                    + " did not answer " + what + " within " + timeoutMs + " ms", e);
+            default:
+                return new RemoteStorageException("tierlog agent failed " + what + ": " + detail, e);
+        }
+    }
+
+    private void configure(Deadline deadline) {
+        ConfigureRequest request = ConfigureRequest.newBuilder()
+            .setComponent(component).putAllConfig(settings.forwarded).build();
+        AgentGrpc.newBlockingStub(channel).withDeadline(deadline).configure(request);
+        afterConfigure.call(channel, deadline);
+    }
+
+    private boolean healthy() {
+        try {
+            HealthResponse health = AgentGrpc.newBlockingStub(channel)
+                .withDeadlineAfter(HEALTH_TIMEOUT_MS, TimeUnit.MILLISECONDS)
+                .withWaitForReady()
+                .health(Empty.getDefaultInstance());
+            return health.getServing();
+        } catch (StatusRuntimeException e) {
+            return false;
+        }
+    }
+
+    /** Returns once an agent answers its health check, starting one if this adapter may. */
+    private void ensureAgent() throws RemoteStorageException {
+        if (Files.exists(settings.socketPath) && healthy()) {
+            return;
+        }
+        if (!settings.start) {
+            throw new RemoteStorageException("no tierlog agent answers at " + settings.socketPath
+                + "; start one (tierlog agent) or set " + AgentSettings.START + "=true");
+        }
+        // Both plugins may get here at once, possibly from different class loaders: an interned string
+        // is one monitor per JVM, and the file lock covers other processes sharing the socket path.
+        synchronized (("tierlog-agent-start:" + settings.socketPath).intern()) {
+            Path lockPath = Path.of(settings.socketPath + ".lock");
+            try (FileChannel lockChannel = FileChannel.open(lockPath, StandardOpenOption.CREATE,
+                    StandardOpenOption.WRITE);
+                 FileLock lock = lockChannel.lock()) {
+                if (Files.exists(settings.socketPath) && healthy()) {
+                    return;
+                }
+                launch();
+            } catch (IOException e) {
+                throw new RemoteStorageException("could not start the tierlog agent at " + settings.socketPath
+                    + ": " + e, e);
+            }
+        }
+    }
+
+    private void launch() throws IOException, RemoteStorageException {
+        Files.deleteIfExists(settings.socketPath);
+        Path parent = settings.socketPath.toAbsolutePath().getParent();
+        if (parent != null) {
+            Files.createDirectories(parent);
+        }
+        List<String> command = new ArrayList<>(settings.command);
+        command.add("--socket");
+        command.add(settings.socketPath.toString());
+        command.add("--parent-pid");
+        command.add(String.valueOf(ProcessHandle.current().pid()));
+        command.add("--exit-when-idle");
+        settings.metricsPort.ifPresent(port -> {
+            command.add("--metrics-port");
+            command.add(String.valueOf(port));
+        });
+        LOG.info("Starting the tierlog agent: {} (log: {})", command, settings.logFile);
+        ProcessBuilder builder = new ProcessBuilder(command)
+            .redirectErrorStream(true)
+            .redirectOutput(ProcessBuilder.Redirect.appendTo(settings.logFile.toFile()));
+        Process started = builder.start();
+        long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(settings.startupTimeoutMs);
+        while (System.nanoTime() < until) {
+            if (!started.isAlive()) {
+                throw new RemoteStorageException("the tierlog agent (" + command + ") exited with status "
+                    + started.exitValue() + " at startup; see " + settings.logFile);
+            }
+            if (Files.exists(settings.socketPath) && healthy()) {
+                channel.resetConnectBackoff();
+                return;
+            }
+            try {
+                Thread.sleep(100);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new RemoteStorageException("interrupted while starting the tierlog agent", e);
+            }
+        }
+        started.destroy();
+        throw new RemoteStorageException("the tierlog agent did not answer at " + settings.socketPath + " within "
+            + settings.startupTimeoutMs + " ms; see " + settings.logFile);
+    }
+
+    @Override
+    public void close() {
+        try {
+            AgentGrpc.newBlockingStub(channel).withDeadlineAfter(settings.callTimeoutMs, TimeUnit.MILLISECONDS)
+                .close(CloseRequest.newBuilder().setComponent(component).build());
+        } catch (StatusRuntimeException e) {
+            LOG.warn("Closing {} in the tierlog agent at {} failed: {}", component, settings.socketPath,
+                e.getStatus());
+        }
+        channel.shutdown();
+        try {
+            channel.awaitTermination(5, TimeUnit.SECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        channel.shutdownNow();
+        // A launched agent exits by itself once both components are closed (--exit-when-idle), or when
+        // the broker's process is gone (--parent-pid), so nothing here waits for it.
+        eventLoop.shutdownGracefully(0, 1, TimeUnit.SECONDS);
+    }
+
+    static ThreadFactory daemonThreads(String name) {
+        AtomicInteger n = new AtomicInteger();
+        return r -> {
+            Thread t = new Thread(r, name + "-" + n.incrementAndGet());
+            t.setDaemon(true);
+            return t;
+        };
+    }
+}
