@@ -1,0 +1,397 @@
+"""The audit archiver: copies every metadata-topic record, before compaction can drop it, into Avro files.
+
+Files live under `audit/<metadata topic>/<partition>/<first offset:020d>-<last offset:020d>.avro`; the
+resume point is the highest last offset found there, so a crash loses nothing and repeats nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastavro
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from rlmm.codec import DecodeError, archived_event_schema, to_archived
+from rlmm.errors import MetadataLogError, RemoteStorageError
+from rsm.backend import ObjectInfo, StorageBackend
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_ROOT = "audit"
+ARCHIVE_FORMAT_VERSION = "1"
+META_TOPIC = "tierlog.metadata.topic"
+META_PARTITION = "tierlog.metadata.partition"
+META_FORMAT = "tierlog.archive.format"
+_FILE_NAME = re.compile(r"^(?P<first>\d{20})-(?P<last>\d{20})\.avro$")
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveFile:
+    """One archive file, as its key names it."""
+
+    key: str
+    metadata_topic: str
+    metadata_partition: int
+    first_offset: int
+    last_offset: int
+    size: int = 0
+
+
+def partition_prefix(metadata_topic: str, metadata_partition: int) -> str:
+    return f"{ARCHIVE_ROOT}/{metadata_topic}/{metadata_partition}/"
+
+
+def archive_key(metadata_topic: str, metadata_partition: int, first_offset: int, last_offset: int) -> str:
+    return f"{partition_prefix(metadata_topic, metadata_partition)}{first_offset:020d}-{last_offset:020d}.avro"
+
+
+def parse_archive_key(key: str, size: int = 0) -> ArchiveFile | None:
+    """The file a key names, or None for anything else under audit/ (temporary files, strangers)."""
+    parts = key.split("/")
+    if len(parts) < 4 or parts[-4] != ARCHIVE_ROOT or not parts[-2].isdigit():
+        return None
+    match = _FILE_NAME.match(parts[-1])
+    if match is None:
+        return None
+    return ArchiveFile(key, parts[-3], int(parts[-2]), int(match["first"]), int(match["last"]), size)
+
+
+def list_archive_files(
+    store: StorageBackend, metadata_topic: str, metadata_partition: int | None = None
+) -> list[ArchiveFile]:
+    """The archive files of one metadata topic (or one of its partitions), by partition and offset."""
+    prefix = (
+        f"{ARCHIVE_ROOT}/{metadata_topic}/"
+        if metadata_partition is None
+        else partition_prefix(metadata_topic, metadata_partition)
+    )
+    return _parse_all(store.list(prefix))
+
+
+def _parse_all(objects: Iterable[ObjectInfo]) -> list[ArchiveFile]:
+    files = [f for f in (parse_archive_key(o.key, o.size) for o in objects) if f is not None]
+    return sorted(files, key=lambda f: (f.metadata_partition, f.first_offset))
+
+
+def next_offset_to_archive(files: Iterable[ArchiveFile]) -> int | None:
+    """Where archiving resumes: one past the last archived offset, or None when nothing is archived."""
+    last = max((f.last_offset for f in files), default=None)
+    return None if last is None else last + 1
+
+
+def encode_archive_file(metadata_topic: str, metadata_partition: int, datums: list[dict[str, Any]]) -> bytes:
+    """One Avro object container file holding `datums` (archive records of one metadata partition)."""
+    buffer = io.BytesIO()
+    fastavro.writer(
+        buffer,
+        _parsed_archive_schema(),
+        datums,
+        codec="deflate",
+        metadata={
+            META_TOPIC: metadata_topic,
+            META_PARTITION: str(metadata_partition),
+            META_FORMAT: ARCHIVE_FORMAT_VERSION,
+        },
+    )
+    return buffer.getvalue()
+
+
+def read_archive_file(data: bytes) -> Iterator[dict[str, Any]]:
+    yield from fastavro.reader(io.BytesIO(data))  # type: ignore[misc]
+
+
+_SCHEMA_CACHE: list[Any] = []
+
+
+def _parsed_archive_schema() -> Any:
+    if not _SCHEMA_CACHE:
+        _SCHEMA_CACHE.append(fastavro.parse_schema(archived_event_schema()))
+    return _SCHEMA_CACHE[0]
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiverSettings:
+    bootstrap_servers: str
+    metadata_topic: str
+    max_records_per_file: int = 10_000
+    # Longest a record waits in memory before its file is written: keep it far below the topic's
+    # min.compaction.lag.ms, which is what guarantees the archiver sees every record.
+    max_file_interval_s: float = 5.0
+    # With a group id, archivers on several nodes split the metadata partitions between them;
+    # without one, this archiver takes every partition (the standalone `tierlog archive`).
+    group_id: str | None = None
+    group_instance_id: str | None = None
+    consumer_overrides: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_records_per_file < 1:
+            raise ValueError(f"max_records_per_file must be >= 1, got {self.max_records_per_file}")
+        if self.max_file_interval_s <= 0:
+            raise ValueError(f"max_file_interval_s must be > 0, got {self.max_file_interval_s}")
+        if not self.metadata_topic:
+            raise ValueError("metadata_topic must not be empty")
+
+
+@dataclass
+class ArchiverStats:
+    files_written: int = 0
+    records_archived: int = 0
+    files_skipped_as_already_archived: int = 0
+    per_partition_next_offset: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class _PartitionBuffer:
+    datums: list[dict[str, Any]] = field(default_factory=list)
+    opened_at: float = 0.0
+
+
+class Archiver:
+    """Consumes the metadata topic and writes its records into archive files; one instance, one thread."""
+
+    def __init__(self, store: StorageBackend, settings: ArchiverSettings) -> None:
+        self._store = store
+        self._settings = settings
+        self._buffers: dict[int, _PartitionBuffer] = {}
+        self._next_offset: dict[int, int] = {}
+        # Offset after the last record seen in each partition, whether archived or only passed over.
+        self._consumed_end: dict[int, int] = {}
+        self.stats = ArchiverStats()
+        self._consumer = Consumer(self._consumer_config())
+
+    def _consumer_config(self) -> dict[str, Any]:
+        s = self._settings
+        config: dict[str, Any] = {
+            "bootstrap.servers": s.bootstrap_servers,
+            # Positions come from the archive itself, never from committed offsets.
+            "group.id": s.group_id or f"tierlog-archiver-standalone-{s.metadata_topic}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+        if s.group_instance_id:
+            config["group.instance.id"] = s.group_instance_id
+        config.update(dict(s.consumer_overrides))
+        return config
+
+    # --- positions ---------------------------------------------------------------------------------
+
+    def _partitions(self, timeout_s: float) -> list[int]:
+        topic = self._settings.metadata_topic
+        try:
+            metadata = self._consumer.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise MetadataLogError(
+                f"cannot reach Kafka at {self._settings.bootstrap_servers} to read topic {topic!r}: {exc}"
+            ) from exc
+        described = metadata.topics.get(topic)
+        if described is None or described.error is not None or not described.partitions:
+            raise MetadataLogError(
+                f"metadata topic {topic!r} does not exist on {self._settings.bootstrap_servers}; "
+                "start the agent (it creates the topic) or pass the right metadata topic name"
+            )
+        return sorted(described.partitions)
+
+    def _resume_positions(self, partitions: Iterable[int]) -> list[TopicPartition]:
+        topic = self._settings.metadata_topic
+        positions = []
+        for p in partitions:
+            resume = next_offset_to_archive(list_archive_files(self._store, topic, p))
+            self._next_offset[p] = resume if resume is not None else 0
+            self._buffers[p] = _PartitionBuffer()
+            low, _high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if resume is not None and low > resume:
+                log.warning(
+                    "audit gap in %s-%d: offsets %d..%d were removed from the topic before they were "
+                    "archived; raise min.compaction.lag.ms or run the archiver more often",
+                    topic, p, resume, low - 1,
+                )
+            positions.append(TopicPartition(topic, p, OFFSET_BEGINNING if resume is None else resume))
+            log.info("archiving %s-%d from offset %s", topic, p, resume if resume is not None else "beginning")
+        return positions
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.assign(self._resume_positions(tp.partition for tp in partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Write what is buffered so the next owner resumes after it rather than re-reading it.
+        for tp in partitions:
+            self._flush(tp.partition)
+            self._buffers.pop(tp.partition, None)
+        consumer.unassign()
+
+    # --- running -----------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, poll_timeout_s: float = 0.5) -> None:
+        """Archive until `stop` is set; buffered records are written before returning."""
+        if self._settings.group_id:
+            self._consumer.subscribe(
+                [self._settings.metadata_topic], on_assign=self._on_assign, on_revoke=self._on_revoke
+            )
+        else:
+            self._consumer.assign(self._resume_positions(self._partitions(timeout_s=30)))
+        try:
+            while not stop.is_set():
+                self._consume_batch(poll_timeout_s)
+                self._flush_due()
+            self._flush_all()
+        finally:
+            self._consumer.close()
+
+    def run_until_caught_up(self, timeout_s: float = 600) -> ArchiverStats:
+        """Archive every record present now (up to each partition's end), write it, and return."""
+        if self._settings.group_id:
+            raise ValueError("run_until_caught_up archives every partition; use it without a group id")
+        partitions = self._partitions(timeout_s=30)
+        self._consumer.assign(self._resume_positions(partitions))
+        topic = self._settings.metadata_topic
+        ends = {p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while any(self._position(p) < ends[p] for p in partitions):
+                if time.monotonic() > deadline:
+                    raise MetadataLogError(
+                        f"archiving {topic} did not reach the end offsets {ends} within {timeout_s}s"
+                    )
+                self._consume_batch(0.5)
+                self._flush_due()
+            self._flush_all()
+        finally:
+            self._consumer.close()
+        return self.stats
+
+    def _position(self, partition: int) -> int:
+        """Offset after the last record consumed (buffered or written) in `partition`."""
+        buffered = self._buffers[partition].datums
+        if buffered:
+            return int(buffered[-1]["offset"]) + 1
+        return max(self._consumed_end.get(partition, 0), self._next_offset[partition])
+
+    def _consume_batch(self, timeout_s: float) -> None:
+        for message in self._consumer.consume(num_messages=2000, timeout=timeout_s):
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    # Past the last record: transaction markers or compacted offsets may follow it.
+                    partition, offset = message.partition() or 0, message.offset() or 0
+                    self._consumed_end[partition] = max(offset, self._consumed_end.get(partition, 0))
+                    continue
+                raise MetadataLogError(f"consuming {self._settings.metadata_topic} failed: {error}")
+            self._accept(message)
+
+    def _accept(self, message: Any) -> None:
+        partition, offset = message.partition(), message.offset()
+        buffer = self._buffers.get(partition)
+        if buffer is None or offset < self._next_offset[partition]:
+            return  # revoked meanwhile, or already archived (a seek landed before the resume point)
+        if buffer.datums and offset <= buffer.datums[-1]["offset"]:
+            return
+        key = message.key()
+        if key is None:
+            raise MetadataLogError(
+                f"record {self._settings.metadata_topic}-{partition}@{offset} has no key: "
+                "this topic is not a tierlog metadata topic"
+            )
+        _type, timestamp_ms = message.timestamp()
+        try:
+            datum = to_archived(
+                self._settings.metadata_topic, partition, offset, timestamp_ms, key, message.value()
+            )
+        except DecodeError as exc:
+            raise MetadataLogError(
+                f"record {self._settings.metadata_topic}-{partition}@{offset} cannot be archived: {exc}; "
+                "the archive stops before it so that no record is skipped"
+            ) from exc
+        if not buffer.datums:
+            buffer.opened_at = time.monotonic()
+        buffer.datums.append(datum)
+        if len(buffer.datums) >= self._settings.max_records_per_file:
+            self._flush(partition)
+
+    def _flush_due(self) -> None:
+        now = time.monotonic()
+        for partition, buffer in list(self._buffers.items()):
+            if buffer.datums and now - buffer.opened_at >= self._settings.max_file_interval_s:
+                self._flush(partition)
+
+    def _flush_all(self) -> None:
+        for partition in list(self._buffers):
+            self._flush(partition)
+
+    def _flush(self, partition: int) -> None:
+        buffer = self._buffers.get(partition)
+        if buffer is None or not buffer.datums:
+            return
+        datums = self._drop_already_archived(partition, buffer.datums)
+        buffer.datums = []
+        if not datums:
+            return
+        topic = self._settings.metadata_topic
+        first, last = datums[0]["offset"], datums[-1]["offset"]
+        key = archive_key(topic, partition, first, last)
+        try:
+            self._store.put(key, encode_archive_file(topic, partition, datums))
+        except RemoteStorageError:
+            # Keep the records so the next flush retries them; the consumer position is not moved back.
+            buffer.datums = datums
+            raise
+        self._next_offset[partition] = last + 1
+        self._consumed_end[partition] = max(self._consumed_end.get(partition, 0), last + 1)
+        self.stats.files_written += 1
+        self.stats.records_archived += len(datums)
+        self.stats.per_partition_next_offset[partition] = last + 1
+        log.debug("archived %s (%d records)", key, len(datums))
+
+    def _drop_already_archived(self, partition: int, datums: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Leave out records another archiver (a paused predecessor) has written since we resumed.
+
+        Only files starting inside this batch's offset range can overlap it; their keys share the
+        digits that the batch's first and last offsets share, so one narrow listing finds them.
+        """
+        topic = self._settings.metadata_topic
+        first, last = datums[0]["offset"], datums[-1]["offset"]
+        a, b = f"{first:020d}", f"{last:020d}"
+        common = len(a) - len(a.lstrip("0")) if a == b else next(i for i in range(20) if a[i] != b[i])
+        narrowed = partition_prefix(topic, partition) + a[:common]
+        overlapping = [f for f in _parse_all(self._store.list(narrowed)) if f.first_offset <= last
+                       and f.last_offset >= first]
+        if not overlapping:
+            return datums
+        covered_to = max(f.last_offset for f in overlapping)
+        self.stats.files_skipped_as_already_archived += 1
+        log.warning(
+            "%s-%d offsets %d..%d were already archived by another archiver; keeping only what follows",
+            topic, partition, first, covered_to,
+        )
+        return [d for d in datums if d["offset"] > covered_to]
+
+
+class ArchiverThread(threading.Thread):
+    """Runs an Archiver in the background of the agent; a failure is logged and kept for inspection."""
+
+    def __init__(self, make_archiver: Callable[[], Archiver]) -> None:
+        super().__init__(name="tierlog-archiver", daemon=True)
+        self._make_archiver = make_archiver
+        self._stop_event = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._make_archiver().run(self._stop_event)
+        except BaseException as exc:  # the agent keeps serving; the error is reported, not swallowed
+            self.error = exc
+            log.exception("the audit archiver stopped")
+
+    def stop(self, timeout_s: float = 30) -> None:
+        self._stop_event.set()
+        self.join(timeout_s)
+

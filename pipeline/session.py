@@ -1,0 +1,123 @@
+"""Building the SparkSession every pipeline job runs in: local[*] by default, a cluster under spark-submit.
+
+Spark's own Avro reader and the s3a filesystem come from Maven Central through Ivy, cached under .dev/ivy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pyspark.sql import SparkSession
+
+# spark-avro is published per Spark release, but Maven Central can lag the PyPI wheel; a job may pin
+# another build with TIERLOG_SPARK_AVRO_VERSION. 4.1.1 is the newest build found on Central that the
+# bundled Spark loads.
+DEFAULT_SPARK_AVRO_VERSION = "4.1.1"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_IVY_DIR = REPO_ROOT / ".dev" / "ivy"
+
+
+@dataclass(frozen=True, slots=True)
+class S3Settings:
+    """Where an s3:// location lives and how to reach it (SeaweedFS in tests, AWS in production)."""
+
+    endpoint: str | None
+    access_key: str | None
+    secret_key: str | None
+    region: str = "us-east-1"
+
+    @classmethod
+    def from_env(cls) -> S3Settings:
+        return cls(
+            endpoint=os.environ.get("S3_ENDPOINT"),
+            access_key=os.environ.get("S3_ACCESS_KEY"),
+            secret_key=os.environ.get("S3_SECRET_KEY"),
+            region=os.environ.get("S3_REGION", "us-east-1"),
+        )
+
+
+def hadoop_version() -> str:
+    """The Hadoop version the pyspark wheel bundles: hadoop-aws must match it exactly."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    jars = Path(_find_spark_home()) / "jars"
+    for jar in sorted(jars.glob("hadoop-client-api-*.jar")):
+        return jar.stem.removeprefix("hadoop-client-api-")
+    raise RuntimeError(f"no hadoop-client-api jar under {jars}: is pyspark installed completely?")
+
+
+def spark_packages(with_s3: bool) -> list[str]:
+    avro_version = os.environ.get("TIERLOG_SPARK_AVRO_VERSION", DEFAULT_SPARK_AVRO_VERSION)
+    packages = [f"org.apache.spark:spark-avro_2.13:{avro_version}"]
+    if with_s3:
+        packages.append(f"org.apache.hadoop:hadoop-aws:{hadoop_version()}")
+    return packages
+
+
+def get_spark(
+    app_name: str = "tierlog",
+    master: str | None = None,
+    s3: S3Settings | None = None,
+    ivy_dir: Path | None = None,
+) -> SparkSession:
+    """The active session if one exists (spark-submit, tests), else a new one.
+
+    Under spark-submit the master and packages come from the submit command; run directly, the job
+    gets `local[*]` (or `master`) and fetches its packages itself.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = SparkSession.builder.appName(app_name)
+    # spark-submit starts Python with a gateway already open; its --master and --packages then rule.
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master or not under_submit:
+        builder = builder.master(master or os.environ.get("TIERLOG_SPARK_MASTER", "local[*]"))
+    ivy = ivy_dir or Path(os.environ.get("TIERLOG_IVY_DIR", DEFAULT_IVY_DIR))
+    ivy.mkdir(parents=True, exist_ok=True)
+    builder = (
+        builder.config("spark.jars.packages", ",".join(spark_packages(with_s3=s3 is not None)))
+        .config("spark.jars.ivy", str(ivy))
+        # Small jobs on a 2-core box: the default 200 shuffle partitions cost more than they give.
+        .config("spark.sql.shuffle.partitions", os.environ.get("TIERLOG_SHUFFLE_PARTITIONS", "8"))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if s3 is not None:
+        builder = _with_s3a(builder, s3)
+    return builder.getOrCreate()
+
+
+def _with_s3a(builder: SparkSession.Builder, s3: S3Settings) -> SparkSession.Builder:
+    prefix = "spark.hadoop.fs.s3a."
+    builder = builder.config(prefix + "impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
+    builder = builder.config(prefix + "endpoint.region", s3.region)
+    if s3.endpoint:
+        parsed = urlparse(s3.endpoint)
+        builder = (
+            builder.config(prefix + "endpoint", s3.endpoint)
+            .config(prefix + "path.style.access", "true")
+            .config(prefix + "connection.ssl.enabled", str(parsed.scheme == "https").lower())
+        )
+    if s3.access_key and s3.secret_key:
+        builder = (
+            builder.config(prefix + "access.key", s3.access_key)
+            .config(prefix + "secret.key", s3.secret_key)
+            .config(
+                prefix + "aws.credentials.provider",
+                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+            )
+        )
+    return builder
+
+
+def spark_path(location: str) -> str:
+    """A location as Spark's Hadoop filesystems spell it: s3:// becomes s3a://, a bare path absolute."""
+    if location.startswith("s3://"):
+        return "s3a://" + location.removeprefix("s3://")
+    if "://" in location:
+        return location
+    return Path(location).resolve().as_uri()
