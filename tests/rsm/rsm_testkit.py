@@ -1,0 +1,55 @@
+"""Segment values shared by the RSM tests (a module with a unique name, so that tests can import it).
+
+conftest.py builds them; tests annotate with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata
+from rsm import IndexType, LogSegmentData
+
+
+@dataclass(frozen=True)
+class SegmentFixture:
+    metadata: RemoteLogSegmentMetadata
+    data: LogSegmentData
+
+    @property
+    def log_bytes(self) -> bytes:
+        return self.data.log_segment.read_bytes()
+
+    def index_bytes(self) -> dict[IndexType, bytes]:
+        files = {
+            IndexType.OFFSET: self.data.offset_index,
+            IndexType.TIMESTAMP: self.data.time_index,
+            IndexType.PRODUCER_SNAPSHOT: self.data.producer_snapshot_index,
+            IndexType.TRANSACTION: self.data.transaction_index,
+        }
+        found = {t: p.read_bytes() for t, p in files.items() if p is not None}
+        found[IndexType.LEADER_EPOCH] = self.data.leader_epoch_index
+        return found
+
+    def with_custom_metadata(self, custom: bytes | None) -> RemoteLogSegmentMetadata:
+        return metadata_for(self.metadata.remote_log_segment_id, self.metadata.segment_size_in_bytes, custom)
+
+
+def metadata_for(
+    segment_id: RemoteLogSegmentId, size: int, custom: bytes | None = None, start_offset: int = 100
+) -> RemoteLogSegmentMetadata:
+    return RemoteLogSegmentMetadata(
+        remote_log_segment_id=segment_id,
+        start_offset=start_offset,
+        end_offset=start_offset + 999,
+        max_timestamp_ms=1_700_000_000_000,
+        broker_id=1,
+        event_timestamp_ms=1_700_000_000_000,
+        segment_size_in_bytes=size,
+        segment_leader_epochs={0: start_offset},
+        custom_metadata=custom,
+    )
+
+
+SegmentFactory = Callable[..., SegmentFixture]

@@ -1,0 +1,105 @@
+"""The packed `.indexes` format: round trips, section order, and detection of every kind of damage."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rsm.packed_index import (
+    BROKER_READ_GROUP,
+    MAX_HEADER_SIZE,
+    SECTION_ORDER,
+    PackedIndexCorruptError,
+    extract,
+    pack,
+    parse_header,
+)
+from rsm.types import IndexType
+
+FIVE = {
+    IndexType.OFFSET: b"offsets" * 10,
+    IndexType.TIMESTAMP: b"times" * 12,
+    IndexType.TRANSACTION: b"aborted",
+    IndexType.LEADER_EPOCH: b"0\n1\n0 0\n",
+    IndexType.PRODUCER_SNAPSHOT: b"snapshot" * 3,
+}
+
+
+def test_header_read_back_gives_the_layout_pack_returned() -> None:
+    packed, layout = pack(FIVE)
+    assert parse_header(packed[:MAX_HEADER_SIZE], "t") == layout
+
+
+def test_every_section_round_trips() -> None:
+    packed, layout = pack(FIVE)
+    assert extract(packed, 0, layout.sections, "t") == FIVE
+
+
+@given(st.dictionaries(st.sampled_from(list(IndexType)), st.binary(max_size=300)))
+def test_any_subset_of_indexes_round_trips(indexes: dict[IndexType, bytes]) -> None:
+    packed, layout = pack(indexes)
+    assert parse_header(packed, "t") == layout
+    assert extract(packed, 0, layout.sections, "t") == indexes
+
+
+def test_offset_timestamp_transaction_sections_are_contiguous_and_first() -> None:
+    _, layout = pack(FIVE)
+    group = layout.present(BROKER_READ_GROUP)
+    start, end = layout.span(group)
+    assert end - start == sum(s.length for s in group)
+    assert [s.index_type for s in layout.sections] == list(SECTION_ORDER)
+    assert start == layout.sections[0].position
+
+
+def test_a_missing_transaction_index_has_no_section() -> None:
+    without: dict[IndexType, bytes] = {t: b for t, b in FIVE.items() if t is not IndexType.TRANSACTION}
+    _, layout = pack(without)
+    assert layout.get(IndexType.TRANSACTION) is None
+
+
+def test_a_section_can_be_extracted_from_a_ranged_read() -> None:
+    packed, layout = pack(FIVE)
+    section = layout.get(IndexType.TIMESTAMP)
+    assert section is not None
+    ranged = packed[section.position : section.end]
+    assert extract(ranged, section.position, [section], "t") == {IndexType.TIMESTAMP: FIVE[IndexType.TIMESTAMP]}
+
+
+def test_a_flipped_byte_in_a_section_fails_its_checksum() -> None:
+    packed, layout = pack(FIVE)
+    damaged = bytearray(packed)
+    damaged[layout.sections[1].position] ^= 0xFF
+    with pytest.raises(PackedIndexCorruptError, match="TIMESTAMP fails its checksum"):
+        extract(bytes(damaged), 0, layout.sections, "t")
+
+
+def test_a_flipped_byte_in_the_header_fails_the_header_checksum() -> None:
+    packed, _ = pack(FIVE)
+    damaged = bytearray(packed)
+    damaged[10] ^= 0x01
+    with pytest.raises(PackedIndexCorruptError, match="header fails its checksum"):
+        parse_header(bytes(damaged), "t")
+
+
+def test_a_truncated_object_is_reported_as_shorter_than_its_table() -> None:
+    packed, layout = pack(FIVE)
+    with pytest.raises(PackedIndexCorruptError, match="shorter than its section table"):
+        extract(packed[:-1], 0, layout.sections, "t")
+
+
+def test_an_unknown_format_version_is_refused_with_the_version_named() -> None:
+    packed, _ = pack(FIVE)
+    newer = packed[:4] + (2).to_bytes(2, "big") + packed[6:]
+    with pytest.raises(PackedIndexCorruptError, match="format version 2"):
+        parse_header(newer, "t")
+
+
+def test_an_object_without_the_magic_is_refused() -> None:
+    with pytest.raises(PackedIndexCorruptError, match="does not start with"):
+        parse_header(b"PK\x03\x04" + bytes(200), "t")
+
+
+def test_the_biggest_header_fits_the_header_read() -> None:
+    _packed, layout = pack(FIVE)
+    assert layout.sections[0].position == MAX_HEADER_SIZE
