@@ -1,0 +1,68 @@
+"""Turns the map a broker hands a plugin's configure() into the config of tierlog's rlmm or rsm.
+
+Kafka adds keys of its own to both maps (see KAFKA_SEMANTICS.md); this module is the one place that knows them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rlmm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# What Kafka 4.x's RemoteLogManager adds to the RLMM's map (besides rlmm.config.*, prefix stripped):
+# broker.id, node.id, log.dir, cluster.id and, when remote.log.metadata.manager.listener.name is set,
+# the listener's address and protocol under this prefix (meant for Kafka's built-in manager's clients).
+KAFKA_RLMM_CLIENT_PREFIX = "remote.log.metadata.common.client."
+KAFKA_RLMM_KEYS = frozenset({"node.id", "log.dir", "cluster.id"})
+# And to the RSM's map: broker.id and node.id (tierlog's rsm has no use for either).
+KAFKA_RSM_KEYS = frozenset({"broker.id", "node.id"})
+
+STATE_DIR_NAME = "tierlog-rlmm-state"
+
+
+def rlmm_config(broker: Mapping[str, Any]) -> dict[str, Any]:
+    """The rlmm config for a broker's RLMM configure() map.
+
+    - `bootstrap.servers`: rlmm.config.bootstrap.servers if set, else the listener Kafka passes
+      (`remote.log.metadata.common.client.bootstrap.servers`, set by remote.log.metadata.manager.listener.name).
+    - `broker.id`: Kafka's own.
+    - `state.dir`: rlmm.config.state.dir if set, else `tierlog-rlmm-state` beside the broker's log.dir.
+      Not inside it: the broker would take any directory in a log dir for a partition.
+    """
+    config = {
+        k: v for k, v in broker.items() if k not in KAFKA_RLMM_KEYS and not k.startswith(KAFKA_RLMM_CLIENT_PREFIX)
+    }
+    if "bootstrap.servers" not in config:
+        listener = broker.get(KAFKA_RLMM_CLIENT_PREFIX + "bootstrap.servers")
+        if listener is None:
+            raise ConfigError(
+                "rlmm: bootstrap.servers is not set: set rlmm.config.bootstrap.servers, or "
+                "remote.log.metadata.manager.listener.name so the broker passes its listener's address"
+            )
+        protocol = str(broker.get(KAFKA_RLMM_CLIENT_PREFIX + "security.protocol", "PLAINTEXT"))
+        if protocol != "PLAINTEXT":
+            raise ConfigError(
+                f"rlmm: the listener named by remote.log.metadata.manager.listener.name uses {protocol}; "
+                "tierlog connects to it as PLAINTEXT: name a PLAINTEXT listener or set "
+                "rlmm.config.bootstrap.servers"
+            )
+        config["bootstrap.servers"] = listener
+    if "broker.id" not in config:
+        raise ConfigError("rlmm: broker.id is not set (a broker always passes it; set it when testing by hand)")
+    if "state.dir" not in config:
+        log_dir = broker.get("log.dir")
+        if not log_dir:
+            raise ConfigError("rlmm: state.dir is not set and the broker passed no log.dir to derive it from")
+        config["state.dir"] = str(Path(str(log_dir)).resolve().parent / f"{STATE_DIR_NAME}-{config['broker.id']}")
+        log.info("rlmm state.dir derived from log.dir: %s", config["state.dir"])
+    return config
+
+
+def rsm_config(broker: Mapping[str, Any]) -> dict[str, Any]:
+    """The rsm config for a broker's RSM configure() map: rsm.config.* as given, Kafka's additions removed."""
+    return {k: v for k, v in broker.items() if k not in KAFKA_RSM_KEYS}

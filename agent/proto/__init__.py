@@ -1,0 +1,63 @@
+"""The agent protocol's Python code, generated from schemas/agent.proto on first import (never committed).
+
+Regenerated whenever the .proto is newer than the generated modules; concurrent importers are safe.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib
+import os
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+_HERE = Path(__file__).resolve().parent
+_SCHEMAS = _HERE.parent.parent / "schemas"
+_PROTO = "agent.proto"
+_OUTPUTS = ("agent_pb2.py", "agent_pb2_grpc.py")
+
+
+def _stale() -> bool:
+    source = (_SCHEMAS / _PROTO).stat().st_mtime
+    return any(not (_HERE / out).exists() or (_HERE / out).stat().st_mtime < source for out in _OUTPUTS)
+
+
+def generate() -> None:
+    """Run grpc_tools.protoc into a temporary directory, then move the modules into place atomically."""
+    from grpc_tools import protoc  # a build-time dependency only: imported just when generating
+
+    include = Path(importlib.import_module("grpc_tools").__file__ or "").parent / "_proto"
+    with tempfile.TemporaryDirectory(dir=_HERE) as tmp:
+        # Mapping the schemas directory to the package path makes the generated imports absolute
+        # (`from agent.proto import agent_pb2`), so they work from any working directory.
+        status = protoc.main([
+            "grpc_tools.protoc",
+            f"-I{include}",
+            f"-Iagent/proto={_SCHEMAS}",
+            f"--python_out={tmp}",
+            f"--grpc_python_out={tmp}",
+            f"agent/proto/{_PROTO}",
+        ])
+        if status != 0:
+            raise RuntimeError(f"grpc_tools.protoc failed ({status}) on {_SCHEMAS / _PROTO}")
+        for out in _OUTPUTS:
+            os.replace(Path(tmp) / "agent" / "proto" / out, _HERE / out)
+
+
+def _ensure_generated() -> None:
+    if not _stale():
+        return
+    # Locking this very file avoids leaving a lock file next to it.
+    with open(__file__, "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _stale():
+            generate()
+
+
+_ensure_generated()
+
+agent_pb2: ModuleType = importlib.import_module("agent.proto.agent_pb2")
+agent_pb2_grpc: ModuleType = importlib.import_module("agent.proto.agent_pb2_grpc")
+
+__all__ = ["agent_pb2", "agent_pb2_grpc", "generate"]

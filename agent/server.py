@@ -1,0 +1,218 @@
+"""The tierlog agent: one process per broker hosting tierlog's rlmm and rsm, serving the Kafka plugin
+classes (jvm/) over gRPC on a Unix domain socket (mode 0600), with an optional Prometheus endpoint.
+
+Entry point for `tierlog agent` and for the JVM adapter (which runs `python3 -m agent.server`):
+
+    serve(config: dict, socket_path: str, metrics_port: int | None) -> None
+
+blocks until SIGTERM or SIGINT, then stops taking calls, lets running ones finish (10 s grace), closes the
+rlmm and rsm and removes the socket. `config` holds the agent's own component configs, flat, with keys
+prefixed `rlmm.` or `rsm.` (e.g. `rlmm.bootstrap.servers`, `rsm.storage.backend`); a component given here
+is created at once and a broker's Configure for it is ignored. A component absent here is created when the
+broker's plugin configures it (its `rlmm.config.*` / `rsm.config.*`, see agent/broker_config.py).
+`metrics_port` serves Prometheus text on 127.0.0.1 (0 picks a free port; None disables it).
+Keyword-only extras used by the JVM adapter: `parent_pid` (exit when that process is gone) and
+`exit_when_idle` (exit once the broker has closed every component it configured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+from collections.abc import Mapping
+from concurrent import futures
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import grpc
+
+from agent.components import ComponentName, NotConfiguredError
+from agent.metrics import AgentMetrics
+from agent.services import Components, build_services
+from rlmm.errors import ConfigError
+
+log = logging.getLogger("agent")
+
+GRACE_S = 10.0
+WORKERS = 32
+PARENT_POLL_S = 1.0
+# The broker's messages are small except listed segments; match the JVM adapter's limit.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_PREFIXES = {"rlmm.": ComponentName.REMOTE_LOG_METADATA_MANAGER, "rsm.": ComponentName.REMOTE_STORAGE_MANAGER}
+
+
+def _create_rlmm(config: Mapping[str, Any]) -> Any:
+    from rlmm import RemoteLogMetadataManager  # type: ignore[attr-defined]
+
+    return RemoteLogMetadataManager(dict(config))
+
+
+def _create_rsm(config: Mapping[str, Any]) -> Any:
+    from rsm import RemoteStorageManager
+
+    return RemoteStorageManager(dict(config))
+
+
+def split_config(config: Mapping[str, Any]) -> dict[ComponentName, dict[str, Any]]:
+    """The agent's flat `rlmm.*` / `rsm.*` config, per component (prefix removed)."""
+    split: dict[ComponentName, dict[str, Any]] = {}
+    for key, value in config.items():
+        for prefix, name in _PREFIXES.items():
+            if key.startswith(prefix):
+                split.setdefault(name, {})[key[len(prefix):]] = value
+                break
+        else:
+            raise ConfigError(f"agent: config key {key} must start with rlmm. or rsm.")
+    return split
+
+
+class AgentServer:
+    """The gRPC server and its components; `serve()` wraps it with signals, for tests it runs in-process."""
+
+    def __init__(self, config: Mapping[str, Any], socket_path: str | Path, metrics_port: int | None = None,
+                 *, exit_when_idle: bool = False) -> None:
+        self.socket_path = Path(socket_path)
+        self.stopped = threading.Event()
+        self.metrics = AgentMetrics()
+        self.components = Components(
+            {
+                ComponentName.REMOTE_LOG_METADATA_MANAGER: _create_rlmm,
+                ComponentName.REMOTE_STORAGE_MANAGER: _create_rsm,
+            },
+            on_idle=self.stopped.set if exit_when_idle else None,
+        )
+        self._split = split_config(config)
+        self.metrics_port = metrics_port
+        self._server: grpc.Server | None = None
+
+    def _rsm_snapshot(self) -> dict[str, Any] | None:
+        try:
+            slot = self.components.slot(ComponentName.REMOTE_STORAGE_MANAGER)
+        except NotConfiguredError:
+            return None
+        rsm = slot.get_nowait()
+        return rsm.metrics() if rsm is not None and hasattr(rsm, "metrics") else None
+
+    def start(self) -> AgentServer:
+        _claim_socket_path(self.socket_path)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="agent-rpc"),
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        for servicer, register in build_services(self.components, self.metrics):
+            register(servicer, server)
+        # The socket is the agent's only access control: create it owner-only (umask), then make sure.
+        previous = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix:{self.socket_path}")
+            server.start()
+        finally:
+            os.umask(previous)
+        os.chmod(self.socket_path, stat.S_IRUSR | stat.S_IWUSR)
+        self._server = server
+        for name, component_config in self._split.items():
+            self.components.preset(name, component_config)
+        if self.metrics_port is not None:
+            self.metrics.watch_rsm(self._rsm_snapshot)
+            self.metrics_port = self.metrics.serve(self.metrics_port)
+            log.info("metrics on http://127.0.0.1:%d/metrics", self.metrics_port)
+        log.info("tierlog agent (pid %d) serving on %s", os.getpid(), self.socket_path)
+        return self
+
+    def stop(self, grace: float = GRACE_S) -> None:
+        self.stopped.set()
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+        self.components.close_all()
+        self.metrics.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        log.info("tierlog agent stopped")
+
+
+def _claim_socket_path(path: Path) -> None:
+    """Remove a socket left by a dead agent; refuse to steal one a live agent still answers on."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return
+    if not stat.S_ISSOCK(path.stat().st_mode):
+        raise ConfigError(f"agent: {path} exists and is not a socket; choose another socket path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"agent: another agent is already serving on {path}")
+
+
+def _watch_parent(pid: int, stopped: threading.Event) -> None:
+    while not stopped.wait(PARENT_POLL_S):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            log.warning("the broker (pid %d) is gone; stopping", pid)
+            stopped.set()
+            return
+        except PermissionError:
+            pass
+
+
+def serve(config: dict[str, Any], socket_path: str, metrics_port: int | None = None, *,
+          parent_pid: int | None = None, exit_when_idle: bool = False) -> None:
+    """Run the agent until SIGTERM/SIGINT (or the parent's exit / idleness, when asked); see the module doc."""
+    agent = AgentServer(config, socket_path, metrics_port, exit_when_idle=exit_when_idle).start()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: shutting down", signum)
+        agent.stopped.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if parent_pid is not None:
+        threading.Thread(target=_watch_parent, args=(parent_pid, agent.stopped), daemon=True).start()
+    try:
+        # wait() with a timeout keeps the main thread responsive to signals.
+        while not agent.stopped.wait(1.0):
+            pass
+    finally:
+        agent.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.server", description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True, help="Unix domain socket path to serve on")
+    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus port on 127.0.0.1")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    parser.add_argument("--exit-when-idle", action="store_true", help="exit once every component is closed")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a component config entry, rlmm.* or rsm.* (repeatable)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    config: dict[str, Any] = {}
+    for entry in args.config:
+        key, sep, value = entry.partition("=")
+        if not sep:
+            parser.error(f"--config takes KEY=VALUE, got {entry!r}")
+        config[key] = value
+    serve(config, args.socket, args.metrics_port, parent_pid=args.parent_pid, exit_when_idle=args.exit_when_idle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
