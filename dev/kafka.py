@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from dev.process import LOOPBACK, free_ports, stop_pid, tail, wait_until
+from dev.process import LOOPBACK, free_ports, stop_pid, stop_pids, tail, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KAFKA_VERSION_FILE = REPO_ROOT / "dev" / "kafka.version"
@@ -64,6 +64,12 @@ def _libs_fingerprint(version: str) -> str:
     return f"{version} {digest}\n"
 
 
+def kafka_libs_cached(libs_dir: Path | None = None) -> bool:
+    """True when `libs_dir` holds a complete download for the pinned version and the current pom."""
+    marker = (libs_dir or default_libs_dir()) / ".complete"
+    return marker.exists() and marker.read_text(encoding="ascii") == _libs_fingerprint(kafka_version())
+
+
 def ensure_kafka_libs(libs_dir: Path | None = None, *, quiet: bool = True) -> Path:
     """Resolve the broker's jars from Maven Central into `libs_dir` unless already there.
 
@@ -71,16 +77,15 @@ def ensure_kafka_libs(libs_dir: Path | None = None, *, quiet: bool = True) -> Pa
     directory only appears (renamed into place) once complete.
     """
     target = (libs_dir or default_libs_dir()).resolve()
-    version = kafka_version()
-    marker = target / ".complete"
-    fingerprint = _libs_fingerprint(version)
-    if marker.exists() and marker.read_text(encoding="ascii") == fingerprint:
+    if kafka_libs_cached(target):
         return target
+    version = kafka_version()
+    fingerprint = _libs_fingerprint(version)
     target.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent / f".{target.name}.lock"
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.exists() and marker.read_text(encoding="ascii") == fingerprint:
+        if kafka_libs_cached(target):
             return target
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
@@ -137,7 +142,11 @@ def java_executable() -> str:
 
 def new_cluster_id() -> str:
     """A Kafka cluster id: a random UUID in Kafka's URL-safe base64 form (22 characters)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        # A leading '-' would be read as an option by the storage tool's argument parser.
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 @dataclass(frozen=True)
@@ -277,14 +286,10 @@ class KafkaCluster:
 
     def stop(self) -> None:
         """Stop every node: SIGTERM to all at once, then SIGKILL whatever outlives the timeout."""
-        running = [(node_id, proc) for node_id, proc in self._processes.items() if proc.poll() is None]
-        for _, process in running:
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
-        for node_id, process in running:
-            stop_pid(process.pid, timeout=self.stop_timeout)
+        running = [node_id for node_id in self._processes if self.is_running(node_id)]
+        stop_pids([self._processes[node_id].pid for node_id in running], timeout=self.stop_timeout)
+        for node_id in list(self._processes):
             self._forget(node_id)
-        self._processes.clear()
 
     def stop_node(self, node_id: int) -> None:
         """Stop one node (SIGTERM, then SIGKILL after the stop timeout)."""

@@ -145,6 +145,21 @@ def stop_pid(pid: int, *, timeout: float = 30.0, kill_timeout: float = 10.0) -> 
     return _wait_gone(pid, kill_timeout)
 
 
+def stop_pids(pids: Iterable[int], *, timeout: float = 30.0) -> None:
+    """Stop several processes at once: SIGTERM to all first, then wait for each (SIGKILL on timeout).
+
+    Signalling together matters for a KRaft quorum: stopped one by one, the last nodes lose their
+    quorum and hang in controlled shutdown until killed.
+    """
+    pids = list(pids)
+    for pid in pids:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    for pid in pids:
+        stop_pid(pid, timeout=timeout)
+
+
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
