@@ -12,6 +12,7 @@ from rlmm.errors import (
     RemoteStorageError,
     RemoteStorageNotReadyError,
 )
+from rlmm.manager import RemoteLogMetadataManager
 from rlmm.types import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -27,6 +28,7 @@ __all__ = [
     "InvalidArgumentError",
     "MetadataLogError",
     "MetadataTimeoutError",
+    "RemoteLogMetadataManager",
     "RemoteLogSegmentId",
     "RemoteLogSegmentMetadata",
     "RemoteLogSegmentMetadataUpdate",

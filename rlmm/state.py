@@ -77,31 +77,32 @@ class Outcome:
 APPLIED = Outcome(True)
 
 
-class StateStore(Protocol):
-    """What the rules need from a store of materialized metadata; one user partition per call."""
+class StateReader(Protocol):
+    """What queries and writers read from materialized metadata; one user partition per call."""
 
     def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None: ...
-    def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None: ...
-    def remove_segment(self, segment_id: RemoteLogSegmentId) -> None: ...
     def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]: ...
-
     def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None: ...
-    def put_partition_delete(self, metadata: RemotePartitionDeleteMetadata) -> None: ...
-
     def lineage(self, tp: TopicIdPartition, epoch: int) -> EpochLineage | None: ...
     def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]: ...
-    def put_lineage(self, tp: TopicIdPartition, lineage: EpochLineage) -> None: ...
-    def remove_lineage(self, tp: TopicIdPartition, epoch: int) -> None: ...
     def checkpointed_lineage(self, tp: TopicIdPartition) -> bytes | None: ...
-    def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None: ...
-
     def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None: ...
     def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None: ...
+    def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None: ...
+
+
+class StateStore(StateReader, Protocol):
+    """A StateReader the rules can also change."""
+
+    def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None: ...
+    def remove_segment(self, segment_id: RemoteLogSegmentId) -> None: ...
+    def put_partition_delete(self, metadata: RemotePartitionDeleteMetadata) -> None: ...
+    def put_lineage(self, tp: TopicIdPartition, lineage: EpochLineage) -> None: ...
+    def remove_lineage(self, tp: TopicIdPartition, epoch: int) -> None: ...
+    def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None: ...
     def index_put(self, tp: TopicIdPartition, epoch: int, start_offset: int, segment: uuid.UUID) -> None: ...
     def index_remove(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> None: ...
-
     def forget_partition(self, tp: TopicIdPartition) -> None: ...
-    def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None: ...
 
 
 _LAST = 2**63 - 1
@@ -272,7 +273,7 @@ def _apply_checkpoint(store: StateStore, checkpoint: EpochCheckpoint) -> Outcome
 
 # --- what a writer derives from the state ----------------------------------------------------------------
 
-def lineage_digest(store: StateStore, tp: TopicIdPartition) -> bytes:
+def lineage_digest(store: StateReader, tp: TopicIdPartition) -> bytes:
     h = hashlib.sha256()
     for lineage in sorted(store.lineages_of(tp), key=lambda lin: lin.epoch):
         h.update(view_format.encode_lineage(lineage))
@@ -280,7 +281,7 @@ def lineage_digest(store: StateStore, tp: TopicIdPartition) -> bytes:
 
 
 def pending_checkpoint(
-    store: StateStore, tp: TopicIdPartition, event_timestamp_ms: int, broker_id: int
+    store: StateReader, tp: TopicIdPartition, event_timestamp_ms: int, broker_id: int
 ) -> EpochCheckpoint | None:
     """The checkpoint a writer must append when tp's lineage changed since the last one applied."""
     digest = lineage_digest(store, tp)
@@ -294,7 +295,7 @@ def pending_checkpoint(
 # --- queries (Kafka's RemoteLogMetadataCache read paths) -----------------------------------------------
 
 def segment_for_offset(
-    store: StateStore, tp: TopicIdPartition, epoch: int, offset: int
+    store: StateReader, tp: TopicIdPartition, epoch: int, offset: int
 ) -> RemoteLogSegmentMetadata | None:
     entry = store.index_floor(tp, epoch, offset)
     if entry is None:
@@ -306,7 +307,7 @@ def segment_for_offset(
 
 
 def next_segment_with_txn_index(
-    store: StateStore, tp: TopicIdPartition, epoch: int, offset: int
+    store: StateReader, tp: TopicIdPartition, epoch: int, offset: int
 ) -> RemoteLogSegmentMetadata | None:
     md = segment_for_offset(store, tp, epoch, offset)
     while md is not None and md.txn_idx_empty:
@@ -314,7 +315,7 @@ def next_segment_with_txn_index(
     return md
 
 
-def highest_offset_for_epoch(store: StateStore, tp: TopicIdPartition, epoch: int) -> int | None:
+def highest_offset_for_epoch(store: StateReader, tp: TopicIdPartition, epoch: int) -> int | None:
     lineage = store.lineage(tp, epoch)
     return lineage.highest_log_offset if lineage else None
 
@@ -323,7 +324,7 @@ _LISTED = (S.COPY_SEGMENT_STARTED, S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STA
 
 
 def list_segments(
-    store: StateStore, tp: TopicIdPartition, epoch: int | None = None
+    store: StateReader, tp: TopicIdPartition, epoch: int | None = None
 ) -> list[RemoteLogSegmentMetadata]:
     """Segments not finished deleting (containing `epoch` when given), by start offset then id."""
     found = [
@@ -334,7 +335,7 @@ def list_segments(
     return found
 
 
-def remote_log_size(store: StateStore, tp: TopicIdPartition, epoch: int) -> int:
+def remote_log_size(store: StateReader, tp: TopicIdPartition, epoch: int) -> int:
     return sum(md.segment_size_in_bytes for md in list_segments(store, tp, epoch))
 
 
@@ -503,7 +504,7 @@ def view_digest_of(entries: Iterable[tuple[str, bytes, bytes]]) -> str:
 
 # --- the writer's side: validating calls and the records that follow an applied event --------------------
 
-def prepare_add(store: StateStore, metadata: RemoteLogSegmentMetadata) -> RemoteLogSegmentMetadata:
+def prepare_add(store: StateReader, metadata: RemoteLogSegmentMetadata) -> RemoteLogSegmentMetadata:
     """Check an `add_remote_log_segment_metadata` call against the state; return the record to append."""
     if metadata.state is not S.COPY_SEGMENT_STARTED:
         raise InvalidArgumentError(
@@ -519,7 +520,7 @@ def prepare_add(store: StateStore, metadata: RemoteLogSegmentMetadata) -> Remote
     return metadata
 
 
-def prepare_update(store: StateStore, update: RemoteLogSegmentMetadataUpdate) -> RemoteLogSegmentMetadata:
+def prepare_update(store: StateReader, update: RemoteLogSegmentMetadataUpdate) -> RemoteLogSegmentMetadata:
     """Check an `update_remote_log_segment_metadata` call; return the segment's full new state to append."""
     if update.state is S.COPY_SEGMENT_STARTED:
         raise InvalidArgumentError(
@@ -537,7 +538,7 @@ def prepare_update(store: StateStore, update: RemoteLogSegmentMetadataUpdate) ->
     return existing.create_with_update(update)
 
 
-def prepare_partition_delete(store: StateStore, metadata: RemotePartitionDeleteMetadata) -> None:
+def prepare_partition_delete(store: StateReader, metadata: RemotePartitionDeleteMetadata) -> None:
     current = store.partition_delete(metadata.topic_id_partition)
     if not is_valid_partition_transition(current.state if current else None, metadata.state):
         raise InvalidArgumentError(
@@ -547,7 +548,7 @@ def prepare_partition_delete(store: StateStore, metadata: RemotePartitionDeleteM
 
 
 def records_after(
-    store: StateStore, key: RecordKey, event: MetadataEvent, doomed_segments: Iterable[RecordKey],
+    store: StateReader, key: RecordKey, event: MetadataEvent, doomed_segments: Iterable[RecordKey],
     event_timestamp_ms: int, broker_id: int,
 ) -> list[tuple[RecordKey, MetadataEvent | None]]:
     """What a writer appends once `event` is applied: tombstones for what is gone and a lineage checkpoint.

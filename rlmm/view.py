@@ -6,6 +6,7 @@ commits it, with the metadata-topic offsets it reaches, as ONE WriteBatch.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -76,7 +77,12 @@ class MetadataView:
         return cls(Path(state_dir) / "view", read_only=read_only)
 
     def close(self) -> None:
+        # RocksDB's lock is released only once no column-family object refers to the database any more.
+        self._cf.clear()
+        self._handles.clear()
         self._db.close()
+        del self._db
+        gc.collect()
 
     # --- raw access, overridden by the batch overlay --------------------------------------------------
 
