@@ -11,7 +11,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from agent.archiver import archive_key, encode_archive_file
 from rlmm import codec, state
+from rlmm.codec import to_archived
 from rlmm.events import MetadataEvent, RecordKey, key_of, metadata_partition_for, segment_key
 from rlmm.types import (
     RemoteLogSegmentId,
@@ -22,6 +24,7 @@ from rlmm.types import (
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
+from rsm.backend import StorageBackend
 
 S = RemoteLogSegmentState
 P = RemotePartitionDeleteState
@@ -93,7 +96,7 @@ class HistoryGenerator:
             )
 
     def records(self) -> Iterator[RawRecord]:
-        """At least `spec.events` records; the last action is completed, as a writer that stops cleanly would."""
+        """At least `spec.events` records: the last action is completed, as by a writer that stops cleanly."""
         produced = 0
         while produced < self.spec.events:
             step = self._step()
@@ -192,7 +195,9 @@ class HistoryGenerator:
             records += self._update(leader, current, S.DELETE_SEGMENT_STARTED)
         return records + self._update(leader, current, S.DELETE_SEGMENT_FINISHED)
 
-    def _update(self, leader: _Leader, md: RemoteLogSegmentMetadata, target: RemoteLogSegmentState) -> list[RawRecord]:
+    def _update(
+        self, leader: _Leader, md: RemoteLogSegmentMetadata, target: RemoteLogSegmentState
+    ) -> list[RawRecord]:
         self._tick()
         update = RemoteLogSegmentMetadataUpdate(
             md.remote_log_segment_id, self._now, md.custom_metadata, target, leader.broker_id
@@ -235,7 +240,8 @@ class HistoryGenerator:
         key = key_of(event)
         doomed: list[RecordKey] = []
         if isinstance(event, RemotePartitionDeleteMetadata) and event.state is P.DELETE_PARTITION_FINISHED:
-            doomed = [segment_key(s.remote_log_segment_id) for s in self.writer_state.segments_of(event.topic_id_partition)]
+            held = self.writer_state.segments_of(event.topic_id_partition)
+            doomed = [segment_key(md.remote_log_segment_id) for md in held]
         pending: list[tuple[RecordKey, MetadataEvent | None]] = [(key, event)]
         out: list[RawRecord] = []
         first = True
@@ -276,3 +282,24 @@ def fold(records: list[RawRecord]) -> state.InMemoryState:
         event = None if record.value is None else codec.decode(record.value)
         state.apply_record(folded, RecordKey.decode(record.key), event)
     return folded
+
+
+def write_archive(
+    records: list[RawRecord], store: StorageBackend, metadata_topic: str, records_per_file: int = 5_000
+) -> int:
+    """Write `records` as the archiver would have: per metadata partition, files of consecutive records."""
+    by_partition: dict[int, list[RawRecord]] = {}
+    for record in records:
+        by_partition.setdefault(record.metadata_partition, []).append(record)
+    files = 0
+    for partition, held in by_partition.items():
+        held.sort(key=lambda r: r.offset)
+        for i in range(0, len(held), records_per_file):
+            chunk = [
+                to_archived(metadata_topic, partition, r.offset, r.timestamp_ms, r.key, r.value)
+                for r in held[i:i + records_per_file]
+            ]
+            key = archive_key(metadata_topic, partition, chunk[0]["offset"], chunk[-1]["offset"])
+            store.put(key, encode_archive_file(metadata_topic, partition, chunk))
+            files += 1
+    return files
