@@ -10,6 +10,7 @@ import base64
 import hashlib
 import logging
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -63,6 +64,20 @@ def create(config: dict[str, Any], metrics: Metrics) -> StorageBackend:
     if (config["s3.access.key.id"] is None) != (config["s3.secret.access.key"] is None):
         raise ConfigError("rsm: config keys s3.access.key.id and s3.secret.access.key must be set together")
     return S3Backend(config, metrics)
+
+
+# One session for every client: building a session reloads botocore's service models (~0.25 s each time).
+# Creating clients from a shared session is not thread-safe, hence the lock.
+_SESSION_LOCK = threading.Lock()
+_SESSION: boto3.session.Session | None = None
+
+
+def _new_client(**kwargs: Any) -> Any:
+    global _SESSION
+    with _SESSION_LOCK:
+        if _SESSION is None:
+            _SESSION = boto3.session.Session()
+        return _SESSION.client("s3", **kwargs)
 
 
 def _content_md5(data: bytes) -> str:
@@ -119,8 +134,7 @@ class S3Backend(StorageBackend):
             response_checksum_validation="when_required",
         )
         try:
-            self._client = boto3.session.Session().client(
-                "s3",
+            self._client = _new_client(
                 endpoint_url=endpoint,
                 aws_access_key_id=config["s3.access.key.id"],
                 aws_secret_access_key=config["s3.secret.access.key"],

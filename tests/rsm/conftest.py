@@ -10,12 +10,11 @@ import random
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rsm_testkit import SegmentFactory, SegmentFixture, metadata_for
+from rsm_testkit import S3Server, SegmentFactory, SegmentFixture, metadata_for
 
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
 from rsm import LogSegmentData, RemoteStorageManager
@@ -24,25 +23,6 @@ from rsm import LogSegmentData, RemoteStorageManager
 _TESTS_DIR = str(Path(__file__).resolve().parents[1])
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
-
-
-@dataclass(frozen=True)
-class S3Server:
-    endpoint: str
-    access_key: str
-    secret_key: str
-    bucket: str
-
-    def rsm_config(self, prefix: str, endpoint: str | None = None, **extra: Any) -> dict[str, Any]:
-        return {
-            "storage.backend": "s3",
-            "s3.endpoint.url": endpoint or self.endpoint,
-            "s3.access.key.id": self.access_key,
-            "s3.secret.access.key": self.secret_key,
-            "s3.bucket": self.bucket,
-            "s3.prefix": prefix,
-            **extra,
-        }
 
 
 @pytest.fixture(scope="session")
@@ -112,3 +92,24 @@ def copied(manager: RemoteStorageManager, make_segment: SegmentFactory) -> Segme
     segment = make_segment()
     custom = manager.copy_log_segment_data(segment.metadata, segment.data)
     return SegmentFixture(segment.with_custom_metadata(custom), segment.data)
+
+
+@pytest.fixture
+def s3_proxy(s3_server: S3Server) -> Iterator[Any]:
+    """A counting proxy on 127.0.0.1 in front of the real S3 server."""
+    from support.s3_proxy import CountingS3Proxy
+
+    with CountingS3Proxy(s3_server.endpoint) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def proxied_manager(s3_server: S3Server, s3_proxy: Any, key_prefix: str) -> Iterator[RemoteStorageManager]:
+    """A manager that talks to S3 through the counting proxy, with small multipart settings."""
+    config = s3_server.rsm_config(
+        key_prefix,
+        endpoint=s3_proxy.endpoint_url,
+        **{"s3.multipart.threshold.bytes": 6 << 20, "s3.multipart.part.size.bytes": 5 << 20},
+    )
+    with RemoteStorageManager(config) as rsm:
+        yield rsm

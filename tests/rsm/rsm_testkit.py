@@ -7,9 +7,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata
 from rsm import IndexType, LogSegmentData
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    access_key: str
+    secret_key: str
+    bucket: str
+
+    def rsm_config(self, prefix: str, endpoint: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {
+            "storage.backend": "s3",
+            "s3.endpoint.url": endpoint or self.endpoint,
+            "s3.access.key.id": self.access_key,
+            "s3.secret.access.key": self.secret_key,
+            "s3.bucket": self.bucket,
+            "s3.prefix": prefix,
+            **extra,
+        }
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,132 @@
+"""Failures against the real S3 server: faults injected by a proxy in front of it where the server
+cannot produce them on demand (a failing part upload, a stall, a server that vanishes mid-stream).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+from rsm_testkit import S3Server, SegmentFactory, SegmentFixture
+
+from rsm import ConfigError, IndexType, RemoteStorageError, RemoteStorageManager
+from rsm.keys import keys_for
+
+# Request timeout 1 s and one retry: every failing call must give up within a few seconds.
+FAST_FAIL = {"s3.request.timeout.ms": "1000", "s3.retries.max": "1"}
+DEADLINE_SECONDS = 15.0
+
+
+def _fast_manager(server: S3Server, prefix: str, endpoint: str, **extra: Any) -> RemoteStorageManager:
+    return RemoteStorageManager(server.rsm_config(prefix, endpoint=endpoint, **FAST_FAIL, **extra))
+
+
+def _copy(rsm: RemoteStorageManager, segment: SegmentFixture) -> SegmentFixture:
+    custom = rsm.copy_log_segment_data(segment.metadata, segment.data)
+    return SegmentFixture(segment.with_custom_metadata(custom), segment.data)
+
+
+def test_a_failed_multipart_upload_is_aborted_and_leaves_no_object_visible(
+    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    segment = make_segment(log_size=12 << 20)
+    s3_proxy.fail_when(lambda r: r.query.get("partNumber") == "2", status=500)
+    multipart = {"s3.multipart.threshold.bytes": 6 << 20, "s3.multipart.part.size.bytes": 5 << 20}
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url, **multipart) as rsm:
+        with pytest.raises(RemoteStorageError, match="UploadPart 2/3"):
+            rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert list(rsm.backend.list("")) == []
+    assert any(r.method == "DELETE" and r.has_param("uploadId") for r in s3_proxy.requests)
+    client = _client(s3_server)
+    pending = client.list_multipart_uploads(Bucket=s3_server.bucket, Prefix=key_prefix).get("Uploads", [])
+    assert pending == []
+
+
+def _client(server: S3Server) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key, region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
+
+
+def test_s3_vanishing_mid_stream_fails_the_read_naming_bucket_and_key(
+    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
+        segment = _copy(rsm, make_segment(log_size=8 << 20))
+        stream = rsm.fetch_log_segment(segment.metadata, 0)
+        assert len(stream.read(4096)) == 4096
+        s3_proxy.close()
+        started = time.monotonic()
+        with pytest.raises(RemoteStorageError) as caught:
+            while stream.read(1 << 20):
+                pass
+        assert time.monotonic() - started < DEADLINE_SECONDS
+    message = str(caught.value)
+    assert s3_server.bucket in message and keys_for(segment.metadata, False).log in message
+
+
+def test_s3_down_before_a_call_fails_it_within_the_deadline(
+    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
+        segment = _copy(rsm, make_segment())
+        s3_proxy.close()
+        started = time.monotonic()
+        with pytest.raises(RemoteStorageError, match="S3 GetObject failed for bucket"):
+            rsm.fetch_index(segment.metadata, IndexType.OFFSET)
+        assert time.monotonic() - started < DEADLINE_SECONDS
+
+
+def test_a_stalled_s3_server_fails_the_call_within_the_deadline(
+    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
+        segment = _copy(rsm, make_segment())
+        s3_proxy.stall_when(lambda r: r.is_get)
+        started = time.monotonic()
+        with pytest.raises(RemoteStorageError, match=r"timeout|timed out"):
+            rsm.fetch_indexes(segment.metadata, list(IndexType))
+        assert time.monotonic() - started < DEADLINE_SECONDS
+
+
+def test_a_server_error_names_bucket_key_and_cause(
+    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    s3_proxy.fail_when(lambda r: r.method == "PUT", status=503)
+    segment = make_segment()
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm, pytest.raises(
+        RemoteStorageError
+    ) as caught:
+        rsm.copy_log_segment_data(segment.metadata, segment.data)
+    message = str(caught.value)
+    assert f"bucket {s3_server.bucket!r}" in message
+    assert keys_for(segment.metadata, False).log in message
+    assert "InjectedFault" in message
+
+
+def test_credentials_never_appear_in_errors_or_logs(
+    s3_server: S3Server, key_prefix: str, make_segment: SegmentFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "wrong-secret-d0n7-l34k-m3"
+    config = s3_server.rsm_config(key_prefix, **FAST_FAIL, **{"s3.secret.access.key": secret})
+    segment = make_segment()
+    caplog.set_level(logging.DEBUG, logger="rsm")
+    with RemoteStorageManager(config) as rsm:
+        with pytest.raises(RemoteStorageError) as caught:
+            rsm.copy_log_segment_data(segment.metadata, segment.data)
+        shown = str(caught.value) + repr(caught.value) + caplog.text + repr(rsm) + repr(rsm.backend)
+    assert "SignatureDoesNotMatch" in shown
+    assert secret not in shown and s3_server.access_key not in shown
+
+
+def test_an_invalid_secret_value_is_redacted_in_the_config_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        RemoteStorageManager({"storage.backend": "s3", "s3.bucket": "b", "s3.secret.access.key": ["hunter2"]})
+    assert "s3.secret.access.key" in str(caught.value) and "hunter2" not in str(caught.value)
