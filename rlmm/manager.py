@@ -343,7 +343,17 @@ class RemoteLogMetadataManager:
                 self._producer.poll(0)
             except Exception:  # keep the applier alive; the log says what failed
                 log.exception("tierlog metadata applier on broker %s failed; retrying", self.broker_id)
+                self._rewind()
                 self._stop.wait(0.5)
+
+    def _rewind(self) -> None:
+        # The failed batch was consumed but not committed: read it again from the view's stored offsets.
+        with self._lock:
+            applied = dict(self._applied)
+            halted = list(self._halted)
+        self._consumer.assign(applied)
+        for partition in halted:
+            self._consumer.pause(partition)
 
     def _apply(self, messages: list[Message]) -> None:
         records: list[ConsumedRecord] = []
