@@ -186,5 +186,5 @@ def test_a_file_that_is_not_a_snapshot_is_refused_with_its_path(tmp_path: Path) 
 
     fastavro.writer(buffer, fastavro.parse_schema({"type": "record", "name": "X", "fields": []}), [])
     bogus.write_bytes(buffer.getvalue())
-    with pytest.raises(SnapshotError, match="bogus.avro"):
+    with pytest.raises(SnapshotError, match=r"bogus\.avro"):
         load_snapshot(bogus, tmp_path / "node")
