@@ -22,6 +22,8 @@ KAFKA_RLMM_KEYS = frozenset({"node.id", "log.dir", "cluster.id"})
 # And to the RSM's map: broker.id and node.id (tierlog's rsm has no use for either).
 KAFKA_RSM_KEYS = frozenset({"broker.id", "node.id"})
 
+# tierlog's rlmm passes keys with this prefix to its Kafka clients (rlmm/manager.py).
+RLMM_CLIENT_PREFIX = "kafka."
 STATE_DIR_NAME = "tierlog-rlmm-state"
 
 
@@ -29,7 +31,8 @@ def rlmm_config(broker: Mapping[str, Any]) -> dict[str, Any]:
     """The rlmm config for a broker's RLMM configure() map.
 
     - `bootstrap.servers`: rlmm.config.bootstrap.servers if set, else the listener Kafka passes
-      (`remote.log.metadata.common.client.bootstrap.servers`, set by remote.log.metadata.manager.listener.name).
+      (`remote.log.metadata.common.client.bootstrap.servers`, set by remote.log.metadata.manager.listener.name),
+      whose other `remote.log.metadata.common.client.*` settings become `kafka.*` client settings.
     - `broker.id`: Kafka's own.
     - `state.dir`: rlmm.config.state.dir if set, else `tierlog-rlmm-state` beside the broker's log.dir.
       Not inside it: the broker would take any directory in a log dir for a partition.
@@ -44,14 +47,12 @@ def rlmm_config(broker: Mapping[str, Any]) -> dict[str, Any]:
                 "rlmm: bootstrap.servers is not set: set rlmm.config.bootstrap.servers, or "
                 "remote.log.metadata.manager.listener.name so the broker passes its listener's address"
             )
-        protocol = str(broker.get(KAFKA_RLMM_CLIENT_PREFIX + "security.protocol", "PLAINTEXT"))
-        if protocol != "PLAINTEXT":
-            raise ConfigError(
-                f"rlmm: the listener named by remote.log.metadata.manager.listener.name uses {protocol}; "
-                "tierlog connects to it as PLAINTEXT: name a PLAINTEXT listener or set "
-                "rlmm.config.bootstrap.servers"
-            )
         config["bootstrap.servers"] = listener
+        # The listener's other client settings (security.protocol, ...) become the rlmm's Kafka client
+        # settings, unless rlmm.config.kafka.* already sets them.
+        for key, value in broker.items():
+            if key.startswith(KAFKA_RLMM_CLIENT_PREFIX) and key != KAFKA_RLMM_CLIENT_PREFIX + "bootstrap.servers":
+                config.setdefault(RLMM_CLIENT_PREFIX + key[len(KAFKA_RLMM_CLIENT_PREFIX):], value)
     if "broker.id" not in config:
         raise ConfigError("rlmm: broker.id is not set (a broker always passes it; set it when testing by hand)")
     if "state.dir" not in config:

@@ -121,6 +121,7 @@ def broker_properties(choice: PluginChoice, socket_dir: Path, jar: Path = PLUGIN
         props.update({f"rlmm.config.{k}": v for k, v in agent.items()})
         props["rlmm.config.metadata.topic.replication.factor"] = str(choice.metadata_replication_factor)
         props["rlmm.config.metadata.topic.num.partitions"] = str(choice.metadata_partitions)
+        props["rlmm.config.metadata.topic.min.insync.replicas"] = str(min(2, choice.metadata_replication_factor))
     elif choice.rlmm == KAFKA_RLMM:
         props["rlmm.config.remote.log.metadata.topic.replication.factor"] = str(choice.metadata_replication_factor)
         props["rlmm.config.remote.log.metadata.topic.num.partitions"] = str(choice.metadata_partitions)
