@@ -41,6 +41,10 @@ class RawRecord:
     value: bytes | None
 
 
+ApiArgument = RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate | RemotePartitionDeleteMetadata
+ApiCall = tuple[str, ApiArgument]
+
+
 @dataclass(frozen=True, slots=True)
 class HistorySpec:
     events: int = 100_000
@@ -52,6 +56,7 @@ class HistorySpec:
     # Mean gap between two records of the whole cluster; 100k records then span about two days.
     mean_gap_ms: int = 1_700
     broker_ids: tuple[int, ...] = (1, 2, 3)
+    segment_bytes: tuple[int, int] = (1 << 20, 64 << 20)
 
 
 @dataclass
@@ -80,6 +85,8 @@ class HistoryGenerator:
         self._now = spec.start_ms
         self._leaders: list[_Leader] = []
         self._topic_serial = 0
+        # The RLMM API calls this history stands for, for models that work at the API level.
+        self.api_calls: list[ApiCall] = []
         for _ in range(spec.topics):
             self._add_topic()
 
@@ -155,13 +162,14 @@ class HistoryGenerator:
             max_timestamp_ms=self._now,
             broker_id=leader.broker_id,
             event_timestamp_ms=self._now,
-            segment_size_in_bytes=self._rng.randint(1 << 20, 64 << 20),
+            segment_size_in_bytes=self._rng.randint(*self.spec.segment_bytes),
             segment_leader_epochs=epochs,
             custom_metadata=self._rng.randbytes(16) if self._rng.random() < 0.5 else None,
             txn_idx_empty=self._rng.random() < 0.8,
         )
         leader.next_offset = end + 1
         leader.uploading = md
+        self.api_calls.append(("add", md))
         return self._write(leader, state.prepare_add(self.writer_state, md))
 
     def _finish_upload(self, leader: _Leader) -> list[RawRecord]:
@@ -202,6 +210,7 @@ class HistoryGenerator:
         update = RemoteLogSegmentMetadataUpdate(
             md.remote_log_segment_id, self._now, md.custom_metadata, target, leader.broker_id
         )
+        self.api_calls.append(("update", update))
         return self._write(leader, state.prepare_update(self.writer_state, update))
 
     def _continue_partition_delete(self, leader: _Leader) -> list[RawRecord]:
@@ -231,6 +240,7 @@ class HistoryGenerator:
         assert leader.delete_state is not None
         md = RemotePartitionDeleteMetadata(leader.tp, leader.delete_state, self._now, leader.broker_id)
         state.prepare_partition_delete(self.writer_state, md)
+        self.api_calls.append(("delete_partition", md))
         return self._write(leader, md)
 
     # --- appending, as the manager does -------------------------------------------------------------
