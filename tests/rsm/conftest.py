@@ -25,14 +25,29 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _services_env() -> dict[str, str]:
+    """The environment `dev/services up` wrote (variables already set in the process win)."""
+    base = Path(os.environ.get("TIERLOG_DEV_DIR", REPO_ROOT / ".dev"))
+    found: dict[str, str] = {}
+    env_file = base / "services.env"
+    if env_file.exists():
+        for line in env_file.read_text(encoding="utf-8").splitlines():
+            name, sep, value = line.partition("=")
+            if sep:
+                found[name.strip()] = value.strip()
+    found.update({k: v for k, v in os.environ.items() if k.startswith(("S3_", "KAFKA_"))})
+    return found
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> S3Server:
-    return S3Server(
-        endpoint=os.environ["S3_ENDPOINT"],
-        access_key=os.environ["S3_ACCESS_KEY"],
-        secret_key=os.environ["S3_SECRET_KEY"],
-        bucket=os.environ["S3_BUCKET"],
-    )
+    env = _services_env()
+    if "S3_ENDPOINT" not in env:
+        pytest.fail("no S3 server: run `dev/services up` (it writes .dev/services.env)")
+    return S3Server(env["S3_ENDPOINT"], env["S3_ACCESS_KEY"], env["S3_SECRET_KEY"], env["S3_BUCKET"])
 
 
 @pytest.fixture
@@ -113,3 +128,24 @@ def proxied_manager(s3_server: S3Server, s3_proxy: Any, key_prefix: str) -> Iter
     )
     with RemoteStorageManager(config) as rsm:
         yield rsm
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    env = _services_env()
+    if "KAFKA_BOOTSTRAP" not in env:
+        pytest.fail("no Kafka broker: run `dev/services up` (it writes .dev/services.env)")
+    return env["KAFKA_BOOTSTRAP"]
+
+
+@pytest.fixture(scope="session")
+def kafka_log_dir(kafka_bootstrap: str) -> Path:
+    """The `log.dirs` of the broker serving `kafka_bootstrap`, read from its server.properties."""
+    base = Path(os.environ.get("TIERLOG_DEV_DIR", REPO_ROOT / ".dev"))
+    for properties in sorted(base.glob("kafka/node-*/server.properties")):
+        settings = dict(
+            line.split("=", 1) for line in properties.read_text(encoding="utf-8").splitlines() if "=" in line
+        )
+        if kafka_bootstrap in settings.get("listeners", ""):
+            return Path(settings["log.dirs"].split(",")[0])
+    pytest.fail(f"cannot find the log directory of the broker at {kafka_bootstrap} under {base}/kafka")

@@ -5,6 +5,7 @@ conftest.py builds them; tests annotate with them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,7 @@ class SegmentFixture:
         return found
 
     def with_custom_metadata(self, custom: bytes | None) -> RemoteLogSegmentMetadata:
-        return metadata_for(self.metadata.remote_log_segment_id, self.metadata.segment_size_in_bytes, custom)
+        return dataclasses.replace(self.metadata, custom_metadata=custom)
 
 
 def metadata_for(
