@@ -228,7 +228,8 @@ class KafkaCluster:
         broker_ports = _ports_or_free("broker_ports", broker_ports, nodes, avoid=())
         controller_ports = _ports_or_free("controller_ports", controller_ports, nodes, avoid=broker_ports)
         self.nodes = [
-            KafkaNode(i, broker_ports[i], controller_ports[i], self.base_dir / f"node-{i}") for i in range(nodes)
+            KafkaNode(i, broker_ports[i], controller_ports[i], self.base_dir / f"node-{i}")
+            for i in range(nodes)
         ]
         self.cluster_id = self._load_or_new_cluster_id()
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
@@ -400,7 +401,9 @@ class KafkaCluster:
             str(node.config_file),
             "--ignore-formatted",
         ]
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
 
     def _check_format(self, node: KafkaNode, process: subprocess.Popen[bytes]) -> None:
         output, _ = process.communicate(timeout=120)
@@ -511,7 +514,9 @@ class KafkaCluster:
                 description=f"Kafka nodes {sorted(expected)} at {self.bootstrap} to serve metadata",
             )
         except TimeoutError as exc:
-            logs = "\n".join(f"--- {self.node(n).log_file}:\n{tail(self.node(n).log_file, 20)}" for n in node_ids)
+            logs = "\n".join(
+                f"--- {self.node(n).log_file}:\n{tail(self.node(n).log_file, 20)}" for n in node_ids
+            )
             raise TimeoutError(f"{exc}\n{logs}") from None
 
 
@@ -524,7 +529,9 @@ def broker_ids(bootstrap: str, timeout: float = 3.0) -> list[int]:
     from confluent_kafka.admin import AdminClient
 
     # log_level 0 keeps librdkafka from printing connection errors while a broker is still starting.
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": int(timeout * 1000)})
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": int(timeout * 1000)}
+    )
     metadata = admin.list_topics(timeout=timeout)
     return sorted(metadata.brokers)
 

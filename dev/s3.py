@@ -139,7 +139,7 @@ class SeaweedS3:
                 self._bucket_ready,
                 timeout=self.start_timeout,
                 interval=0.3,
-                description=f"SeaweedFS S3 at {self.endpoint.endpoint} to serve bucket {self.endpoint.bucket}",
+                description=f"S3 at {self.endpoint.endpoint} to serve bucket {self.endpoint.bucket}",
                 fatal=(ServerDiedError,),
             )
         except BaseException as exc:
@@ -172,7 +172,9 @@ class SeaweedS3:
             "identities": [
                 {
                     "name": "tierlog",
-                    "credentials": [{"accessKey": self.endpoint.access_key, "secretKey": self.endpoint.secret_key}],
+                    "credentials": [
+                        {"accessKey": self.endpoint.access_key, "secretKey": self.endpoint.secret_key}
+                    ],
                     "actions": ["Admin", "Read", "Write", "List", "Tagging"],
                 }
             ]

@@ -1,0 +1,179 @@
+"""The test harness works: the real broker and S3 server answer, dev/services manages its processes.
+
+Each test exercises one piece of dev/ or tests/conftest.py against the real components.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from botocore.exceptions import ClientError
+from support.services import SERVICES_SCRIPT, Services, read_env_file
+from support.topics import admin_client, consume, create_topic, produce, unique_topic_name
+
+from dev.kafka import KafkaCluster
+from dev.process import free_ports, pid_alive
+from dev.s3 import GRPC_OFFSET, S3Endpoint
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+# -- the shared services --------------------------------------------------------------------------
+
+
+def test_record_produced_to_the_broker_is_consumed_back(
+    kafka_bootstrap: str, create_topic: Callable[..., str]
+) -> None:
+    topic = create_topic()
+
+    [(partition, offset)] = produce(kafka_bootstrap, topic, [(b"key-1", b"value-1")])
+    [record] = consume(kafka_bootstrap, topic, 1, partition=partition, from_offset=offset)
+
+    assert (record.key, record.value, record.offset) == (b"key-1", b"value-1", offset)
+
+
+def test_object_put_to_seaweedfs_is_read_back(s3_client: S3Client, s3_bucket: str) -> None:
+    body = os.urandom(64 * 1024)
+
+    s3_client.put_object(Bucket=s3_bucket, Key="segments/00000000000000000000.log", Body=body)
+    fetched = s3_client.get_object(Bucket=s3_bucket, Key="segments/00000000000000000000.log")["Body"].read()
+
+    assert fetched == body
+
+
+def test_s3_bucket_fixture_gives_each_test_an_empty_bucket(s3_client: S3Client, s3_bucket: str) -> None:
+    assert s3_client.list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
+
+
+def test_s3_rejects_unknown_credentials(s3_config: dict[str, str]) -> None:
+    stranger = S3Endpoint(s3_config["endpoint"], "not-a-key", "not-a-secret", s3_config["bucket"]).client()
+
+    with pytest.raises(ClientError) as error:
+        stranger.list_objects_v2(Bucket=s3_config["bucket"])
+    assert error.value.response["Error"]["Code"] in {
+        "InvalidAccessKeyId",
+        "AccessDenied",
+        "SignatureDoesNotMatch",
+    }
+
+
+# -- a cluster of three ---------------------------------------------------------------------------
+
+
+def test_three_node_cluster_places_a_topic_with_replication_factor_three_on_every_node(
+    kafka_cluster3: KafkaCluster,
+) -> None:
+    topic = create_topic(
+        kafka_cluster3.bootstrap, unique_topic_name("rf3"), partitions=2, replication_factor=3
+    )
+
+    metadata = admin_client(kafka_cluster3.bootstrap).list_topics(topic=topic, timeout=10).topics[topic]
+
+    assert {p: sorted(m.replicas) for p, m in metadata.partitions.items()} == {0: [0, 1, 2], 1: [0, 1, 2]}
+
+
+# -- dev/services on its own ports and state directory ---------------------------------------------
+
+
+def run_services(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    kafka_port, s3_port = free_ports(2, offset=GRPC_OFFSET)
+    env = {
+        **os.environ,
+        "TIERLOG_DEV_DIR": str(state),
+        # Only `up` reads the ports, and only when it has to start something.
+        "TIERLOG_KAFKA_PORT": str(kafka_port),
+        "TIERLOG_S3_PORT": str(s3_port),
+    }
+    return subprocess.run(
+        [sys.executable, str(SERVICES_SCRIPT), *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def started_pids(state: Path) -> list[int]:
+    recorded = json.loads((state / "services.pids").read_text(encoding="utf-8"))
+    return [*recorded["kafka_pids"], recorded["s3_pid"]]
+
+
+@pytest.fixture
+def services_state(tmp_path: Path) -> Iterator[Path]:
+    """A state directory in which `dev/services up` has started Kafka and S3; `down` afterwards."""
+    state = tmp_path / "dev-state"
+    started = run_services(state, "up")
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield state
+    finally:
+        run_services(state, "down")
+
+
+def test_services_up_writes_the_connection_settings(services_state: Path) -> None:
+    settings = read_env_file(services_state / "services.env")
+
+    assert sorted(settings) == [
+        "KAFKA_BOOTSTRAP",
+        "S3_ACCESS_KEY",
+        "S3_BUCKET",
+        "S3_ENDPOINT",
+        "S3_REGION",
+        "S3_SECRET_KEY",
+    ]
+    assert settings["KAFKA_BOOTSTRAP"].startswith("127.0.0.1:")
+    assert settings["S3_ENDPOINT"].startswith("http://127.0.0.1:")
+
+
+def test_second_services_up_keeps_the_running_processes(services_state: Path) -> None:
+    before = started_pids(services_state)
+
+    again = run_services(services_state, "up")
+
+    assert again.returncode == 0, again.stderr
+    assert started_pids(services_state) == before
+
+
+def test_services_down_stops_the_processes_up_started_and_status_then_fails(services_state: Path) -> None:
+    pids = started_pids(services_state)
+
+    stopped = run_services(services_state, "down")
+    status = run_services(services_state, "status")
+
+    assert stopped.returncode == 0, stopped.stderr
+    assert [pid for pid in pids if pid_alive(pid)] == []
+    assert status.returncode != 0
+
+
+def test_services_status_fails_when_a_started_process_died(services_state: Path) -> None:
+    kafka_pid = started_pids(services_state)[0]
+    os.kill(kafka_pid, signal.SIGKILL)
+
+    status = run_services(services_state, "status")
+
+    assert status.returncode != 0
+    assert f"pid {kafka_pid}" in status.stderr
+
+
+# -- Docker, where there is one ---------------------------------------------------------------------
+
+
+def test_containers_serve_kafka_records_and_s3_objects(docker_services: Services) -> None:
+    containers = docker_services
+    topic = create_topic(containers.kafka_bootstrap, unique_topic_name("docker"))
+    client = containers.s3.client()
+
+    produce(containers.kafka_bootstrap, topic, [(None, b"from-a-container")])
+    client.put_object(Bucket=containers.s3.bucket, Key="probe", Body=b"object")
+
+    assert consume(containers.kafka_bootstrap, topic, 1)[0].value == b"from-a-container"
+    assert client.get_object(Bucket=containers.s3.bucket, Key="probe")["Body"].read() == b"object"
