@@ -49,7 +49,7 @@ CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
 )
 
 
-def _parse(raw: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+def parse_rsm_config(raw: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """Core config, the chosen backend's name, and its config (its required keys enforced)."""
     backends = available_backends()
     # Keys of backends that are not selected are accepted (a broker's config may carry them all).
@@ -86,7 +86,7 @@ class RemoteStorageManager:
     """Kafka's RemoteStorageManager. Thread-safe; one instance serves every partition of a broker."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        core, name, backend_config = _parse(config)
+        core, name, backend_config = parse_rsm_config(config)
         self._metrics = Metrics()
         self._backend: StorageBackend = available_backends()[name].create(backend_config, self._metrics)
         self._hashed: bool = core["storage.hash.prefix"]
@@ -269,4 +269,4 @@ class RemoteStorageManager:
         self._backend.close()
 
 
-__all__ = ["CORE_CONFIG_KEYS", "RemoteStorageManager"]
+__all__ = ["CORE_CONFIG_KEYS", "RemoteStorageManager", "parse_rsm_config"]
