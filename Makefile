@@ -1,0 +1,61 @@
+# tierlog: everyday commands. `make demo` and `make test` work on a fresh machine (they run `setup`).
+# Services (real Kafka + SeaweedFS S3 on 127.0.0.1) are managed by dev/services; see README.md.
+
+PYTHON ?= python3
+PYTEST_ARGS ?=
+STAMPS := .dev/stamps
+# The JVM adapter is rebuilt only when its sources or the shared protocol change.
+JVM_SOURCES := $(wildcard jvm/pom.xml) $(shell find jvm/src -type f 2>/dev/null) $(wildcard schemas/*.proto)
+
+.PHONY: setup python-deps kafka-jars jvm services-up services-down services-status demo test lint bench
+
+setup: python-deps kafka-jars jvm
+
+python-deps: $(STAMPS)/python-deps
+$(STAMPS)/python-deps: pyproject.toml
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev,spark]'
+	@mkdir -p $(STAMPS) && touch $@
+
+kafka-jars:
+	$(PYTHON) -c 'from dev.kafka import ensure_kafka_libs; print("Kafka jars in", ensure_kafka_libs())'
+
+jvm: $(if $(wildcard jvm/pom.xml),$(STAMPS)/jvm)
+$(STAMPS)/jvm: $(JVM_SOURCES)
+	mvn -q -B -f jvm/pom.xml package -DskipTests
+	@mkdir -p $(STAMPS) && touch $@
+
+services-up:
+	$(PYTHON) dev/services up
+
+services-down:
+	$(PYTHON) dev/services down
+
+services-status:
+	$(PYTHON) dev/services status
+
+demo: setup services-up
+	@if [ -f agent/demo.py ]; then $(PYTHON) -m agent.demo; else $(PYTHON) -m rlmm.demo; fi
+
+# Any failed test fails the target, and so does a run that collects no test (pytest status 5).
+test: setup
+	@status=0; $(PYTHON) -m pytest -q -rfEs --durations=20 $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status = 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
+	exit $$status
+
+# Test directories are checked one by one: each has its own conftest.py, which mypy would
+# otherwise see as one module defined twice.
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy rlmm rsm agent pipeline dev dev/services $(wildcard bench/*.py)
+	$(PYTHON) -m mypy $(wildcard tests/*.py)
+	@set -e; for dir in tests/*/; do \
+		case "$$dir" in *__pycache__*) continue;; esac; \
+		echo "mypy $$dir"; $(PYTHON) -m mypy "$$dir"; \
+	done
+
+# Each benchmark prints one JSON document; they run against the shared services.
+bench: setup services-up
+	@set -e; found=0; for script in bench/*.py; do \
+		[ -f "$$script" ] || continue; found=1; \
+		echo "== $$script" >&2; $(PYTHON) "$$script"; \
+	done; [ $$found = 1 ] || echo "no benchmarks in bench/" >&2
