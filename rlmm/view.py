@@ -190,7 +190,13 @@ class ViewBatch(MetadataView):
         self._cf = view._cf
         self._handles = view._handles
         self._pending: dict[str, dict[bytes, bytes | None]] = {name: {} for name in vf.ALL_FAMILIES}
+        # The same pending entries grouped by user partition, so prefix scans need not walk the whole batch.
+        self._by_tp: dict[str, dict[bytes, dict[bytes, bytes | None]]] = {name: {} for name in vf.ALL_FAMILIES}
         self._index: dict[bytes, dict[bytes, bytes | None]] = {}
+        # Segments stay decoded while the batch runs: written ones are encoded once, at commit.
+        self._segments: dict[bytes, RemoteLogSegmentMetadata | None] = {}
+        self._segments_by_tp: dict[bytes, set[bytes]] = {}
+        self._segments_read: dict[bytes, RemoteLogSegmentMetadata | None] = {}
 
     # --- overlay reads -------------------------------------------------------------------------------
 
@@ -202,7 +208,11 @@ class ViewBatch(MetadataView):
 
     def _scan(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         merged: dict[bytes, bytes | None] = dict(self._view._scan(family, prefix))
-        merged.update((k, v) for k, v in self._pending[family].items() if k.startswith(prefix))
+        if family == vf.APPLIED or len(prefix) < vf.TP_KEY_LEN:
+            pending = self._pending[family]
+        else:
+            pending = self._by_tp[family].get(prefix[:vf.TP_KEY_LEN], {})
+        merged.update((k, v) for k, v in pending.items() if k.startswith(prefix))
         return iter(sorted((k, v) for k, v in merged.items() if v is not None))
 
     def _index_floor_key(self, prefix: bytes, target: bytes) -> tuple[bytes, bytes] | None:
@@ -227,18 +237,39 @@ class ViewBatch(MetadataView):
 
     def _put(self, family: str, key: bytes, value: bytes | None) -> None:
         self._pending[family][key] = value
+        self._by_tp[family].setdefault(key[:vf.TP_KEY_LEN], {})[key] = value
 
     def _touch(self, tp: TopicIdPartition) -> None:
         key = vf.tp_key_of(tp)
         if self._get(vf.PARTITION_META, key) is None:
             self._put(vf.PARTITION_META, key, vf.encode_partition_meta(tp.topic, None))
 
+    def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None:
+        key = vf.segment_key(segment_id)
+        if key in self._segments:
+            return self._segments[key]
+        if key not in self._segments_read:
+            self._segments_read[key] = self._view.segment(segment_id)
+        return self._segments_read[key]
+
+    def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]:
+        prefix = vf.tp_key_of(tp)
+        found: dict[bytes, RemoteLogSegmentMetadata | None] = {
+            key: vf.decode_segment(value) for key, value in self._view._scan(vf.SEGMENTS, prefix)
+        }
+        found.update((key, self._segments[key]) for key in self._segments_by_tp.get(prefix, ()))
+        return iter([md for _, md in sorted(found.items()) if md is not None])
+
+    def _set_segment(self, key: bytes, metadata: RemoteLogSegmentMetadata | None) -> None:
+        self._segments[key] = metadata
+        self._segments_by_tp.setdefault(key[:vf.TP_KEY_LEN], set()).add(key)
+
     def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None:
         self._touch(metadata.topic_id_partition)
-        self._put(vf.SEGMENTS, vf.segment_key(metadata.remote_log_segment_id), vf.encode_segment(metadata))
+        self._set_segment(vf.segment_key(metadata.remote_log_segment_id), metadata)
 
     def remove_segment(self, segment_id: RemoteLogSegmentId) -> None:
-        self._put(vf.SEGMENTS, vf.segment_key(segment_id), _DELETED)
+        self._set_segment(vf.segment_key(segment_id), _DELETED)
 
     def put_partition_delete(self, metadata: RemotePartitionDeleteMetadata) -> None:
         self._touch(metadata.topic_id_partition)
@@ -269,7 +300,9 @@ class ViewBatch(MetadataView):
 
     def forget_partition(self, tp: TopicIdPartition) -> None:
         prefix = vf.tp_key_of(tp)
-        for family in (*vf.CONTENT_FAMILIES, vf.PARTITION_META):
+        for md in list(self.segments_of(tp)):
+            self.remove_segment(md.remote_log_segment_id)
+        for family in (vf.PARTITIONS, vf.EPOCH_STATE, vf.EPOCH_INDEX, vf.PARTITION_META):
             for key, _ in list(self._scan(family, prefix)):
                 if family == vf.EPOCH_INDEX:
                     self._index.setdefault(key[: len(prefix) + 4], {})[key] = _DELETED
@@ -282,6 +315,12 @@ class ViewBatch(MetadataView):
 
     def commit(self, metadata_topic: str, next_offsets: dict[int, int]) -> None:
         batch = WriteBatch(raw_mode=True)
+        segments = self._handles[vf.SEGMENTS]
+        for key, md in self._segments.items():
+            if md is None:
+                batch.delete(key, segments)
+            else:
+                batch.put(key, vf.encode_segment(md), segments)
         for family, entries in self._pending.items():
             handle = self._handles[family]
             for key, value in entries.items():
@@ -294,7 +333,12 @@ class ViewBatch(MetadataView):
         self._view._write(batch)
         for entries in self._pending.values():
             entries.clear()
+        for groups in self._by_tp.values():
+            groups.clear()
         self._index.clear()
+        self._segments.clear()
+        self._segments_by_tp.clear()
+        self._segments_read.clear()
 
 
 def apply_records(

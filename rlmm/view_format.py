@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from functools import lru_cache
 
 from rlmm import codec
 from rlmm.events import EpochLineage
@@ -36,6 +37,7 @@ _OFFSET = struct.Struct(">q")
 TP_KEY_LEN = _TP.size
 
 
+@lru_cache(maxsize=65536)
 def tp_key(topic_id: uuid.UUID, partition: int) -> bytes:
     return _TP.pack(topic_id.bytes, partition)
 
