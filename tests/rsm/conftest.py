@@ -1,13 +1,12 @@
 """Fixtures for the RSM tests: one manager per backend (real SeaweedFS S3 and the filesystem) and segments.
 
-The S3 server comes from the shared `s3_config` fixture; each test gets its own key prefix.
+The S3 server and the broker come from the shared fixtures of tests/conftest.py; each test gets its own
+key prefix.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,39 +14,17 @@ from typing import Any
 
 import pytest
 from rsm_testkit import S3Server, SegmentFactory, SegmentFixture, metadata_for
+from support.s3_proxy import CountingS3Proxy
+from support.services import state_dir
 
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
 from rsm import LogSegmentData, RemoteStorageManager
 
-# tests/support is shared by test packages that are not importable packages themselves.
-_TESTS_DIR = str(Path(__file__).resolve().parents[1])
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _services_env() -> dict[str, str]:
-    """The environment `dev/services up` wrote (variables already set in the process win)."""
-    base = Path(os.environ.get("TIERLOG_DEV_DIR", REPO_ROOT / ".dev"))
-    found: dict[str, str] = {}
-    env_file = base / "services.env"
-    if env_file.exists():
-        for line in env_file.read_text(encoding="utf-8").splitlines():
-            name, sep, value = line.partition("=")
-            if sep:
-                found[name.strip()] = value.strip()
-    found.update({k: v for k, v in os.environ.items() if k.startswith(("S3_", "KAFKA_"))})
-    return found
-
 
 @pytest.fixture(scope="session")
-def s3_server() -> S3Server:
-    env = _services_env()
-    if "S3_ENDPOINT" not in env:
-        pytest.fail("no S3 server: run `dev/services up` (it writes .dev/services.env)")
-    return S3Server(env["S3_ENDPOINT"], env["S3_ACCESS_KEY"], env["S3_SECRET_KEY"], env["S3_BUCKET"])
+def s3_server(s3_config: dict[str, str]) -> S3Server:
+    """The shared S3 server (from tests/conftest.py) as the RSM tests use it."""
+    return S3Server(s3_config["endpoint"], s3_config["access_key"], s3_config["secret_key"], s3_config["bucket"])
 
 
 @pytest.fixture
@@ -67,8 +44,6 @@ def backend_config(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: s
 def manager(backend_config: dict[str, Any]) -> Iterator[RemoteStorageManager]:
     with RemoteStorageManager(backend_config) as rsm:
         yield rsm
-
-
 
 
 @pytest.fixture
@@ -110,16 +85,16 @@ def copied(manager: RemoteStorageManager, make_segment: SegmentFactory) -> Segme
 
 
 @pytest.fixture
-def s3_proxy(s3_server: S3Server) -> Iterator[Any]:
+def s3_proxy(s3_server: S3Server) -> Iterator[CountingS3Proxy]:
     """A counting proxy on 127.0.0.1 in front of the real S3 server."""
-    from support.s3_proxy import CountingS3Proxy
-
     with CountingS3Proxy(s3_server.endpoint) as proxy:
         yield proxy
 
 
 @pytest.fixture
-def proxied_manager(s3_server: S3Server, s3_proxy: Any, key_prefix: str) -> Iterator[RemoteStorageManager]:
+def proxied_manager(
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str
+) -> Iterator[RemoteStorageManager]:
     """A manager that talks to S3 through the counting proxy, with small multipart settings."""
     config = s3_server.rsm_config(
         key_prefix,
@@ -131,17 +106,9 @@ def proxied_manager(s3_server: S3Server, s3_proxy: Any, key_prefix: str) -> Iter
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> str:
-    env = _services_env()
-    if "KAFKA_BOOTSTRAP" not in env:
-        pytest.fail("no Kafka broker: run `dev/services up` (it writes .dev/services.env)")
-    return env["KAFKA_BOOTSTRAP"]
-
-
-@pytest.fixture(scope="session")
 def kafka_log_dir(kafka_bootstrap: str) -> Path:
     """The `log.dirs` of the broker serving `kafka_bootstrap`, read from its server.properties."""
-    base = Path(os.environ.get("TIERLOG_DEV_DIR", REPO_ROOT / ".dev"))
+    base = state_dir()
     for properties in sorted(base.glob("kafka/node-*/server.properties")):
         settings = dict(
             line.split("=", 1) for line in properties.read_text(encoding="utf-8").splitlines() if "=" in line

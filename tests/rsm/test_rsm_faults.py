@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from rsm_testkit import S3Server, SegmentFactory, SegmentFixture
+from support.s3_proxy import CountingS3Proxy
 
 from rsm import ConfigError, IndexType, RemoteStorageError, RemoteStorageManager
 from rsm.keys import keys_for
@@ -29,7 +30,7 @@ def _copy(rsm: RemoteStorageManager, segment: SegmentFixture) -> SegmentFixture:
 
 
 def test_a_failed_multipart_upload_is_aborted_and_leaves_no_object_visible(
-    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
 ) -> None:
     segment = make_segment(log_size=12 << 20)
     s3_proxy.fail_when(lambda r: r.query.get("partNumber") == "2", status=500)
@@ -56,7 +57,7 @@ def _client(server: S3Server) -> Any:
 
 
 def test_s3_vanishing_mid_stream_fails_the_read_naming_bucket_and_key(
-    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
 ) -> None:
     with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
         segment = _copy(rsm, make_segment(log_size=8 << 20))
@@ -73,7 +74,7 @@ def test_s3_vanishing_mid_stream_fails_the_read_naming_bucket_and_key(
 
 
 def test_s3_down_before_a_call_fails_it_within_the_deadline(
-    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
 ) -> None:
     with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
         segment = _copy(rsm, make_segment())
@@ -85,7 +86,7 @@ def test_s3_down_before_a_call_fails_it_within_the_deadline(
 
 
 def test_a_stalled_s3_server_fails_the_call_within_the_deadline(
-    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
 ) -> None:
     with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
         segment = _copy(rsm, make_segment())
@@ -97,7 +98,7 @@ def test_a_stalled_s3_server_fails_the_call_within_the_deadline(
 
 
 def test_a_server_error_names_bucket_key_and_cause(
-    s3_server: S3Server, s3_proxy: Any, key_prefix: str, make_segment: SegmentFactory
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
 ) -> None:
     s3_proxy.fail_when(lambda r: r.method == "PUT", status=503)
     segment = make_segment()

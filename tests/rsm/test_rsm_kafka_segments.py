@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from rsm_testkit import SegmentFixture, metadata_for
+from support.topics import create_topic, unique_topic_name
 
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
 from rsm import IndexType, LogSegmentData, RemoteStorageManager
@@ -58,13 +58,6 @@ def _produce(bootstrap: str, topic: str) -> None:
     producer.flush(30)
 
 
-def _create_topic(bootstrap: str, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    config = {"segment.bytes": str(SEGMENT_BYTES), "index.interval.bytes": "1", "retention.ms": "-1"}
-    futures = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1, config=config)])
-    futures[topic].result(30)
-
-
 def _wait_for_rolled_segments(partition_dir: Path, count: int) -> list[int]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -80,8 +73,9 @@ def rolled_segments(
     kafka_bootstrap: str, kafka_log_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> list[RolledSegment]:
     """Copies of every rolled segment's files, as the broker would hand them to copy_log_segment_data."""
-    topic = f"rsm-segments-{uuid.uuid4().hex[:8]}"
-    _create_topic(kafka_bootstrap, topic)
+    topic = unique_topic_name("rsm-segments")
+    config = {"segment.bytes": SEGMENT_BYTES, "index.interval.bytes": 1, "retention.ms": -1}
+    create_topic(kafka_bootstrap, topic, config=config)
     _produce(kafka_bootstrap, topic)
     partition_dir = kafka_log_dir / f"{topic}-0"
     bases = _wait_for_rolled_segments(partition_dir, 2)

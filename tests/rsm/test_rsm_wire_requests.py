@@ -5,9 +5,8 @@ These are the promises of the packed index: one GET for any set of indexes, one 
 
 from __future__ import annotations
 
-from typing import Any
-
 from rsm_testkit import SegmentFactory, SegmentFixture
+from support.s3_proxy import CountingS3Proxy
 
 from rsm import IndexType, RemoteStorageManager
 
@@ -31,7 +30,7 @@ def _broker_fetches(rsm: RemoteStorageManager, segment: SegmentFixture) -> None:
 
 
 def test_fetch_indexes_of_all_five_types_is_one_ranged_get(
-    proxied_manager: RemoteStorageManager, s3_proxy: Any, make_segment: SegmentFactory
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     segment = _copy(proxied_manager, make_segment())
     s3_proxy.reset()
@@ -43,7 +42,7 @@ def test_fetch_indexes_of_all_five_types_is_one_ranged_get(
 
 
 def test_the_brokers_three_fetch_index_calls_are_one_get(
-    proxied_manager: RemoteStorageManager, s3_proxy: Any, make_segment: SegmentFactory
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     segment = _copy(proxied_manager, make_segment())
     s3_proxy.reset()
@@ -52,7 +51,7 @@ def test_the_brokers_three_fetch_index_calls_are_one_get(
 
 
 def test_the_brokers_three_calls_are_one_get_when_the_transaction_index_is_absent(
-    proxied_manager: RemoteStorageManager, s3_proxy: Any, make_segment: SegmentFactory
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     segment = _copy(proxied_manager, make_segment(with_txn=False))
     s3_proxy.reset()
@@ -61,7 +60,7 @@ def test_the_brokers_three_calls_are_one_get_when_the_transaction_index_is_absen
 
 
 def test_the_brokers_calls_read_only_the_offset_timestamp_transaction_range(
-    proxied_manager: RemoteStorageManager, s3_proxy: Any, make_segment: SegmentFactory
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     segment = _copy(proxied_manager, make_segment())
     s3_proxy.reset()
@@ -72,7 +71,7 @@ def test_the_brokers_calls_read_only_the_offset_timestamp_transaction_range(
 
 
 def test_without_custom_metadata_fetch_indexes_costs_one_header_read_more(
-    proxied_manager: RemoteStorageManager, s3_proxy: Any, make_segment: SegmentFactory
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     segment = _copy(proxied_manager, make_segment())
     s3_proxy.reset()
@@ -81,7 +80,7 @@ def test_without_custom_metadata_fetch_indexes_costs_one_header_read_more(
 
 
 def test_fetch_log_segment_is_one_get_with_the_exact_inclusive_range(
-    proxied_manager: RemoteStorageManager, s3_proxy: Any, make_segment: SegmentFactory
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     segment = _copy(proxied_manager, make_segment())
     s3_proxy.reset()
@@ -91,7 +90,7 @@ def test_fetch_log_segment_is_one_get_with_the_exact_inclusive_range(
 
 
 def test_delete_removes_both_objects_in_one_request(
-    proxied_manager: RemoteStorageManager, s3_proxy: Any, make_segment: SegmentFactory
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     segment = _copy(proxied_manager, make_segment())
     s3_proxy.reset()
@@ -101,7 +100,7 @@ def test_delete_removes_both_objects_in_one_request(
 
 
 def test_a_small_copy_is_two_puts_with_the_packed_index_last(
-    proxied_manager: RemoteStorageManager, s3_proxy: Any, make_segment: SegmentFactory
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     s3_proxy.reset()
     _copy(proxied_manager, make_segment())
@@ -111,7 +110,7 @@ def test_a_small_copy_is_two_puts_with_the_packed_index_last(
 
 
 def test_a_large_copy_uploads_parts_in_parallel_and_writes_the_packed_index_last(
-    proxied_manager: RemoteStorageManager, s3_proxy: Any, make_segment: SegmentFactory
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     s3_proxy.reset()
     segment = _copy(proxied_manager, make_segment(log_size=12 << 20))
