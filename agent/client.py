@@ -1,0 +1,62 @@
+"""A Python client of a running agent (the same protocol the JVM adapter speaks), for tools and tests:
+ask what the broker's rlmm holds for a partition, or whether the agent is healthy.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent import messages
+from agent.proto import agent_pb2 as pb
+from agent.proto import agent_pb2_grpc as pb_grpc
+from rlmm.types import RemoteLogSegmentMetadata, TopicIdPartition
+
+
+@dataclass(frozen=True)
+class AgentHealth:
+    serving: bool
+    configured: tuple[str, ...]
+    pid: int
+
+
+class AgentClient:
+    """Blocking calls with a deadline against the agent serving on `socket_path`."""
+
+    def __init__(self, socket_path: str | Path, timeout: float = 10.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(f"unix:{self.socket_path}")
+        self._agent = pb_grpc.AgentStub(self._channel)
+        self._metadata = pb_grpc.RemoteLogMetadataStub(self._channel)
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def health(self) -> AgentHealth:
+        answer: Any = self._agent.Health(pb.Empty(), timeout=self.timeout)
+        names = tuple(pb.Component.Name(c) for c in answer.configured)
+        return AgentHealth(answer.serving, names, answer.pid)
+
+    def list_remote_log_segments(self, tp: TopicIdPartition, epoch: int | None = None
+                                 ) -> list[RemoteLogSegmentMetadata]:
+        """What the broker's rlmm lists for `tp`; raises grpc.RpcError (NOT_FOUND for an unknown partition)."""
+        query = pb.ListQuery(topic_id_partition=messages.topic_id_partition_msg(tp))
+        if epoch is not None:
+            query.epoch = epoch
+        return [messages.segment_metadata(m) for m in self._metadata.ListRemoteLogSegments(query, timeout=self.timeout)]
+
+
+def kafka_uuid(most_significant: int, least_significant: int) -> uuid.UUID:
+    """A Kafka Uuid (two signed 64-bit halves, as client libraries expose it) as a Python UUID."""
+    return uuid.UUID(int=((most_significant & (2**64 - 1)) << 64) | (least_significant & (2**64 - 1)))
