@@ -95,13 +95,32 @@ class RangeStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: Any) -> int:
+    def read(self, size: int | None = -1) -> bytes:
+        # Hand the store's chunk over as it is: RawIOBase.read would copy it through readinto.
         if self.closed:
             raise ValueError("read from a closed RangeStream")
-        view = memoryview(buffer).cast("B")
-        wanted = min(len(view), self._remaining)
+        wanted = self._remaining if size is None or size < 0 else min(size, self._remaining)
         if wanted == 0:
-            return 0
+            return b""
+        chunks = []
+        while wanted > 0:
+            chunk = self._read_chunk(wanted)
+            chunks.append(chunk)
+            wanted -= len(chunk)
+            if size is not None and size >= 0:
+                break  # one read of at most `size` bytes, like any raw stream
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        chunk = self.read(len(view))
+        view[: len(chunk)] = chunk
+        return len(chunk)
+
+    def _read_chunk(self, wanted: int) -> bytes:
         try:
             chunk = self._body.read(wanted)
         except RemoteStorageError:
@@ -116,12 +135,10 @@ class RangeStream(io.RawIOBase):
             raise RemoteStorageError(
                 f"reading {self._where} failed: the store ended the body {self._remaining} bytes early"
             )
-        count = len(chunk)
-        view[:count] = chunk
-        self._remaining -= count
+        self._remaining -= len(chunk)
         if self._on_bytes is not None:
-            self._on_bytes(count)
-        return count
+            self._on_bytes(len(chunk))
+        return chunk
 
     def _fail(self) -> None:
         if self._on_error is not None:

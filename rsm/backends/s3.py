@@ -84,14 +84,6 @@ def _content_md5(data: bytes) -> str:
     return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")
 
 
-def _file_md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_MIB):
-            digest.update(chunk)
-    return base64.b64encode(digest.digest()).decode("ascii")
-
-
 def _error_code(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         return str(exc.response.get("Error", {}).get("Code", ""))
@@ -176,17 +168,12 @@ class S3Backend(StorageBackend):
             return
         with self._metrics.time("backend.put") as timer:
             try:
-                if isinstance(source, bytes):
-                    self._client.put_object(
-                        Bucket=self._bucket, Key=self._key(key), Body=source, ContentMD5=_content_md5(source)
-                    )
-                else:
-                    md5 = _file_md5(source)
-                    with open(source, "rb") as body:
-                        self._client.put_object(
-                            Bucket=self._bucket, Key=self._key(key), Body=body, ContentMD5=md5,
-                            ContentLength=size,
-                        )
+                # Below the threshold the body is read into memory (bounded by the threshold): sending
+                # a file object goes through http.client's small blocks and costs a third of the speed.
+                body = source if isinstance(source, bytes) else source.read_bytes()
+                self._client.put_object(
+                    Bucket=self._bucket, Key=self._key(key), Body=body, ContentMD5=_content_md5(body)
+                )
             except (BotoCoreError, ClientError, OSError) as exc:
                 raise self._error("PutObject", key, exc) from exc
             timer.bytes = size
