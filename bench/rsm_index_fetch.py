@@ -9,6 +9,7 @@ its manifest assumed cached). Usage: python bench/rsm_index_fetch.py [--segments
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import tempfile
 import time
@@ -139,7 +140,7 @@ def run(profile: str, segments: int, env: dict[str, str]) -> dict[str, Any]:
                     expected = {t: seg.indexes[t] for t in wanted}
                     for name, fetch in layouts.items():
                         before = wire_requests(rsm.metrics()) + raw.total()
-                        samples[name].append(_measure(lambda f=fetch, s=seg: f(s), expected))
+                        samples[name].append(_measure(functools.partial(fetch, seg), expected))
                         requests[name] += wire_requests(rsm.metrics()) + raw.total() - before
                 results[scenario] = {
                     name: {"requests_per_fetch": requests[name] / segments, **summary_ms(samples[name])}
