@@ -5,6 +5,7 @@ view of a partition, and the bucket's objects for a topic. Producing and reading
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,17 +73,26 @@ def agent_socket(socket_dir: Path, node_id: int) -> Path:
     return socket_dir / f"agent-{node_id}.sock"
 
 
-def remote_segments(socket_dir: Path, node_id: int, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
-    """What node `node_id`'s rlmm (through its agent) lists for `tp`; [] once the partition is gone."""
+def remote_segments(socket_dir: Path, node_id: int, tp: TopicIdPartition,
+                    timeout: float = 60.0) -> list[RemoteLogSegmentMetadata]:
+    """What node `node_id`'s rlmm (through its agent) lists for `tp`, once the partition has loaded there;
+    [] once the partition is gone (NOT_FOUND)."""
     import grpc
 
+    deadline = time.monotonic() + timeout
     with AgentClient(agent_socket(socket_dir, node_id)) as client:
-        try:
-            return client.list_remote_log_segments(tp)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return []
-            raise
+        while True:
+            try:
+                return client.list_remote_log_segments(tp)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    return []
+                # ABORTED: registered but still loading (after a restart); UNAVAILABLE: agent restarting.
+                if exc.code() not in (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE) or (
+                    time.monotonic() > deadline
+                ):
+                    raise
+            time.sleep(0.5)
 
 
 def finished(segments: list[RemoteLogSegmentMetadata]) -> list[RemoteLogSegmentMetadata]:

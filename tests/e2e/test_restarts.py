@@ -1,0 +1,62 @@
+"""Restarts on a single tierlog broker: the broker itself (metadata survives in the metadata topic and the
+agent's RocksDB view) and the agent alone, killed while the broker tiers and serves data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from e2e_testkit import agent_pid, describe, finished, remote_segments, wait_for_new_agent
+
+from agent.demo import consume, create_topic, produce, wait_for, wait_until_tiered
+from dev.kafka import KafkaCluster
+
+RECORDS = 25_000
+
+
+def test_broker_restart_keeps_remote_metadata_and_serves_remote_data(
+    tiered_cluster: Callable[..., KafkaCluster], socket_dir: Path
+) -> None:
+    cluster = tiered_cluster()
+    create_topic(cluster.bootstrap, "restarted")
+    produce(cluster.bootstrap, "restarted", 0, RECORDS)
+    wait_until_tiered(cluster.log_dir(0), "restarted", min_local_start=RECORDS // 2)
+    tp, _ = describe(cluster.bootstrap, "restarted")
+    before = finished(remote_segments(socket_dir, 0, tp))
+
+    cluster.restart_node(0)
+
+    after = wait_for(lambda: finished(remote_segments(socket_dir, 0, tp)), 60, "the rlmm to serve the partition")
+    assert [s.remote_log_segment_id for s in after][: len(before)] == [s.remote_log_segment_id for s in before]
+    read = consume(cluster.bootstrap, "restarted", RECORDS)
+    assert read.indexes == list(range(RECORDS))
+    assert not read.mismatched
+
+
+def test_agent_killed_while_tiering_is_restarted_and_nothing_is_lost_or_duplicated(
+    tiered_cluster: Callable[..., KafkaCluster], socket_dir: Path
+) -> None:
+    cluster = tiered_cluster()
+    create_topic(cluster.bootstrap, "agent-killed")
+    produce(cluster.bootstrap, "agent-killed", 0, RECORDS)
+    wait_until_tiered(cluster.log_dir(0), "agent-killed", min_local_start=RECORDS // 4)
+    first_agent = agent_pid(socket_dir, 0)
+    assert first_agent is not None
+
+    # Kill the agent in the middle of a second round of produce (and so of segment copies).
+    producing = threading.Thread(target=produce, args=(cluster.bootstrap, "agent-killed", RECORDS, RECORDS))
+    producing.start()
+    os.kill(first_agent, signal.SIGKILL)
+    producing.join(180)
+    assert not producing.is_alive()
+
+    wait_for_new_agent(socket_dir, 0, first_agent)
+    wait_until_tiered(cluster.log_dir(0), "agent-killed", min_local_start=RECORDS + RECORDS // 2, timeout=120)
+    read = consume(cluster.bootstrap, "agent-killed", 2 * RECORDS, timeout=150)
+    assert read.indexes == list(range(2 * RECORDS))
+    assert read.offsets == list(range(2 * RECORDS))
+    assert not read.mismatched
+    assert cluster.is_running(0)
