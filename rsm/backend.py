@@ -6,7 +6,9 @@ Each backend is one module in rsm.backends; RangeStream is the file-like object 
 from __future__ import annotations
 
 import abc
+import contextlib
 import io
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,8 @@ from typing import Any, BinaryIO, Protocol
 from rlmm.config import ConfigKey
 from rlmm.errors import RemoteStorageError
 from rsm.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 # What put() uploads: a file on this host (a segment) or bytes already in memory (a packed index).
 Source = Path | bytes
@@ -71,7 +75,8 @@ class RangeStream(io.RawIOBase):
     """A read-only binary stream over one ranged read that never holds more than the caller's buffer.
 
     It counts bytes into the metrics, fails loudly (naming the object) if the store closes the body
-    early, and turns the transport's exceptions into RemoteStorageError.
+    early, and turns the transport's exceptions into RemoteStorageError. Given `reopen` (offset within
+    the range -> a new body from there), a body that breaks mid-read is resumed up to `resumes` times.
     """
 
     def __init__(
@@ -82,6 +87,8 @@ class RangeStream(io.RawIOBase):
         on_bytes: Callable[[int], None] | None = None,
         on_error: Callable[[], None] | None = None,
         translate: Callable[[BaseException], RemoteStorageError] | None = None,
+        reopen: Callable[[int], Any] | None = None,
+        resumes: int = 0,
     ) -> None:
         super().__init__()
         self._body = body
@@ -90,6 +97,8 @@ class RangeStream(io.RawIOBase):
         self._on_bytes = on_bytes
         self._on_error = on_error
         self._translate = translate
+        self._reopen = reopen
+        self._resumes_left = resumes if reopen is not None else 0
         self.length = length
 
     def readable(self) -> bool:
@@ -121,24 +130,41 @@ class RangeStream(io.RawIOBase):
         return len(chunk)
 
     def _read_chunk(self, wanted: int) -> bytes:
-        try:
-            chunk = self._body.read(wanted)
-        except RemoteStorageError:
-            raise
-        except Exception as exc:
+        while True:
+            failure: BaseException | None = None
+            try:
+                chunk = self._body.read(wanted)
+            except RemoteStorageError:
+                raise
+            except Exception as exc:
+                failure = exc
+            else:
+                if chunk:
+                    break
+                failure = EOFError(f"the store ended the body {self._remaining} bytes early")
+            if self._resumes_left > 0 and self._reopen is not None:
+                self._resumes_left -= 1
+                self._resume(failure)
+                continue
             self._fail()
             if self._translate is not None:
-                raise self._translate(exc) from exc
-            raise RemoteStorageError(f"reading {self._where} failed: {exc}") from exc
-        if not chunk:
-            self._fail()
-            raise RemoteStorageError(
-                f"reading {self._where} failed: the store ended the body {self._remaining} bytes early"
-            )
+                raise self._translate(failure) from failure
+            raise RemoteStorageError(f"reading {self._where} failed: {failure}") from failure
         self._remaining -= len(chunk)
         if self._on_bytes is not None:
             self._on_bytes(len(chunk))
         return chunk
+
+    def _resume(self, failure: BaseException) -> None:
+        assert self._reopen is not None
+        log.info("resuming %s at byte %d after: %s", self._where, self.length - self._remaining, failure)
+        with contextlib.suppress(Exception):
+            self._body.close()
+        try:
+            self._body = self._reopen(self.length - self._remaining)
+        except RemoteStorageError:
+            self._fail()
+            raise
 
     def _fail(self) -> None:
         if self._on_error is not None:

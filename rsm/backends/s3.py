@@ -103,6 +103,7 @@ class S3Backend(StorageBackend):
         self._threshold: int = config["s3.multipart.threshold.bytes"]
         self._part_size: int = config["s3.multipart.part.size.bytes"]
         self._concurrency: int = config["s3.multipart.concurrency"]
+        self._retries: int = config["s3.retries.max"]
         self._metrics = metrics
         # Kept only to scrub them from any message that might echo them; never logged.
         self._secrets = tuple(
@@ -250,33 +251,48 @@ class S3Backend(StorageBackend):
     # -- get ------------------------------------------------------------------------------------
 
     def get_range(self, key: str, start: int, end: int | None = None) -> RangeStream:
-        byte_range = f"bytes={start}-{'' if end is None else end}"
         with self._metrics.time("backend.get"):
-            try:
-                reply = self._client.get_object(Bucket=self._bucket, Key=self._key(key), Range=byte_range)
-            except ClientError as exc:
-                if _error_code(exc) in ("NoSuchKey", "404", "NotFound") or _status(exc) == 404:
-                    raise RemoteResourceNotFoundError(f"no object at {self.describe(key)}") from None
-                if _error_code(exc) == "InvalidRange" or _status(exc) == 416:
-                    content_range = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
-                        "content-range", ""
-                    )
-                    size = content_range.rpartition("/")[2] or "unknown"
-                    raise InvalidArgumentError(
-                        f"start position {start} is at or past the end of {self.describe(key)} ({size} bytes)"
-                    ) from None
-                raise self._error("GetObject", key, exc) from exc
-            except BotoCoreError as exc:
-                raise self._error("GetObject", key, exc) from exc
+            reply = self._get_object(key, start, end)
         body: BinaryIO = reply["Body"]
+        length = int(reply["ContentLength"])
+        etag = reply.get("ETag")
+
+        def reopen(offset: int) -> Any:
+            # The rest of the same range of the same object version: a retried copy that replaced the
+            # object in between must fail the read, not splice two versions together.
+            with self._metrics.time("backend.get"):
+                return self._get_object(key, start + offset, start + length - 1, if_match=etag)["Body"]
+
         return RangeStream(
             body,
-            int(reply["ContentLength"]),
+            length,
             self.describe(key),
             on_bytes=lambda n: self._metrics.add_bytes("backend.get", n),
             on_error=lambda: self._metrics.add_error("backend.get"),
             translate=lambda exc: self._error("GetObject body read", key, exc),
+            reopen=reopen,
+            resumes=self._retries,
         )
+
+    def _get_object(self, key: str, start: int, end: int | None, if_match: str | None = None) -> Any:
+        extra = {"IfMatch": if_match} if if_match else {}
+        byte_range = f"bytes={start}-{'' if end is None else end}"
+        try:
+            return self._client.get_object(Bucket=self._bucket, Key=self._key(key), Range=byte_range, **extra)
+        except ClientError as exc:
+            if _error_code(exc) in ("NoSuchKey", "404", "NotFound") or _status(exc) == 404:
+                raise RemoteResourceNotFoundError(f"no object at {self.describe(key)}") from None
+            if _error_code(exc) == "InvalidRange" or _status(exc) == 416:
+                content_range = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
+                    "content-range", ""
+                )
+                size = content_range.rpartition("/")[2] or "unknown"
+                raise InvalidArgumentError(
+                    f"start position {start} is at or past the end of {self.describe(key)} ({size} bytes)"
+                ) from None
+            raise self._error("GetObject", key, exc) from exc
+        except BotoCoreError as exc:
+            raise self._error("GetObject", key, exc) from exc
 
     # -- delete and list ------------------------------------------------------------------------
 

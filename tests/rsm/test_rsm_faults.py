@@ -131,3 +131,31 @@ def test_an_invalid_secret_value_is_redacted_in_the_config_error() -> None:
     with pytest.raises(ConfigError) as caught:
         RemoteStorageManager({"storage.backend": "s3", "s3.bucket": "b", "s3.secret.access.key": ["hunter2"]})
     assert "s3.secret.access.key" in str(caught.value) and "hunter2" not in str(caught.value)
+
+
+def test_a_stream_cut_mid_read_resumes_where_it_stopped(
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
+        segment = _copy(rsm, make_segment(log_size=16 << 20))
+        s3_proxy.reset()
+        with rsm.fetch_log_segment(segment.metadata, 10) as stream:
+            head = stream.read(4096)
+            s3_proxy.sever_connections()
+            rest = stream.read()
+    assert head + rest == segment.log_bytes[10:]
+    ranges = [r.range for r in s3_proxy.requests if r.is_get]
+    assert ranges[0] == "bytes=10-" and len(ranges) == 2
+    assert int(str(ranges[1]).removeprefix("bytes=").split("-")[0]) > 10 + 4096
+
+
+def test_a_body_corrupted_in_transit_is_rejected_and_nothing_is_written(
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    s3_proxy.corrupt_when(lambda r: r.method == "PUT")
+    segment = make_segment()
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
+        with pytest.raises(RemoteStorageError, match="BadDigest"):
+            rsm.copy_log_segment_data(segment.metadata, segment.data)
+        s3_proxy.clear_faults()
+        assert list(rsm.backend.list("")) == []

@@ -65,7 +65,7 @@ def test_the_brokers_calls_read_only_the_offset_timestamp_transaction_range(
     segment = _copy(proxied_manager, make_segment())
     s3_proxy.reset()
     _broker_fetches(proxied_manager, segment)
-    first, last = (int(x) for x in s3_proxy.requests[0].range.removeprefix("bytes=").split("-"))
+    first, last = (int(x) for x in str(s3_proxy.requests[0].range).removeprefix("bytes=").split("-"))
     sizes = segment.index_bytes()
     assert last - first + 1 == sum(len(sizes[t]) for t in BROKER_SEQUENCE)
 

@@ -1,7 +1,8 @@
 """A counting HTTP proxy on 127.0.0.1 in front of the real S3 server, for tests that measure the wire.
 
 It records every request it forwards and can inject faults the server cannot produce on demand:
-an error status for chosen requests, a stalled response, or every connection severed at once.
+an error status for chosen requests, a stalled response, a corrupted request body, or every
+connection severed at once (with or without the proxy going away).
 """
 
 from __future__ import annotations
@@ -89,11 +90,13 @@ class _Handler(BaseHTTPRequestHandler):
         request = RecordedRequest(self.command, parsed.path, query, self.headers.get("Range"))
         proxy._record(request)
         fault = proxy._fault_for(request)
+        if fault == "corrupt" and body:
+            body = bytes([body[0] ^ 0xFF]) + body[1:]
         if fault == "stall":
             proxy._stalled.wait()
             self.close_connection = True
             return
-        if isinstance(fault, int):
+        if isinstance(fault, int) and not isinstance(fault, bool):
             payload = b"<?xml version='1.0'?><Error><Code>InjectedFault</Code></Error>"
             self.send_response(fault)
             self.send_header("Content-Type", "application/xml")
@@ -135,7 +138,7 @@ class CountingS3Proxy:
         self.upstream_port = parsed.port or 80
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
-        self._faults: list[tuple[Predicate, int | str]] = []
+        self._faults: list[tuple[Predicate, int | str]] = []  # status code, "stall" or "corrupt"
         self._connections: set[socket.socket] = set()
         self._stalled = threading.Event()
         self._server = _Server(("127.0.0.1", 0), _Handler)
@@ -166,6 +169,19 @@ class CountingS3Proxy:
         """Never answer matching requests (until close): the client must give up on its own deadline."""
         with self._lock:
             self._faults.append((predicate, "stall"))
+
+    def corrupt_when(self, predicate: Predicate) -> None:
+        """Flip a byte of matching requests' bodies on the way to the server (a corrupting network)."""
+        with self._lock:
+            self._faults.append((predicate, "corrupt"))
+
+    def sever_connections(self) -> None:
+        """Cut every open client connection (as a network blip would) but keep accepting new ones."""
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def clear_faults(self) -> None:
         with self._lock:
