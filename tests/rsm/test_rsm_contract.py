@@ -6,6 +6,7 @@ Each test states one behaviour Kafka's broker (or tierlog's own API) relies on.
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from rsm_testkit import SegmentFactory, SegmentFixture
@@ -314,3 +315,21 @@ def test_a_closed_manager_refuses_calls(manager: RemoteStorageManager, copied: S
     manager.close()
     with pytest.raises(Exception, match="closed"):
         manager.fetch_index(copied.metadata, IndexType.OFFSET)
+
+
+def test_one_manager_serves_concurrent_copies_and_fetches_from_many_threads(
+    manager: RemoteStorageManager, make_segment: SegmentFactory
+) -> None:
+    segments = [make_segment(log_size=50_000, seed=seed) for seed in range(8)]
+
+    def round_trip(segment: SegmentFixture) -> bool:
+        custom = manager.copy_log_segment_data(segment.metadata, segment.data)
+        metadata = segment.with_custom_metadata(custom)
+        indexes = {t: manager.fetch_index(metadata, t).read() for t in (IndexType.OFFSET, IndexType.TIMESTAMP)}
+        with manager.fetch_log_segment(metadata, 0) as stream:
+            log = stream.read()
+        expected = segment.index_bytes()
+        return log == segment.log_bytes and all(indexes[t] == expected[t] for t in indexes)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(round_trip, segments))
