@@ -123,15 +123,22 @@ def wait_for_new_agent(socket_dir: Path, node_id: int, old_pid: int, timeout: fl
     return int(wait_for(new_pid, timeout, f"a new agent for node {node_id}"))
 
 
-def wait_for_leader(bootstrap: str, topic: str, not_on: int, timeout: float = 60.0) -> int:
-    def leader() -> int | None:
-        with contextlib.suppress(Exception):
-            state = describe(bootstrap, topic)[1]
-            if state.leader >= 0 and state.leader != not_on:
-                return state.leader
-        return None
+def wait_for_leader(bootstrap: str, topic: str, not_on: int, timeout: float = 90.0) -> int:
+    seen: list[object] = []
 
-    return int(wait_for(leader, timeout, f"{topic}-0 to elect a leader other than {not_on}"))
+    def leader() -> int | None:
+        try:
+            state = describe(bootstrap, topic)[1]
+        except Exception as exc:  # a node is down: the next attempt asks another
+            seen.append(exc)
+            return None
+        seen.append(state)
+        return state.leader if state.leader >= 0 and state.leader != not_on else None
+
+    try:
+        return int(wait_for(leader, timeout, f"{topic}-0 to elect a leader other than {not_on}"))
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; last seen: {seen[-3:]}") from None
 
 
 def wait_in_isr(bootstrap: str, topic: str, node_id: int, timeout: float = 120.0) -> None:
