@@ -1,7 +1,8 @@
 """The S3 backend, through boto3: any S3-compatible server (AWS, SeaweedFS, MinIO) with path-style option.
 
 Single PUT below the multipart threshold, parallel multipart above it (aborted on failure); every
-upload carries Content-MD5 so the server rejects corrupted bytes; bounded timeouts and retries.
+upload carries a checksum (CRC32 or Content-MD5) so the server rejects corrupted bytes; bounded
+timeouts and retries.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import base64
 import hashlib
 import logging
 import math
+import struct
 import threading
+import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -57,6 +60,11 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("s3.request.timeout.ms", parse_int, 30_000, check=_positive, requirement="> 0"),
     ConfigKey("s3.retries.max", parse_int, 3, check=lambda v: v >= 0, requirement=">= 0"),
     ConfigKey("s3.max.connections", parse_int, 16, check=_positive, requirement="> 0"),
+    # CRC32 (x-amz-checksum-crc32) is cheap to compute; MD5 (Content-MD5) is for servers that predate it.
+    ConfigKey(
+        "s3.upload.checksum", lambda v: parse_str(v).upper(), "CRC32",
+        check=lambda v: v in ("CRC32", "MD5"), requirement="CRC32 or MD5",
+    ),
 )
 
 
@@ -80,8 +88,11 @@ def _new_client(**kwargs: Any) -> Any:
         return _SESSION.client("s3", **kwargs)
 
 
-def _content_md5(data: bytes) -> str:
-    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")
+def _checksum_headers(algorithm: str, data: bytes) -> dict[str, str]:
+    """The request parameter that makes the server verify `data` (it refuses the upload on mismatch)."""
+    if algorithm == "CRC32":
+        return {"ChecksumCRC32": base64.b64encode(struct.pack(">I", zlib.crc32(data))).decode("ascii")}
+    return {"ContentMD5": base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")}
 
 
 def _error_code(exc: BaseException) -> str:
@@ -104,6 +115,7 @@ class S3Backend(StorageBackend):
         self._part_size: int = config["s3.multipart.part.size.bytes"]
         self._concurrency: int = config["s3.multipart.concurrency"]
         self._retries: int = config["s3.retries.max"]
+        self._checksum: str = config["s3.upload.checksum"]
         self._metrics = metrics
         # Kept only to scrub them from any message that might echo them; never logged.
         self._secrets = tuple(
@@ -121,7 +133,7 @@ class S3Backend(StorageBackend):
             retries={"max_attempts": config["s3.retries.max"] + 1, "mode": "standard"},
             max_pool_connections=max(config["s3.max.connections"], self._concurrency),
             s3={"addressing_style": "path" if path_style else "auto"},
-            # We send Content-MD5 on every upload ourselves; the streaming CRC trailers botocore would
+            # We send a checksum header on every upload ourselves; the streaming CRC trailers botocore would
             # add by default are not understood by every S3-compatible server.
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
@@ -173,7 +185,7 @@ class S3Backend(StorageBackend):
                 # a file object goes through http.client's small blocks and costs a third of the speed.
                 body = source if isinstance(source, bytes) else source.read_bytes()
                 self._client.put_object(
-                    Bucket=self._bucket, Key=self._key(key), Body=body, ContentMD5=_content_md5(body)
+                    Bucket=self._bucket, Key=self._key(key), Body=body, **_checksum_headers(self._checksum, body)
                 )
             except (BotoCoreError, ClientError, OSError) as exc:
                 raise self._error("PutObject", key, exc) from exc
@@ -190,15 +202,18 @@ class S3Backend(StorageBackend):
         count = math.ceil(size / part_size)
         with self._metrics.time("backend.put_multipart") as timer:
             try:
-                created = self._client.create_multipart_upload(Bucket=self._bucket, Key=self._key(key))
+                algorithm = {"ChecksumAlgorithm": "CRC32"} if self._checksum == "CRC32" else {}
+                created = self._client.create_multipart_upload(
+                    Bucket=self._bucket, Key=self._key(key), **algorithm
+                )
             except (BotoCoreError, ClientError) as exc:
                 raise self._error("CreateMultipartUpload", key, exc) from exc
             upload_id = created["UploadId"]
             try:
-                etags = self._upload_parts(key, path, upload_id, part_size, count)
+                parts = self._upload_parts(key, path, upload_id, part_size, count)
                 self._client.complete_multipart_upload(
                     Bucket=self._bucket, Key=self._key(key), UploadId=upload_id,
-                    MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in etags]},
+                    MultipartUpload={"Parts": parts},
                 )
             except BaseException as exc:
                 self._abort(key, upload_id)
@@ -211,25 +226,28 @@ class S3Backend(StorageBackend):
 
     def _upload_parts(
         self, key: str, path: Path, upload_id: str, part_size: int, count: int
-    ) -> list[tuple[int, str]]:
-        def upload(number: int) -> tuple[int, str]:
+    ) -> list[dict[str, Any]]:
+        def upload(number: int) -> dict[str, Any]:
             with open(path, "rb") as handle:
                 handle.seek((number - 1) * part_size)
                 data = handle.read(part_size)
+            checksum = _checksum_headers(self._checksum, data)
             with self._metrics.time("backend.upload_part") as timer:
                 try:
                     reply = self._client.upload_part(
                         Bucket=self._bucket, Key=self._key(key), UploadId=upload_id, PartNumber=number,
-                        Body=data, ContentMD5=_content_md5(data),
+                        Body=data, **checksum,
                     )
                 except (BotoCoreError, ClientError) as exc:
                     raise self._error(f"UploadPart {number}/{count}", key, exc) from exc
                 timer.bytes = len(data)
-            return number, str(reply["ETag"])
+            # S3 wants each part's checksum repeated in the complete request when one was declared.
+            declared = {k: v for k, v in checksum.items() if k.startswith("Checksum")}
+            return {"PartNumber": number, "ETag": str(reply["ETag"]), **declared}
 
         # Memory stays at concurrency x part size: each worker reads only its own part.
         with ThreadPoolExecutor(self._concurrency, thread_name_prefix="rsm-upload") as pool:
-            futures: list[Future[tuple[int, str]]] = [pool.submit(upload, n) for n in range(1, count + 1)]
+            futures: list[Future[dict[str, Any]]] = [pool.submit(upload, n) for n in range(1, count + 1)]
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for future in pending:
                 future.cancel()
@@ -237,7 +255,7 @@ class S3Backend(StorageBackend):
                 error = future.exception()
                 if error is not None:
                     raise error
-        return sorted(f.result() for f in futures)
+        return [f.result() for f in futures]
 
     def _abort(self, key: str, upload_id: str) -> None:
         try:

@@ -149,12 +149,24 @@ def test_a_stream_cut_mid_read_resumes_where_it_stopped(
     assert int(str(ranges[1]).removeprefix("bytes=").split("-")[0]) > 10 + 4096
 
 
+@pytest.mark.parametrize("checksum", ["CRC32", "MD5"])
+@pytest.mark.parametrize("log_size", [200_000, 12 << 20], ids=["single-put", "multipart"])
 def test_a_body_corrupted_in_transit_is_rejected_and_nothing_is_written(
-    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
+    s3_server: S3Server,
+    s3_proxy: CountingS3Proxy,
+    key_prefix: str,
+    make_segment: SegmentFactory,
+    checksum: str,
+    log_size: int,
 ) -> None:
     s3_proxy.corrupt_when(lambda r: r.method == "PUT")
-    segment = make_segment()
-    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
+    segment = make_segment(log_size=log_size)
+    settings = {
+        "s3.upload.checksum": checksum,
+        "s3.multipart.threshold.bytes": 6 << 20,
+        "s3.multipart.part.size.bytes": 5 << 20,
+    }
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url, **settings) as rsm:
         with pytest.raises(RemoteStorageError, match="BadDigest"):
             rsm.copy_log_segment_data(segment.metadata, segment.data)
         s3_proxy.clear_faults()

@@ -5,7 +5,7 @@ These are the promises of the packed index: one GET for any set of indexes, one 
 
 from __future__ import annotations
 
-from rsm_testkit import SegmentFactory, SegmentFixture
+from rsm_testkit import S3Server, SegmentFactory, SegmentFixture
 from support.s3_proxy import CountingS3Proxy
 
 from rsm import IndexType, RemoteStorageManager
@@ -122,3 +122,20 @@ def test_a_large_copy_uploads_parts_in_parallel_and_writes_the_packed_index_last
     assert requests[-1].method == "PUT" and requests[-1].path.endswith(".indexes")
     with proxied_manager.fetch_log_segment(segment.metadata, 0) as stream:
         assert stream.read() == segment.log_bytes
+
+
+def test_uploads_with_md5_checksums_send_content_md5_and_round_trip(
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    """For S3-compatible servers that predate x-amz-checksum-*: `s3.upload.checksum=MD5`."""
+    settings = {
+        "s3.upload.checksum": "md5",
+        "s3.multipart.threshold.bytes": 6 << 20,
+        "s3.multipart.part.size.bytes": 5 << 20,
+    }
+    config = s3_server.rsm_config(key_prefix, endpoint=s3_proxy.endpoint_url, **settings)
+    with RemoteStorageManager(config) as rsm:
+        segment = _copy(rsm, make_segment(log_size=12 << 20))
+        assert all(r.has_header("content-md5") for r in s3_proxy.requests if r.method == "PUT")
+        with rsm.fetch_log_segment(segment.metadata, 0) as stream:
+            assert stream.read() == segment.log_bytes

@@ -27,6 +27,7 @@ class RecordedRequest:
     path: str
     query: dict[str, str]
     range: str | None
+    headers: frozenset[str] = frozenset()
 
     @property
     def is_get(self) -> bool:
@@ -34,6 +35,9 @@ class RecordedRequest:
 
     def has_param(self, name: str) -> bool:
         return name in self.query
+
+    def has_header(self, name: str) -> bool:
+        return name.lower() in self.headers
 
 
 Predicate = Callable[[RecordedRequest], bool]
@@ -87,7 +91,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         parsed = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True))
-        request = RecordedRequest(self.command, parsed.path, query, self.headers.get("Range"))
+        names = frozenset(k.lower() for k in self.headers)
+        request = RecordedRequest(self.command, parsed.path, query, self.headers.get("Range"), names)
         proxy._record(request)
         fault = proxy._fault_for(request)
         if fault == "corrupt" and body:
