@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -60,3 +62,40 @@ def test_agent_killed_while_tiering_is_restarted_and_nothing_is_lost_or_duplicat
     assert read.offsets == list(range(2 * RECORDS))
     assert not read.mismatched
     assert cluster.is_running(0)
+
+
+def _start_agent(socket: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "agent.server", "--socket", str(socket)],
+                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    wait_for(lambda: agent_pid(socket.parent, 0) == process.pid, 30, f"the agent on {socket}")
+    return process
+
+
+def test_broker_serves_local_data_while_its_external_agent_is_down_and_resumes_tiering_when_it_returns(
+    tiered_cluster: Callable[..., KafkaCluster], socket_dir: Path
+) -> None:
+    socket = socket_dir / "agent-0.sock"
+    agent = _start_agent(socket, socket_dir / "external-agent.log")
+    try:
+        cluster = tiered_cluster(extra={"rlmm.config.agent.start": "false", "rsm.config.agent.start": "false"})
+        create_topic(cluster.bootstrap, "agent-down")
+        produce(cluster.bootstrap, "agent-down", 0, RECORDS)
+        wait_until_tiered(cluster.log_dir(0), "agent-down", min_local_start=RECORDS // 4)
+
+        agent.kill()
+        agent.wait(10)
+        produce(cluster.bootstrap, "agent-down", RECORDS, RECORDS)
+        recent = consume(cluster.bootstrap, "agent-down", RECORDS, start_offset=RECORDS, timeout=60)
+        assert recent.indexes == list(range(RECORDS, 2 * RECORDS))
+        wait_for(lambda: "tierlog agent at" in cluster.log_file(0).read_text(errors="replace"), 30,
+                 "the broker to log that the agent is unreachable")
+
+        agent = _start_agent(socket, socket_dir / "external-agent.log")
+        wait_until_tiered(cluster.log_dir(0), "agent-down", min_local_start=RECORDS + RECORDS // 2, timeout=120)
+        read = consume(cluster.bootstrap, "agent-down", 2 * RECORDS, timeout=150)
+        assert read.indexes == list(range(2 * RECORDS))
+        assert not read.mismatched
+    finally:
+        agent.terminate()
+        agent.wait(30)
