@@ -89,19 +89,22 @@ def run(size: int, repeats: int, env: dict[str, str], workdir: Path) -> dict[str
                 Bucket=raw.bucket, Prefix=prefix) for o in page.get("Contents", [])]
             if keys:
                 raw.client.delete_objects(Bucket=raw.bucket, Delete={"Objects": [{"Key": k} for k in keys]})
-    median = {name: statistics.median(values) for name, values in timings.items()}
+    # The machine is shared: the best run shows each side's capability, the median its typical speed.
     result: dict[str, Any] = {}
     for op in ("upload", "fetch"):
-        rsm_rate, raw_rate = _mb_per_s(size, median[f"rsm_{op}"]), _mb_per_s(size, median[f"raw_{op}"])
-        result[op] = {
-            "rsm_mb_s": rsm_rate, "raw_boto3_mb_s": raw_rate, "ratio_rsm_to_raw": round(rsm_rate / raw_rate, 3)
-        }
+        result[op] = {}
+        for statistic, pick in (("median", statistics.median), ("best", min)):
+            rsm_rate = _mb_per_s(size, pick(timings[f"rsm_{op}"]))
+            raw_rate = _mb_per_s(size, pick(timings[f"raw_{op}"]))
+            result[op][statistic] = {
+                "rsm_mb_s": rsm_rate, "raw_boto3_mb_s": raw_rate, "ratio_rsm_to_raw": round(rsm_rate / raw_rate, 3)
+            }
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     env = services_env()
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,7 +113,6 @@ def main() -> None:
         "benchmark": "rsm_throughput",
         "s3_endpoint": env["S3_ENDPOINT"],
         "repeats": args.repeats,
-        "statistic": "median",
         "multipart": {"threshold_bytes": THRESHOLD, "part_size_bytes": PART_SIZE, "concurrency": CONCURRENCY},
         "sizes": results,
     })
