@@ -5,7 +5,9 @@ Each test states one behaviour Kafka's broker (or tierlog's own API) relies on.
 
 from __future__ import annotations
 
+import hashlib
 import random
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -333,3 +335,21 @@ def test_one_manager_serves_concurrent_copies_and_fetches_from_many_threads(
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(round_trip, segments))
+
+
+def test_fetch_log_segment_never_holds_the_whole_segment_in_memory(
+    manager: RemoteStorageManager, make_segment: SegmentFactory
+) -> None:
+    segment = make_segment(log_size=24 << 20)
+    custom = manager.copy_log_segment_data(segment.metadata, segment.data)
+    digest = hashlib.sha256()
+    tracemalloc.start()
+    try:
+        with manager.fetch_log_segment(segment.with_custom_metadata(custom), 0) as stream:
+            while chunk := stream.read(256 << 10):
+                digest.update(chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert digest.digest() == hashlib.sha256(segment.log_bytes).digest()
+    assert peak < 4 << 20, f"peak {peak} bytes while streaming a {24 << 20}-byte segment"
