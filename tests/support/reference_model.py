@@ -120,9 +120,13 @@ class ReferenceModel:
         return _tp_key(tp) in self._deleted
 
     def _live(self, tp: TopicIdPartition) -> PartitionState:
-        if _tp_key(tp) in self._deleted:
-            raise RemoteResourceNotFoundError(f"partition {tp} was deleted")
-        return self._partitions.setdefault(_tp_key(tp), PartitionState())
+        key = _tp_key(tp)
+        partition = self._partitions.get(key)
+        if partition is None:
+            if key in self._deleted:
+                raise RemoteResourceNotFoundError(f"partition {tp} was deleted")
+            partition = self._partitions[key] = PartitionState()
+        return partition
 
     def segment(self, tp: TopicIdPartition, segment: uuid.UUID) -> RemoteLogSegmentMetadata | None:
         return self._live(tp).segments.get(segment)
@@ -205,7 +209,9 @@ class ReferenceModel:
         epoch_state = self._live(tp).epochs.get(epoch)
         return epoch_state.highest_log_offset if epoch_state else None
 
-    def list_remote_log_segments(self, tp: TopicIdPartition, epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
+    def list_remote_log_segments(
+        self, tp: TopicIdPartition, epoch: int | None = None
+    ) -> list[RemoteLogSegmentMetadata]:
         found = [
             md for md in self._live(tp).segments.values()
             if md.state in LISTED_STATES and (epoch is None or epoch in md.segment_leader_epochs)

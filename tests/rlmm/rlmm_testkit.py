@@ -1,0 +1,158 @@
+"""Helpers for the rlmm tests: a writer over the pure state that keeps its log, segment builders, compaction.
+
+`LogWriter` does what a manager's write path does, without Kafka: validate, append, apply, append follow-ups.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rlmm.events import MetadataEvent, RecordKey, key_of, segment_key
+from rlmm.state import (
+    InMemoryState,
+    Outcome,
+    apply_record,
+    prepare_add,
+    prepare_partition_delete,
+    prepare_update,
+    records_after,
+)
+from rlmm.types import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+
+LogRecord = tuple[RecordKey, MetadataEvent | None]
+
+SEGMENT_SIZE = 1_048_576
+BROKER_0 = 0
+BROKER_1 = 1
+
+
+def make_tp(topic: str = "foo", partition: int = 0, topic_id: uuid.UUID | None = None) -> TopicIdPartition:
+    return TopicIdPartition(topic_id or uuid.uuid4(), topic, partition)
+
+
+def segment(
+    tp: TopicIdPartition,
+    start: int,
+    end: int,
+    epochs: Mapping[int, int],
+    *,
+    size: int = SEGMENT_SIZE,
+    txn_idx_empty: bool = False,
+    segment_id: uuid.UUID | None = None,
+    state: RemoteLogSegmentState = RemoteLogSegmentState.COPY_SEGMENT_STARTED,
+    event_timestamp_ms: int = 1_700_000_000_000,
+) -> RemoteLogSegmentMetadata:
+    return RemoteLogSegmentMetadata(
+        remote_log_segment_id=RemoteLogSegmentId(tp, segment_id or uuid.uuid4()),
+        start_offset=start,
+        end_offset=end,
+        max_timestamp_ms=-1,
+        broker_id=BROKER_0,
+        event_timestamp_ms=event_timestamp_ms,
+        segment_size_in_bytes=size,
+        segment_leader_epochs=dict(epochs),
+        state=state,
+        txn_idx_empty=txn_idx_empty,
+    )
+
+
+def update_of(
+    md: RemoteLogSegmentMetadata,
+    state: RemoteLogSegmentState,
+    *,
+    custom_metadata: bytes | None = None,
+    event_timestamp_ms: int = 1_700_000_000_001,
+    broker_id: int = BROKER_1,
+) -> RemoteLogSegmentMetadataUpdate:
+    return RemoteLogSegmentMetadataUpdate(
+        remote_log_segment_id=md.remote_log_segment_id,
+        event_timestamp_ms=event_timestamp_ms,
+        custom_metadata=custom_metadata,
+        state=state,
+        broker_id=broker_id,
+    )
+
+
+def partition_delete(
+    tp: TopicIdPartition, state: RemotePartitionDeleteState, event_timestamp_ms: int = 1_700_000_000_002
+) -> RemotePartitionDeleteMetadata:
+    return RemotePartitionDeleteMetadata(tp, state, event_timestamp_ms, BROKER_0)
+
+
+@dataclass
+class LogWriter:
+    """The write path of a manager over an InMemoryState: every appended record also lands in `log`."""
+
+    store: InMemoryState = field(default_factory=InMemoryState)
+    log: list[LogRecord] = field(default_factory=list)
+    broker_id: int = BROKER_0
+    clock_ms: int = 1_700_000_000_000
+
+    def add(self, md: RemoteLogSegmentMetadata) -> None:
+        self._write(prepare_add(self.store, md))
+
+    def update(self, update: RemoteLogSegmentMetadataUpdate) -> RemoteLogSegmentMetadata:
+        record = prepare_update(self.store, update)
+        self._write(record)
+        return record
+
+    def delete_partition(self, md: RemotePartitionDeleteMetadata) -> None:
+        prepare_partition_delete(self.store, md)
+        doomed = [segment_key(s.remote_log_segment_id) for s in self.store.segments_of(md.topic_id_partition)]
+        self._write(md, doomed)
+
+    def add_and_update(
+        self, md: RemoteLogSegmentMetadata, *states: RemoteLogSegmentState
+    ) -> RemoteLogSegmentMetadata:
+        """Add a segment, then move it through `states`; return its newest metadata."""
+        self.add(md)
+        for state in states:
+            md = self.update(update_of(md, state))
+        return md
+
+    def _write(self, event: MetadataEvent, doomed: Iterable[RecordKey] = ()) -> None:
+        key = key_of(event)
+        self._append(key, event)
+        self.clock_ms += 1
+        for follow_key, follow_event in records_after(
+            self.store, key, event, doomed, self.clock_ms, self.broker_id
+        ):
+            self._append(follow_key, follow_event)
+
+    def _append(self, key: RecordKey, event: MetadataEvent | None) -> None:
+        outcome = apply_record(self.store, key, event)
+        assert outcome.applied, f"the writer's own record was dropped: {outcome.reason}"
+        self.log.append((key, event))
+
+
+def replay(records: Iterable[LogRecord], store: InMemoryState | None = None) -> InMemoryState:
+    store = store if store is not None else InMemoryState()
+    for key, event in records:
+        apply_record(store, key, event)
+    return store
+
+
+def replay_outcomes(records: Iterable[LogRecord], store: InMemoryState) -> list[Outcome]:
+    return [apply_record(store, key, event) for key, event in records]
+
+
+def compacted(records: Sequence[LogRecord], *, keep_tombstones: bool = False) -> list[LogRecord]:
+    """What Kafka's log cleaner leaves of `records`: the newest record of each key, in log order.
+
+    Tombstones survive for `delete.retention.ms`; `keep_tombstones` chooses which side of it a reader is on.
+    """
+    newest: dict[bytes, int] = {}
+    for position, (key, _) in enumerate(records):
+        newest[key.encode()] = position
+    kept = sorted(newest.values())
+    return [records[p] for p in kept if keep_tombstones or records[p][1] is not None]
