@@ -21,7 +21,7 @@ kafka-jars:
 
 jvm: $(if $(wildcard jvm/pom.xml),$(STAMPS)/jvm)
 $(STAMPS)/jvm: $(JVM_SOURCES)
-	mvn -q -B -f jvm/pom.xml package -DskipTests
+	mvn -q -B -Dstyle.color=never -f jvm/pom.xml package -DskipTests
 	@mkdir -p $(STAMPS) && touch $@
 
 services-up:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from dev.process import LOOPBACK, free_ports, stop_pid, stop_pids, tail, wait_until
+from dev.process import LOOPBACK, free_ports, port_is_free, stop_pid, stop_pids, tail, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KAFKA_VERSION_FILE = REPO_ROOT / "dev" / "kafka.version"
@@ -108,6 +108,7 @@ def _run_maven_copy(output_dir: Path, version: str, *, quiet: bool) -> None:
     command = [
         mvn,
         "-B",
+        "-Dstyle.color=never",
         *(["-q"] if quiet else []),
         "-f",
         str(KAFKA_POM),
@@ -454,6 +455,12 @@ class KafkaCluster:
         return "".join(f"{key}={_escape_property(value)}\n" for key, value in settings.items())
 
     def _launch(self, node: KafkaNode) -> None:
+        busy = [port for port in (node.broker_port, node.controller_port) if not port_is_free(port)]
+        if busy:
+            raise RuntimeError(
+                f"cannot start Kafka node {node.node_id}: loopback ports {busy} are already in use "
+                "(another broker?); stop it or choose other ports"
+            )
         command = [
             java_executable(),
             f"-Xmx{self.heap}",

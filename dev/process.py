@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import TypeVar
 
 LOOPBACK = "127.0.0.1"
+# Ports picked at random come from below Linux's ephemeral range (32768+), where outgoing client
+# connections take their local ports and could grab a port between picking and binding it, and
+# avoid the fixed ports of dev/services (18xxx/19xxx and their +10000 gRPC partners).
+PICK_RANGE = (10000, 32767)
+RESERVED_RANGES = ((18000, 19999), (28000, 29999))
 
 T = TypeVar("T")
 
@@ -50,19 +55,20 @@ def free_ports(count: int, *, offset: int | None = None, avoid: Iterable[int] = 
     taken = set(avoid)
     chosen: list[int] = []
     rng = random.Random()
-    high = 60999 - (offset or 0)
-    for _ in range(2000):
+    for _ in range(5000):
         if len(chosen) == count:
             return chosen
-        # Random ports in a high range rather than bind(0): the kernel's ephemeral range is also
-        # where client connections land, which makes a just-picked port more likely to be reused.
-        port = rng.randint(20000, high)
+        port = rng.randint(PICK_RANGE[0], PICK_RANGE[1] - (offset or 0))
         candidates = [port] if offset is None else [port, port + offset]
-        if any(p in taken for p in candidates) or not all(port_is_free(p) for p in candidates):
+        if any(p in taken or _reserved(p) for p in candidates) or not all(map(port_is_free, candidates)):
             continue
         chosen.append(port)
         taken.update(candidates)
     raise RuntimeError(f"could not find {count} free loopback ports (offset={offset})")
+
+
+def _reserved(port: int) -> bool:
+    return any(low <= port <= high for low, high in RESERVED_RANGES)
 
 
 def wait_until(

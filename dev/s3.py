@@ -207,6 +207,11 @@ class SeaweedS3:
             raise ServerDiedError(
                 f"weed mini exited (code {code}) while starting; log {self.log_file}:\n{tail(self.log_file)}"
             )
+        # weed keeps running when one component cannot bind its port; waiting would not help.
+        if "address already in use" in tail(self.log_file, 200):
+            raise ServerDiedError(
+                f"weed mini could not bind a port; log {self.log_file}:\n{tail(self.log_file)}"
+            )
         self.endpoint.client().head_bucket(Bucket=self.endpoint.bucket)
         return True
 

@@ -107,10 +107,7 @@ def started_pids(state: Path) -> list[int]:
     return [*recorded["kafka_pids"], recorded["s3_pid"]]
 
 
-@pytest.fixture
-def services_state(tmp_path: Path) -> Iterator[Path]:
-    """A state directory in which `dev/services up` has started Kafka and S3; `down` afterwards."""
-    state = tmp_path / "dev-state"
+def services_started_in(state: Path) -> Iterator[Path]:
     started = run_services(state, "up")
     assert started.returncode == 0, started.stdout + started.stderr
     try:
@@ -119,8 +116,20 @@ def services_state(tmp_path: Path) -> Iterator[Path]:
         run_services(state, "down")
 
 
-def test_services_up_writes_the_connection_settings(services_state: Path) -> None:
-    settings = read_env_file(services_state / "services.env")
+@pytest.fixture(scope="module")
+def running_services_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A state directory in which `dev/services up` runs Kafka and S3, for tests that leave them be."""
+    yield from services_started_in(tmp_path_factory.mktemp("dev-state"))
+
+
+@pytest.fixture
+def services_state(tmp_path: Path) -> Iterator[Path]:
+    """Like running_services_state, but one test's own, for tests that stop or kill the services."""
+    yield from services_started_in(tmp_path / "dev-state")
+
+
+def test_services_up_writes_the_connection_settings(running_services_state: Path) -> None:
+    settings = read_env_file(running_services_state / "services.env")
 
     assert sorted(settings) == [
         "KAFKA_BOOTSTRAP",
@@ -134,13 +143,20 @@ def test_services_up_writes_the_connection_settings(services_state: Path) -> Non
     assert settings["S3_ENDPOINT"].startswith("http://127.0.0.1:")
 
 
-def test_second_services_up_keeps_the_running_processes(services_state: Path) -> None:
-    before = started_pids(services_state)
+def test_second_services_up_keeps_the_running_processes(running_services_state: Path) -> None:
+    before = started_pids(running_services_state)
 
-    again = run_services(services_state, "up")
+    again = run_services(running_services_state, "up")
 
     assert again.returncode == 0, again.stderr
-    assert started_pids(services_state) == before
+    assert started_pids(running_services_state) == before
+
+
+def test_services_status_succeeds_while_everything_runs(running_services_state: Path) -> None:
+    status = run_services(running_services_state, "status")
+
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "DOWN" not in status.stdout
 
 
 def test_services_down_stops_the_processes_up_started_and_status_then_fails(services_state: Path) -> None:
