@@ -23,8 +23,8 @@ from rsm.index_cache import IndexCache
 from rsm.keys import SegmentKeys, keys_for
 from rsm.metrics import Metrics
 from rsm.packed_index import (
-    BROKER_READ_GROUP,
     MAX_HEADER_SIZE,
+    READ_GROUPS,
     PackedIndexLayout,
     extract,
     pack,
@@ -177,7 +177,8 @@ class RemoteStorageManager:
         return {t: io.BytesIO(found[t]) for t in sorted(found)}
 
     def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> BinaryIO:
-        """One index; a miss loads the broker's whole OFFSET/TIMESTAMP/TRANSACTION group into the cache.
+        """One index; a miss loads its whole read group into the cache (see packed_index.READ_GROUPS):
+        the broker's OFFSET, TIMESTAMP, TRANSACTION, or a follower's LEADER_EPOCH, PRODUCER_SNAPSHOT.
 
         Raises RemoteResourceNotFoundError if the segment has no such index (a segment without
         transactions has no TRANSACTION index).
@@ -189,7 +190,7 @@ class RemoteStorageManager:
         with self._metrics.time("rsm.fetch_index") as timer:
             hit = self._cache.get(segment, index_type)
             if hit is None:
-                group = BROKER_READ_GROUP if index_type in BROKER_READ_GROUP else frozenset({index_type})
+                group = next(g for g in READ_GROUPS if index_type in g)
                 found = self._fetch_sections(metadata, group)
                 # Absent members are cached too, so the broker's TRANSACTION call after OFFSET costs nothing.
                 self._cache.put(segment, {t: found.get(t) for t in group})

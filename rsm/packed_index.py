@@ -19,7 +19,8 @@ MAGIC = b"TLIX"
 FORMAT_VERSION = 1
 
 # OFFSET, TIMESTAMP and TRANSACTION first and adjacent: Kafka's RemoteIndexCache asks for exactly these
-# three in a row, so one range covers them; a follower's LEADER_EPOCH and PRODUCER_SNAPSHOT come after.
+# three in a row, so one range covers them; a follower's LEADER_EPOCH and PRODUCER_SNAPSHOT come after,
+# adjacent too.
 SECTION_ORDER: tuple[IndexType, ...] = (
     IndexType.OFFSET,
     IndexType.TIMESTAMP,
@@ -28,6 +29,9 @@ SECTION_ORDER: tuple[IndexType, ...] = (
     IndexType.PRODUCER_SNAPSHOT,
 )
 BROKER_READ_GROUP: frozenset[IndexType] = frozenset(SECTION_ORDER[:3])
+# A follower building its auxiliary state from tiered storage reads these two, also in a row.
+FOLLOWER_READ_GROUP: frozenset[IndexType] = frozenset(SECTION_ORDER[3:])
+READ_GROUPS: tuple[frozenset[IndexType], ...] = (BROKER_READ_GROUP, FOLLOWER_READ_GROUP)
 
 # Codes stored on disk; independent of IndexType's values so Kafka renumbering cannot break old objects.
 TYPE_CODES: Mapping[IndexType, int] = {
@@ -172,8 +176,10 @@ def extract(
 
 __all__ = [
     "BROKER_READ_GROUP",
+    "FOLLOWER_READ_GROUP",
     "FORMAT_VERSION",
     "MAX_HEADER_SIZE",
+    "READ_GROUPS",
     "SECTION_ORDER",
     "PackedIndexCorruptError",
     "PackedIndexLayout",

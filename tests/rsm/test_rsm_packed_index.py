@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from rsm.packed_index import (
     BROKER_READ_GROUP,
     MAX_HEADER_SIZE,
+    READ_GROUPS,
     SECTION_ORDER,
     PackedIndexCorruptError,
     extract,
@@ -103,3 +104,12 @@ def test_an_object_without_the_magic_is_refused() -> None:
 def test_the_biggest_header_fits_the_header_read() -> None:
     _packed, layout = pack(FIVE)
     assert layout.sections[0].position == MAX_HEADER_SIZE
+
+
+def test_every_read_group_is_one_contiguous_range_and_the_groups_cover_every_type() -> None:
+    _, layout = pack(FIVE)
+    for group in READ_GROUPS:
+        sections = layout.present(group)
+        start, end = layout.span(sections)
+        assert end - start == sum(s.length for s in sections)
+    assert set().union(*READ_GROUPS) == set(IndexType)

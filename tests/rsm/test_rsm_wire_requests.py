@@ -139,3 +139,13 @@ def test_uploads_with_md5_checksums_send_content_md5_and_round_trip(
         assert all(r.has_header("content-md5") for r in s3_proxy.requests if r.method == "PUT")
         with rsm.fetch_log_segment(segment.metadata, 0) as stream:
             assert stream.read() == segment.log_bytes
+
+
+def test_a_followers_leader_epoch_and_producer_snapshot_calls_are_one_get(
+    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
+) -> None:
+    segment = _copy(proxied_manager, make_segment())
+    s3_proxy.reset()
+    for index_type in (IndexType.LEADER_EPOCH, IndexType.PRODUCER_SNAPSHOT):
+        proxied_manager.fetch_index(segment.metadata, index_type).read()
+    assert [r.method for r in s3_proxy.requests] == ["GET"]
