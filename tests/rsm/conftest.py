@@ -32,7 +32,7 @@ def key_prefix() -> str:
     return f"rsm-tests/{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(params=["filesystem", "s3"])
+@pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.services)])
 def backend_config(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> dict[str, Any]:
     if request.param == "filesystem":
         return {"storage.backend": "filesystem", "filesystem.root": str(tmp_path / "remote")}
