@@ -324,7 +324,10 @@ class S3Backend(StorageBackend):
                     Delete={"Objects": [{"Key": self._key(k)} for k in keys], "Quiet": True},
                 )
             except (BotoCoreError, ClientError) as exc:
-                raise self._error("DeleteObjects", ", ".join(keys), exc) from exc
+                full_keys = ", ".join(repr(self._key(k)) for k in keys)
+                raise RemoteStorageError(
+                    f"S3 DeleteObjects failed for bucket {self._bucket!r}, keys {full_keys}: {self._scrub(str(exc))}"
+                ) from exc
             failed = [e for e in reply.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if failed:
                 detail = "; ".join(f"{e.get('Key')}: {e.get('Code')} {e.get('Message', '')}" for e in failed)

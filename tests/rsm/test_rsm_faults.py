@@ -171,3 +171,17 @@ def test_a_body_corrupted_in_transit_is_rejected_and_nothing_is_written(
             rsm.copy_log_segment_data(segment.metadata, segment.data)
         s3_proxy.clear_faults()
         assert list(rsm.backend.list("")) == []
+
+
+def test_a_failed_delete_names_the_bucket_and_both_keys(
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url) as rsm:
+        segment = _copy(rsm, make_segment())
+        s3_proxy.fail_when(lambda r: r.has_param("delete"), status=503)
+        with pytest.raises(RemoteStorageError) as caught:
+            rsm.delete_log_segment_data(segment.metadata)
+    message = str(caught.value)
+    keys = keys_for(segment.metadata, False)
+    assert f"bucket {s3_server.bucket!r}" in message
+    assert f"{key_prefix}/{keys.log}" in message and f"{key_prefix}/{keys.indexes}" in message
