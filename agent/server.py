@@ -50,7 +50,7 @@ _PREFIXES = {"rlmm.": ComponentName.REMOTE_LOG_METADATA_MANAGER, "rsm.": Compone
 
 
 def _create_rlmm(config: Mapping[str, Any]) -> Any:
-    from rlmm import RemoteLogMetadataManager  # type: ignore[attr-defined]
+    from rlmm import RemoteLogMetadataManager
 
     return RemoteLogMetadataManager(dict(config))
 

@@ -1,0 +1,68 @@
+"""Fixtures for the agent tests: an agent serving in-process on a Unix socket, hosting a real rsm on the
+filesystem backend, and a gRPC client speaking the same protocol as the JVM adapter."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.proto import agent_pb2 as pb
+from agent.proto import agent_pb2_grpc as pb_grpc
+from agent.server import AgentServer
+
+
+@dataclass
+class AgentUnderTest:
+    server: AgentServer
+    socket: Path
+    channel: grpc.Channel
+
+    @property
+    def agent(self) -> Any:
+        return pb_grpc.AgentStub(self.channel)
+
+    @property
+    def metadata(self) -> Any:
+        return pb_grpc.RemoteLogMetadataStub(self.channel)
+
+    @property
+    def storage(self) -> Any:
+        return pb_grpc.RemoteStorageStub(self.channel)
+
+    def configure_rsm(self, config: dict[str, str]) -> None:
+        self.agent.Configure(
+            pb.ConfigureRequest(component=pb.REMOTE_STORAGE_MANAGER, config=config), timeout=10
+        )
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    # Unix socket paths must stay under ~100 bytes; pytest's tmp_path can be longer.
+    with tempfile.TemporaryDirectory(prefix="tla-") as directory:
+        yield Path(directory)
+
+
+@pytest.fixture
+def agent(short_dir: Path) -> Iterator[AgentUnderTest]:
+    socket = short_dir / f"{uuid.uuid4().hex[:8]}.sock"
+    server = AgentServer({}, socket, metrics_port=0).start()
+    channel = grpc.insecure_channel(f"unix:{socket}")
+    try:
+        yield AgentUnderTest(server, socket, channel)
+    finally:
+        channel.close()
+        server.stop(grace=1)
+
+
+@pytest.fixture
+def rsm_config(tmp_path: Path) -> dict[str, str]:
+    """The map a broker's RSM configure() would send: rsm.config.* plus what Kafka adds."""
+    return {"storage.backend": "filesystem", "filesystem.root": str(tmp_path / "remote"),
+            "broker.id": "1", "node.id": "1"}
