@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from confluent_kafka import KafkaError, Message, Producer
+
 from agent.archiver import archive_key, encode_archive_file
 from rlmm import codec, state
 from rlmm.codec import to_archived
@@ -313,3 +315,31 @@ def write_archive(
             store.put(key, encode_archive_file(metadata_topic, partition, chunk))
             files += 1
     return files
+
+
+def produce_history(bootstrap: str, topic: str, records: list[RawRecord], timeout_s: float = 120) -> None:
+    """Append `records` to `topic`, each to its own metadata partition and in order, as the manager would."""
+    producer = Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+        "linger.ms": 20, "batch.num.messages": 10_000, "queue.buffering.max.messages": 200_000,
+    })
+    failures: list[str] = []
+
+    def delivered(error: KafkaError | None, _message: Message) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    for record in records:
+        while True:
+            try:
+                producer.produce(
+                    topic, value=record.value, key=record.key, partition=record.metadata_partition,
+                    timestamp=record.timestamp_ms, on_delivery=delivered,
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    remaining = producer.flush(timeout_s)
+    if remaining or failures:
+        raise RuntimeError(f"producing to {topic}: {remaining} records undelivered, errors {failures[:3]}")

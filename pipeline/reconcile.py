@@ -21,6 +21,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from agent.archiver import ARCHIVE_ROOT
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
+from rlmm.view import MetadataView
 from rsm.backend import ObjectInfo, StorageBackend
 from rsm.keys import INDEXES_SUFFIX, LOG_SUFFIX, segment_keys
 
@@ -142,6 +143,27 @@ def _expected_key(row: Row, hashed: bool) -> str:
     tp = TopicIdPartition(uuid.UUID(row["topic_id"]), row["topic"], row["partition"])
     keys = segment_keys(RemoteLogSegmentId(tp, uuid.UUID(row["segment_id"])), row["start_offset"], hashed)
     return keys.log if row["kind"] == LOG_SUFFIX else keys.indexes
+
+
+LIVE_SEGMENT_SCHEMA = StructType([
+    StructField("topic_id", StringType(), False),
+    StructField("partition", LongType(), False),
+    StructField("topic", StringType(), False),
+    StructField("segment_id", StringType(), False),
+    StructField("state", StringType(), False),
+    StructField("start_offset", LongType(), False),
+    StructField("segment_size_in_bytes", LongType(), False),
+])
+
+
+def live_segments_from_view(spark: SparkSession, view: MetadataView) -> DataFrame:
+    """The segments a node's view holds, in the columns `reconcile` joins on."""
+    rows = [
+        (str(md.topic_id_partition.topic_id), md.topic_id_partition.partition, md.topic_id_partition.topic,
+         str(md.remote_log_segment_id.id), md.state.name, md.start_offset, md.segment_size_in_bytes)
+        for md in view.segments()
+    ]
+    return spark.createDataFrame(rows, LIVE_SEGMENT_SCHEMA)
 
 
 def live_segments_of(entries: DataFrame) -> DataFrame:
