@@ -50,6 +50,7 @@ lint:
 	$(PYTHON) -m mypy $(wildcard tests/*.py)
 	@set -e; for dir in tests/*/; do \
 		case "$$dir" in *__pycache__*) continue;; esac; \
+		[ -n "$$(find "$$dir" -name '*.py' -print -quit)" ] || continue; \
 		echo "mypy $$dir"; $(PYTHON) -m mypy "$$dir"; \
 	done
 

@@ -242,16 +242,12 @@ def docker_services() -> Iterator[Services]:
     from testcontainers.minio import MinioContainer
 
     with KafkaContainer().with_kraft() as kafka, MinioContainer() as minio:
-        client = minio.get_client()
-        bucket = "tierlog"
-        client.make_bucket(bucket)
         config = minio.get_config()
-        yield Services(
-            kafka_bootstrap=kafka.get_bootstrap_server(),
-            s3=S3Endpoint(
-                endpoint=f"http://{config['endpoint']}",
-                access_key=config["access_key"],
-                secret_key=config["secret_key"],
-                bucket=bucket,
-            ),
+        s3 = S3Endpoint(
+            endpoint=f"http://{config['endpoint']}",
+            access_key=config["access_key"],
+            secret_key=config["secret_key"],
+            bucket="tierlog",
         )
+        s3.client().create_bucket(Bucket=s3.bucket)
+        yield Services(kafka_bootstrap=kafka.get_bootstrap_server(), s3=s3)
