@@ -5,6 +5,7 @@ cannot produce them on demand (a failing part upload, a stall, a server that van
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -185,3 +186,34 @@ def test_a_failed_delete_names_the_bucket_and_both_keys(
     keys = keys_for(segment.metadata, False)
     assert f"bucket {s3_server.bucket!r}" in message
     assert f"{key_prefix}/{keys.log}" in message and f"{key_prefix}/{keys.indexes}" in message
+
+
+def test_s3_vanishing_mid_upload_fails_the_copy_within_the_deadline_with_no_object_visible(
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    segment = make_segment(log_size=12 << 20)
+    s3_proxy.stall_when(lambda r: r.query.get("partNumber") == "2")
+
+    def close_once_a_part_is_stalled() -> None:
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while time.monotonic() < deadline:
+            if any(r.query.get("partNumber") == "2" for r in s3_proxy.requests):
+                s3_proxy.close()
+                return
+            time.sleep(0.01)
+
+    closer = threading.Thread(target=close_once_a_part_is_stalled)
+    multipart = {"s3.multipart.threshold.bytes": 6 << 20, "s3.multipart.part.size.bytes": 5 << 20}
+    with _fast_manager(s3_server, key_prefix, s3_proxy.endpoint_url, **multipart) as rsm:
+        closer.start()
+        started = time.monotonic()
+        with pytest.raises(RemoteStorageError, match=r"S3 .* failed for bucket"):
+            rsm.copy_log_segment_data(segment.metadata, segment.data)
+        assert time.monotonic() - started < DEADLINE_SECONDS
+        closer.join()
+    with RemoteStorageManager(s3_server.rsm_config(key_prefix)) as direct:
+        assert list(direct.backend.list("")) == []
+    # The abort could not reach the server either; clean up what a bucket lifecycle rule would.
+    client = _client(s3_server)
+    for upload in client.list_multipart_uploads(Bucket=s3_server.bucket, Prefix=key_prefix).get("Uploads", []):
+        client.abort_multipart_upload(Bucket=s3_server.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
