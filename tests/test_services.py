@@ -20,7 +20,7 @@ from support.services import SERVICES_SCRIPT, Services, read_env_file
 from support.topics import admin_client, consume, create_topic, produce, unique_topic_name
 
 from dev.kafka import KafkaCluster
-from dev.process import free_ports, pid_alive
+from dev.process import free_ports, pid_alive, wait_until
 from dev.s3 import GRPC_OFFSET, S3Endpoint
 
 if TYPE_CHECKING:
@@ -78,6 +78,24 @@ def test_three_node_cluster_places_a_topic_with_replication_factor_three_on_ever
     metadata = admin_client(kafka_cluster3.bootstrap).list_topics(topic=topic, timeout=10).topics[topic]
 
     assert {p: sorted(m.replicas) for p, m in metadata.partitions.items()} == {0: [0, 1, 2], 1: [0, 1, 2]}
+
+
+def test_node_restarted_with_a_wiped_log_dir_replicates_its_partitions_again(
+    kafka_cluster3: KafkaCluster,
+) -> None:
+    topic = create_topic(kafka_cluster3.bootstrap, unique_topic_name("wiped"), replication_factor=3)
+    produce(kafka_cluster3.bootstrap, topic, [(None, b"record-%d" % i) for i in range(100)])
+
+    kafka_cluster3.stop_node(2)
+    kafka_cluster3.wipe_log_dir(2)
+    kafka_cluster3.start_node(2)
+
+    def back_in_sync() -> bool:
+        metadata = admin_client(kafka_cluster3.bootstrap).list_topics(topic=topic, timeout=5).topics[topic]
+        return 2 in metadata.partitions[0].isrs
+
+    wait_until(back_in_sync, timeout=60, description=f"node 2 back in the ISR of {topic}")
+    assert (kafka_cluster3.log_dir(2) / f"{topic}-0").is_dir()
 
 
 # -- dev/services on its own ports and state directory ---------------------------------------------
