@@ -353,3 +353,17 @@ def test_fetch_log_segment_never_holds_the_whole_segment_in_memory(
         tracemalloc.stop()
     assert digest.digest() == hashlib.sha256(segment.log_bytes).digest()
     assert peak < 4 << 20, f"peak {peak} bytes while streaming a {24 << 20}-byte segment"
+
+
+def test_a_segment_written_with_the_hash_prefix_is_found_after_the_setting_is_turned_off(
+    backend_config: dict[str, object], make_segment: SegmentFactory
+) -> None:
+    segment = make_segment()
+    with RemoteStorageManager({**backend_config, "storage.hash.prefix": True}) as before:
+        custom = before.copy_log_segment_data(segment.metadata, segment.data)
+    metadata = segment.with_custom_metadata(custom)
+    with RemoteStorageManager({**backend_config, "storage.hash.prefix": False}) as after:
+        with after.fetch_index(metadata, IndexType.OFFSET) as stream:
+            assert stream.read() == segment.index_bytes()[IndexType.OFFSET]
+        after.delete_log_segment_data(metadata)
+        assert list(after.backend.list("")) == []
