@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -234,6 +235,7 @@ class KafkaCluster:
         ]
         self.cluster_id = self._load_or_new_cluster_id()
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._classpath: str | None = None  # set by _prepare(), once the jars are in place
 
     # -- addresses and paths ------------------------------------------------------------------
 
@@ -304,7 +306,9 @@ class KafkaCluster:
         """Stop one node abruptly (SIGKILL): no controlled shutdown, as after a crash."""
         process = self._processes.get(self.node(node_id).node_id)
         if process is not None:
-            stop_pid(process.pid, timeout=0)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGKILL)
+            stop_pid(process.pid, timeout=10)
             self._forget(node_id)
 
     def start_node(self, node_id: int) -> None:
@@ -312,6 +316,8 @@ class KafkaCluster:
         node = self.node(node_id)
         if self.is_running(node_id):
             return
+        if self._classpath is None:
+            self._prepare()
         self._format(node)
         self._launch(node)
         self._wait_ready([n for n in self.node_ids if self.is_running(n)])
@@ -382,6 +388,11 @@ class KafkaCluster:
         for node, process in formatting:
             self._check_format(node, process)
 
+    def _java_classpath(self) -> str:
+        if self._classpath is None:
+            raise RuntimeError("the cluster was never prepared; call start() first")
+        return self._classpath
+
     def _format(self, node: KafkaNode) -> None:
         if _needs_format(node):
             self._check_format(node, self._format_process(node))
@@ -393,7 +404,7 @@ class KafkaCluster:
             *BASE_JVM_OPTIONS,
             f"-Dlog4j2.configurationFile={node.directory / 'log4j2.properties'}",
             "-cp",
-            self._classpath,
+            self._java_classpath(),
             STORAGE_TOOL_MAIN,
             "format",
             "--cluster-id",
@@ -470,7 +481,7 @@ class KafkaCluster:
             f"-Dkafka.logs.dir={node.directory}",
             *self.jvm_options,
             "-cp",
-            self._classpath,
+            self._java_classpath(),
             BROKER_MAIN,
             str(node.config_file),
         ]
