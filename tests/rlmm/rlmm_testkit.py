@@ -6,10 +6,17 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from support import wait_until
+
+from rlmm import state
 from rlmm.events import MetadataEvent, RecordKey, key_of, segment_key
+from rlmm.manager import RemoteLogMetadataManager
 from rlmm.state import (
     InMemoryState,
     Outcome,
@@ -30,6 +37,7 @@ from rlmm.types import (
 )
 
 LogRecord = tuple[RecordKey, MetadataEvent | None]
+Segment = RemoteLogSegmentMetadata | None
 
 SEGMENT_SIZE = 1_048_576
 BROKER_0 = 0
@@ -116,8 +124,8 @@ class LogWriter:
     ) -> RemoteLogSegmentMetadata:
         """Add a segment, then move it through `states`; return its newest metadata."""
         self.add(md)
-        for state in states:
-            md = self.update(update_of(md, state))
+        for target in states:
+            md = self.update(update_of(md, target))
         return md
 
     def _write(self, event: MetadataEvent, doomed: Iterable[RecordKey] = ()) -> None:
@@ -156,3 +164,135 @@ def compacted(records: Sequence[LogRecord], *, keep_tombstones: bool = False) ->
         newest[key.encode()] = position
     kept = sorted(newest.values())
     return [records[p] for p in kept if keep_tombstones or records[p][1] is not None]
+
+
+# --- the real manager on the shared broker --------------------------------------------------------------
+
+WRITE_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 60.0
+
+
+def manager_config(
+    bootstrap: str, state_dir: Path, topic: str, *, partitions: int = 1, broker_id: int = 0, **extra: Any
+) -> dict[str, Any]:
+    """A manager config for one test: its own metadata topic (RF 1) and state directory."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "broker.id": broker_id,
+        "state.dir": str(state_dir),
+        "metadata.topic.name": topic,
+        "metadata.topic.num.partitions": partitions,
+        "metadata.topic.replication.factor": 1,
+        "metadata.topic.min.insync.replicas": 1,
+        "metadata.topic.min.compaction.lag.ms": 0,
+        "write.timeout.ms": int(WRITE_TIMEOUT_S * 1000),
+        **extra,
+    }
+
+
+def register(manager: RemoteLogMetadataManager, *tps: TopicIdPartition, leader: bool = True) -> None:
+    """Assign partitions to the manager (as leader or follower) and wait until it serves them."""
+    if leader:
+        manager.on_partition_leadership_changes(set(tps), set())
+    else:
+        manager.on_partition_leadership_changes(set(), set(tps))
+    wait_until(lambda: all(manager.is_ready(tp) for tp in tps), timeout=READY_TIMEOUT_S,
+               description=f"manager ready for {', '.join(map(str, tps))}")
+
+
+def wait_digest(manager: RemoteLogMetadataManager, expected: str, timeout: float = READY_TIMEOUT_S) -> str:
+    """Wait until the manager's view digest equals `expected` (it applies the topic in the background)."""
+    return wait_until(lambda: manager.view_digest() == expected and expected, timeout=timeout,
+                      description=f"view digest {expected[:12]} on broker {manager.broker_id}")
+
+
+def call_error(call: Callable[[], object]) -> Exception | None:
+    """The error of an API write, whether raised at once or through its future; None on success."""
+    try:
+        result = call()
+        if isinstance(result, Future):
+            result.result(timeout=WRITE_TIMEOUT_S)
+    except Exception as exc:
+        return exc
+    return None
+
+
+class ManagerSubject:
+    """The manager behind the API the scenarios use: writes block until their future completes."""
+
+    def __init__(self, manager: RemoteLogMetadataManager) -> None:
+        self.manager = manager
+
+    def register(self, *tps: TopicIdPartition) -> None:
+        register(self.manager, *tps)
+
+    def add_remote_log_segment_metadata(self, md: RemoteLogSegmentMetadata) -> None:
+        self.manager.add_remote_log_segment_metadata(md).result(timeout=WRITE_TIMEOUT_S)
+
+    def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> None:
+        self.manager.update_remote_log_segment_metadata(update).result(timeout=WRITE_TIMEOUT_S)
+
+    def put_remote_partition_delete_metadata(self, md: RemotePartitionDeleteMetadata) -> None:
+        self.manager.put_remote_partition_delete_metadata(md).result(timeout=WRITE_TIMEOUT_S)
+
+    def remote_log_segment_metadata(self, tp: TopicIdPartition, epoch: int, offset: int) -> Segment:
+        return self.manager.remote_log_segment_metadata(tp, epoch, offset)
+
+    def highest_offset_for_epoch(self, tp: TopicIdPartition, epoch: int) -> int | None:
+        return self.manager.highest_offset_for_epoch(tp, epoch)
+
+    def list_remote_log_segments(
+        self, tp: TopicIdPartition, epoch: int | None = None
+    ) -> list[RemoteLogSegmentMetadata]:
+        return list(self.manager.list_remote_log_segments(tp, epoch))
+
+    def remote_log_size(self, tp: TopicIdPartition, epoch: int) -> int:
+        return self.manager.remote_log_size(tp, epoch)
+
+    def next_segment_with_txn_index(self, tp: TopicIdPartition, epoch: int, offset: int) -> Segment:
+        return self.manager.next_segment_with_txn_index(tp, epoch, offset)
+
+    def digest(self) -> str:
+        return self.manager.view_digest()
+
+
+class StateSubject:
+    """The pure state behind the same API: a LogWriter and the state's query functions."""
+
+    def __init__(self) -> None:
+        self.writer = LogWriter()
+
+    def register(self, *tps: TopicIdPartition) -> None:
+        """The pure state has no registration: every partition is served."""
+
+    def add_remote_log_segment_metadata(self, md: RemoteLogSegmentMetadata) -> None:
+        self.writer.add(md)
+
+    def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> None:
+        self.writer.update(update)
+
+    def put_remote_partition_delete_metadata(self, md: RemotePartitionDeleteMetadata) -> None:
+        self.writer.delete_partition(md)
+
+    def remote_log_segment_metadata(self, tp: TopicIdPartition, epoch: int, offset: int) -> Segment:
+        return state.segment_for_offset(self.writer.store, tp, epoch, offset)
+
+    def highest_offset_for_epoch(self, tp: TopicIdPartition, epoch: int) -> int | None:
+        return state.highest_offset_for_epoch(self.writer.store, tp, epoch)
+
+    def list_remote_log_segments(
+        self, tp: TopicIdPartition, epoch: int | None = None
+    ) -> list[RemoteLogSegmentMetadata]:
+        return state.list_segments(self.writer.store, tp, epoch)
+
+    def remote_log_size(self, tp: TopicIdPartition, epoch: int) -> int:
+        return state.remote_log_size(self.writer.store, tp, epoch)
+
+    def next_segment_with_txn_index(self, tp: TopicIdPartition, epoch: int, offset: int) -> Segment:
+        return state.next_segment_with_txn_index(self.writer.store, tp, epoch, offset)
+
+    def digest(self) -> str:
+        return self.writer.store.digest()
+
+
+Subject = ManagerSubject | StateSubject
