@@ -84,6 +84,7 @@ def get_spark(
         # Small jobs on a 2-core box: the default 200 shuffle partitions cost more than they give.
         .config("spark.sql.shuffle.partitions", os.environ.get("TIERLOG_SHUFFLE_PARTITIONS", "8"))
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
     )
     if s3 is not None:
