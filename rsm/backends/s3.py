@@ -88,6 +88,57 @@ def _new_client(**kwargs: Any) -> Any:
         return _SESSION.client("s3", **kwargs)
 
 
+class _CredentialScrubber(logging.Filter):
+    """Redacts configured credentials from botocore's and urllib3's debug logs.
+
+    botocore logs each request's headers (the Authorization header names the access key id) and error
+    bodies (which can echo it) at DEBUG; whoever turns that on must not get our credentials with it.
+    """
+
+    LOGGERS = (
+        "botocore.endpoint", "botocore.parsers", "botocore.auth", "botocore.hooks",
+        "botocore.retryhandler", "botocore.retries.standard", "urllib3.connectionpool",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._secrets: dict[str, int] = {}
+
+    def add(self, secrets: tuple[str, ...]) -> None:
+        with self._lock:
+            for secret in secrets:
+                self._secrets[secret] = self._secrets.get(secret, 0) + 1
+
+    def remove(self, secrets: tuple[str, ...]) -> None:
+        with self._lock:
+            for secret in secrets:
+                left = self._secrets.get(secret, 0) - 1
+                if left > 0:
+                    self._secrets[secret] = left
+                else:
+                    self._secrets.pop(secret, None)
+
+    def scrub(self, text: str) -> str:
+        with self._lock:
+            secrets = list(self._secrets)
+        for secret in secrets:
+            text = text.replace(secret, "<redacted>")
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        scrubbed = self.scrub(message)
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, None
+        return True
+
+
+_SCRUBBER = _CredentialScrubber()
+for _name in _CredentialScrubber.LOGGERS:
+    logging.getLogger(_name).addFilter(_SCRUBBER)
+
+
 def _checksum_headers(algorithm: str, data: bytes) -> dict[str, str]:
     """The request parameter that makes the server verify `data` (it refuses the upload on mismatch)."""
     if algorithm == "CRC32":
@@ -121,6 +172,7 @@ class S3Backend(StorageBackend):
         self._secrets = tuple(
             s for s in (config["s3.access.key.id"], config["s3.secret.access.key"]) if s
         )
+        _SCRUBBER.add(self._secrets)
         endpoint = config["s3.endpoint.url"]
         path_style = config["s3.path.style.access"]
         if path_style is None:
@@ -146,6 +198,7 @@ class S3Backend(StorageBackend):
                 config=boto_config,
             )
         except (BotoCoreError, ValueError) as exc:
+            _SCRUBBER.remove(self._secrets)
             raise RemoteStorageError(f"cannot create the S3 client: {self._scrub(str(exc))}") from None
         # Count what actually goes on the wire, retries included (our per-call counters see one request).
         self._client.meta.events.register("before-send.s3", self._count_attempt)
@@ -352,6 +405,7 @@ class S3Backend(StorageBackend):
 
     def close(self) -> None:
         self._client.close()
+        _SCRUBBER.remove(self._secrets)
 
 
 __all__ = ["CONFIG_KEYS", "MIN_PART_SIZE", "NAME", "S3Backend", "create"]

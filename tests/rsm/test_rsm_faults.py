@@ -119,7 +119,9 @@ def test_credentials_never_appear_in_errors_or_logs(
     secret = "wrong-secret-d0n7-l34k-m3"
     config = s3_server.rsm_config(key_prefix, **FAST_FAIL, **{"s3.secret.access.key": secret})
     segment = make_segment()
-    caplog.set_level(logging.DEBUG, logger="rsm")
+    # Whoever debugs with botocore's DEBUG logs on (request headers, error bodies) gets no credentials.
+    for logger in ("rsm", "botocore", "urllib3"):
+        caplog.set_level(logging.DEBUG, logger=logger)
     with RemoteStorageManager(config) as rsm:
         with pytest.raises(RemoteStorageError) as caught:
             rsm.copy_log_segment_data(segment.metadata, segment.data)
