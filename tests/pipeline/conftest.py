@@ -5,12 +5,11 @@ The history (100k records) is archived into a fresh prefix of the shared S3 buck
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from pipeline_testkit import ARCHIVE_EVENTS, METADATA_TOPIC, ArchivedHistory, s3_settings
 from pyspark.sql import SparkSession
 
 from dev.s3 import S3Endpoint
@@ -18,18 +17,13 @@ from pipeline.generate import HistoryGenerator, HistorySpec, write_archive
 from pipeline.locations import open_store
 from pipeline.session import get_spark
 
-# The test modules import pipeline_testkit from this directory.
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-from pipeline_testkit import ARCHIVE_EVENTS, METADATA_TOPIC, ArchivedHistory, s3_settings  # noqa: E402
-
 
 @pytest.fixture(scope="session")
 def spark(s3_endpoint: S3Endpoint) -> Iterator[SparkSession]:
     session = get_spark("tierlog-tests", master="local[2]", s3=s3_settings(s3_endpoint))
     session.sparkContext.setLogLevel("ERROR")
+    # Two cores: a handful of shuffle partitions keeps per-task overhead below the work.
+    session.conf.set("spark.sql.shuffle.partitions", "4")
     try:
         yield session
     finally:

@@ -1,0 +1,215 @@
+"""The `tierlog` command against the real Kafka broker and S3 server: its output and its exit codes.
+
+A node is rebuilt once from a generated metadata topic; the inspecting commands read that node's view.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_testkit import MetadataTopic, Run
+from pyspark.sql import SparkSession
+
+from agent.cli import main
+from dev.s3 import S3Endpoint
+from pipeline.generate import fold
+from rlmm import codec
+from rlmm.events import RecordKey
+from rlmm.view import ConsumedRecord, MetadataView, apply_records
+
+Tierlog = Callable[..., Run]
+
+
+@pytest.fixture(scope="module")
+def rebuilt_node(
+    metadata_topic: MetadataTopic, tierlog: Tierlog, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Run]:
+    state_dir = tmp_path_factory.mktemp("node") / "state"
+    run = tierlog("rebuild", "--state-dir", str(state_dir), "--json", *metadata_topic.options())
+    return state_dir, run
+
+
+def test_rebuild_from_the_topic_reaches_the_digest_of_the_fold(
+    rebuilt_node: tuple[Path, Run], metadata_topic: MetadataTopic
+) -> None:
+    _state_dir, run = rebuilt_node
+    assert run.returncode == 0, run.stderr
+    result: Any = run.json()
+    assert result["source"] == "topic"
+    assert result["digest"] == fold(metadata_topic.records).digest()
+
+
+def test_rebuild_refuses_a_state_dir_that_already_holds_a_view(
+    rebuilt_node: tuple[Path, Run], metadata_topic: MetadataTopic, tierlog: Tierlog
+) -> None:
+    state_dir, _ = rebuilt_node
+    run = tierlog("rebuild", "--state-dir", str(state_dir), *metadata_topic.options())
+    assert run.returncode == 2
+    assert "already holds a view" in run.stderr and "empty --state-dir" in run.stderr
+
+
+def test_segments_lists_every_segment_of_the_view(
+    rebuilt_node: tuple[Path, Run], metadata_topic: MetadataTopic, tierlog: Tierlog
+) -> None:
+    state_dir, _ = rebuilt_node
+    run = tierlog("segments", "--state-dir", str(state_dir), "--json")
+    assert run.returncode == 0, run.stderr
+    folded = fold(metadata_topic.records)
+    expected = {
+        (str(md.remote_log_segment_id.id), md.state.name)
+        for tp in folded.user_partitions() for md in folded.segments_of(tp)
+    }
+    listed: Any = run.json()
+    assert {(s["segment_id"], s["state"]) for s in listed} == expected
+
+
+def test_describe_of_a_partition_shows_its_segments_and_leader_epochs(
+    rebuilt_node: tuple[Path, Run], metadata_topic: MetadataTopic, tierlog: Tierlog
+) -> None:
+    state_dir, _ = rebuilt_node
+    folded = fold(metadata_topic.records)
+    tp = next(tp for tp in folded.user_partitions() if any(True for _ in folded.segments_of(tp)))
+    run = tierlog("describe", tp.topic, str(tp.partition), "--state-dir", str(state_dir))
+    assert run.returncode == 0, run.stderr
+    assert f"leader epochs of {tp.topic}-{tp.partition}:" in run.stdout
+    assert "HIGHEST_LOG_OFFSET" in run.stdout
+    for md in folded.segments_of(tp):
+        assert str(md.remote_log_segment_id.id) in run.stdout
+
+
+def test_describe_of_an_unknown_topic_exits_1_and_says_how_to_see_what_exists(
+    rebuilt_node: tuple[Path, Run], tierlog: Tierlog
+) -> None:
+    state_dir, _ = rebuilt_node
+    run = tierlog("describe", "no-such-topic", "--state-dir", str(state_dir))
+    assert run.returncode == 1
+    assert "no remote metadata for no-such-topic" in run.stderr and "tierlog segments" in run.stderr
+
+
+def test_verify_against_the_topic_passes_for_a_view_rebuilt_from_it(
+    rebuilt_node: tuple[Path, Run], metadata_topic: MetadataTopic, tierlog: Tierlog
+) -> None:
+    state_dir, _ = rebuilt_node
+    run = tierlog("verify", "topic", "--state-dir", str(state_dir), *metadata_topic.options())
+    assert run.returncode == 0, run.stderr
+    assert "view against topic  yes" in run.stdout
+
+
+def test_verify_against_the_topic_exits_1_when_the_view_missed_events(
+    metadata_topic: MetadataTopic, tierlog: Tierlog, tmp_path: Path
+) -> None:
+    ends: dict[int, int] = {}
+    for r in metadata_topic.records:
+        ends[r.metadata_partition] = max(ends.get(r.metadata_partition, 0), r.offset + 1)
+    view = MetadataView.open(tmp_path)
+    try:
+        kept = [r for r in metadata_topic.records if r.offset % 10 != 3]
+        apply_records(view, metadata_topic.name, [
+            ConsumedRecord(r.metadata_partition, r.offset, RecordKey.decode(r.key),
+                           None if r.value is None else codec.decode(r.value)) for r in kept
+        ], ends)
+    finally:
+        view.close()
+    run = tierlog("verify", "topic", "--state-dir", str(tmp_path), "--json", *metadata_topic.options())
+    assert run.returncode == 1
+    result: Any = run.json()
+    assert result["ok"] is False
+    assert result["checks"][0]["view_digest"] != result["checks"][0]["topic_digest"]
+
+
+def test_a_command_without_kafka_settings_exits_2_and_says_how_to_give_them(
+    tierlog: Tierlog, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "S3_"))}
+    run = tierlog("archive", "--once", "--archive", str(tmp_path), cwd=tmp_path, env=env)
+    assert run.returncode == 2
+    assert "bootstrap.servers" in run.stderr and "KAFKA_BOOTSTRAP" in run.stderr
+
+
+def test_archive_then_snapshot_then_rebuild_from_it_reaches_the_topic_digest(
+    metadata_topic: MetadataTopic,
+    tierlog: Tierlog,
+    cli_spark: SparkSession,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    archive = str(tmp_path / "archive")
+    archived = tierlog("archive", "--once", "--archive", archive, "--json", *metadata_topic.options())
+    assert archived.returncode == 0, archived.stderr
+    result: Any = archived.json()
+    assert result["records_archived"] == len(metadata_topic.records)
+
+    snapshot = tmp_path / "snapshot.avro"
+    code = main(
+        ["snapshot", "--archive", archive, "--out", str(snapshot), "--json", *metadata_topic.options()]
+    )
+    assert code == 0
+    capsys.readouterr()
+
+    rebuilt = tierlog("rebuild", "--snapshot", str(snapshot), "--state-dir", str(tmp_path / "node"), "--json",
+                      *metadata_topic.options())
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    loaded: Any = rebuilt.json()
+    assert loaded["source"] == "snapshot"
+    assert loaded["digest"] == fold(metadata_topic.records).digest()
+
+
+def test_reconcile_of_an_empty_bucket_reports_every_finished_segment_missing_and_exits_1(
+    metadata_topic: MetadataTopic,
+    rebuilt_node: tuple[Path, Run],
+    cli_spark: SparkSession,
+    s3_endpoint: S3Endpoint,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    state_dir, _ = rebuilt_node
+    bucket = f"s3://{s3_endpoint.bucket}/cli-empty-{uuid.uuid4().hex[:8]}"
+    code = main(["reconcile", "--state-dir", str(state_dir), "--bucket", bucket, "--json",
+                 *metadata_topic.options()])
+    report = json.loads(capsys.readouterr().out)
+    folded = fold(metadata_topic.records)
+    finished = [md for tp in folded.user_partitions() for md in folded.segments_of(tp)
+                if md.state.name == "COPY_SEGMENT_FINISHED"]
+    assert code == 1
+    assert report["missing_count"] == 2 * len(finished)
+    assert report["orphan_count"] == 0
+
+
+def test_replay_of_the_archive_against_the_rebuilt_view_matches(
+    metadata_topic: MetadataTopic,
+    rebuilt_node: tuple[Path, Run],
+    tierlog: Tierlog,
+    cli_spark: SparkSession,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state_dir, _ = rebuilt_node
+    archive = str(tmp_path / "archive")
+    assert tierlog("archive", "--once", "--archive", archive, *metadata_topic.options()).returncode == 0
+    code = main(["replay", "--archive", archive, "--state-dir", str(state_dir), *metadata_topic.options()])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "MATCHES" in out and out.rstrip().endswith("yes")
+
+
+def test_usage_writes_its_table_and_chart_and_prints_remote_bytes_per_topic(
+    metadata_topic: MetadataTopic,
+    tierlog: Tierlog,
+    cli_spark: SparkSession,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    archive = str(tmp_path / "archive")
+    assert tierlog("archive", "--once", "--archive", archive, *metadata_topic.options()).returncode == 0
+    code = main(["usage", "--archive", archive, "--out", str(tmp_path / "usage"), *metadata_topic.options()])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("TOPIC")
+    assert (tmp_path / "usage" / "usage.csv").is_file()
+    assert (tmp_path / "usage" / "usage.png").read_bytes().startswith(b"\x89PNG")
