@@ -50,12 +50,16 @@ def _status_for(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.ABORTED
     if isinstance(exc, (InvalidArgumentError, ValueError)):
         return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, TimeoutError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
     return grpc.StatusCode.INTERNAL
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, RemoteStorageError):
         return str(exc)
+    if isinstance(exc, TimeoutError):
+        return f"not done within the caller's deadline ({exc or 'timed out'})"
     return f"{type(exc).__name__}: {exc}"
 
 

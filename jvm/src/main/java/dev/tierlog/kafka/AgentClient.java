@@ -26,6 +26,7 @@ import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
 
+import org.apache.kafka.common.config.ConfigException;
 import org.apache.kafka.common.errors.ReplicaNotAvailableException;
 import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
@@ -77,7 +78,15 @@ final class AgentClient implements AutoCloseable {
     /** Makes sure an agent answers (starting one if allowed) and hands it this component's config. */
     void start() throws RemoteStorageException {
         ensureAgent();
-        configure(Deadline.after(settings.startupTimeoutMs, TimeUnit.MILLISECONDS));
+        try {
+            configure(Deadline.after(settings.startupTimeoutMs, TimeUnit.MILLISECONDS));
+        } catch (StatusRuntimeException e) {
+            if (e.getStatus().getCode() == Status.Code.INVALID_ARGUMENT) {
+                // A bad rlmm.config.* / rsm.config.* key: fail the broker's startup naming it.
+                throw new ConfigException("tierlog " + component + ": " + e.getStatus().getDescription());
+            }
+            throw translate("configure", e, settings.startupTimeoutMs);
+        }
     }
 
     /**
