@@ -5,16 +5,20 @@
 
 from __future__ import annotations
 
+import random
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from support import wait_until
 
-from rlmm import state
+from rlmm import codec, state
 from rlmm.events import MetadataEvent, RecordKey, key_of, segment_key
 from rlmm.manager import RemoteLogMetadataManager
 from rlmm.state import (
@@ -296,3 +300,108 @@ class StateSubject:
 
 
 Subject = ManagerSubject | StateSubject
+
+
+# --- workloads and the topic as written ----------------------------------------------------------------
+
+ApiWrite = RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate | RemotePartitionDeleteMetadata
+
+
+def workload(rng: random.Random, tp: TopicIdPartition, uploads: int, delete_partition: bool = False
+             ) -> list[ApiWrite]:
+    """A valid call sequence for one partition as a broker makes it: uploads across leader epochs, some
+    re-uploads of a range by a new leader, retention deleting the oldest segments, maybe a partition delete."""
+    writes: list[ApiWrite] = []
+    live: list[RemoteLogSegmentMetadata] = []
+    next_offset, epoch = 0, 0
+    for _ in range(uploads):
+        if live and rng.random() < 0.2:
+            epoch += 1  # a new leader uploads again from an earlier offset
+            start = rng.choice(live).start_offset
+        else:
+            start = next_offset
+        end = start + rng.randint(0, 40)
+        epochs = {epoch: start}
+        if end > start and rng.random() < 0.3:
+            epoch += 1
+            epochs[epoch] = rng.randint(start + 1, end)
+        md = segment(tp, start, end, epochs, size=rng.randint(1, 10_000), txn_idx_empty=rng.random() < 0.5)
+        writes.append(md)
+        if rng.random() < 0.9:
+            update = update_of(md, RemoteLogSegmentState.COPY_SEGMENT_FINISHED, custom_metadata=rng.randbytes(4))
+            writes.append(update)
+            live.append(md.create_with_update(update))
+        next_offset = max(next_offset, end + 1)
+        if len(live) > 3 and rng.random() < 0.4:
+            oldest = live.pop(0)
+            writes.append(update_of(oldest, RemoteLogSegmentState.DELETE_SEGMENT_STARTED))
+            if rng.random() < 0.8:
+                writes.append(update_of(oldest, RemoteLogSegmentState.DELETE_SEGMENT_FINISHED))
+    if delete_partition:
+        writes.extend(partition_delete(tp, state) for state in RemotePartitionDeleteState)
+    return writes
+
+
+def submit(manager: RemoteLogMetadataManager, write: ApiWrite) -> Future[None]:
+    if isinstance(write, RemoteLogSegmentMetadata):
+        return manager.add_remote_log_segment_metadata(write)
+    if isinstance(write, RemoteLogSegmentMetadataUpdate):
+        return manager.update_remote_log_segment_metadata(write)
+    return manager.put_remote_partition_delete_metadata(write)
+
+
+def drive(manager: RemoteLogMetadataManager, writes_by_tp: Mapping[TopicIdPartition, Sequence[ApiWrite]]) -> None:
+    """Make each partition's writes in order, partitions in parallel (as a broker's copy tasks do)."""
+
+    def run(writes: Sequence[ApiWrite]) -> None:
+        for write in writes:
+            submit(manager, write).result(timeout=WRITE_TIMEOUT_S)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(writes_by_tp))) as pool:
+        for done in [pool.submit(run, writes) for writes in writes_by_tp.values()]:
+            done.result()
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list[TopicRecord]:
+    """Every record the metadata topic holds now, partition by partition in offset order."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"tests-read-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        consumer.assign([KafkaTopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        records: list[TopicRecord] = []
+        reached = {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + timeout
+        while len(reached) < len(ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic}: reached the end of {sorted(reached)} of {sorted(ends)}")
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF and offset >= ends[partition]:
+                    reached.add(partition)
+                continue
+            if offset < ends[partition]:
+                records.append(TopicRecord(partition, offset, message.key(), message.value()))
+            if offset + 1 >= ends[partition]:
+                reached.add(partition)
+        return sorted(records, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
+
+
+def decoded(records: Iterable[TopicRecord]) -> list[LogRecord]:
+    return [(RecordKey.decode(r.key or b""), None if r.value is None else codec.decode(r.value)) for r in records]

@@ -129,16 +129,16 @@ def _four_segments(subject: Subject) -> list[RemoteLogSegmentMetadata]:
     ]
 
 
-@pytest.mark.parametrize(("epoch", "offset", "expected"), [
-    (1, 40, 0), (2, 110, 1), (3, 240, 2), (3, 250, 3), (4, 375, 3),
-    (1, 110, None), (4, 401, None), (5, 301, None),
-])
-def test_a_lookup_finds_the_segment_holding_the_offset_in_that_leader_epoch(
-    subject: Subject, epoch: int, offset: int, expected: int | None
-) -> None:
-    segments = _four_segments(subject)
-    assert subject.remote_log_segment_metadata(TP, epoch, offset) == (
-        None if expected is None else segments[expected])
+def test_a_lookup_finds_the_segment_holding_the_offset_in_that_leader_epoch(subject: Subject) -> None:
+    s0, s1, s2, s3 = _four_segments(subject)
+    expected = {
+        (1, 40): s0, (2, 110): s1, (3, 240): s2, (3, 250): s3, (4, 375): s3,
+        (1, 110): None,  # epoch 1 ends at offset 79
+        (4, 401): None,  # past the end of the last segment
+        (5, 301): None,  # no segment carries epoch 5
+    }
+    found = {(epoch, offset): subject.remote_log_segment_metadata(TP, epoch, offset) for epoch, offset in expected}
+    assert found == expected
 
 
 def test_the_highest_offset_of_an_epoch_survives_deleting_the_segments_that_raised_it(subject: Subject) -> None:
