@@ -6,9 +6,15 @@ Kept out of conftest.py so test modules import them by a name no other test pack
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.generate import RawRecord
+
+# `python -m agent.cli` is what the `tierlog` console script runs, without depending on PATH.
+TIERLOG = [sys.executable, "-m", "agent.cli"]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

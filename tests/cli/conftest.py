@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from cli_testkit import MetadataTopic, Run
+from cli_testkit import REPO_ROOT, TIERLOG, MetadataTopic, Run
 from pyspark.sql import SparkSession
 from support.topics import create_topic, unique_topic_name
 
 from dev.s3 import S3Endpoint
 from pipeline.generate import HistoryGenerator, HistorySpec, produce_history
 from pipeline.session import S3Settings, get_spark
-
-TIERLOG = [sys.executable, "-m", "agent.cli"]
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")

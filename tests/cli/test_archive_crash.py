@@ -1,0 +1,84 @@
+"""`tierlog archive` killed with SIGKILL while the topic grows, then restarted: nothing lost, nothing twice.
+
+The resume point comes only from the files in audit/, so every restart must continue exactly where the
+last whole file ended.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from cli_testkit import REPO_ROOT, TIERLOG, Run
+from support.topics import create_topic, unique_topic_name
+
+from agent.archiver import list_archive_files, read_archive_file
+from dev.s3 import S3Endpoint
+from pipeline.generate import HistoryGenerator, HistorySpec, produce_history
+from pipeline.locations import open_store
+from pipeline.session import S3Settings
+from rsm.backend import read_all
+
+KILLS = 4
+
+
+def archive_offsets(location: str, topic: str, settings: S3Settings) -> tuple[Counter[tuple[int, int]], int]:
+    """(metadata partition, offset) -> how often the archive holds it, and the number of files."""
+    store = open_store(location, settings)
+    held: Counter[tuple[int, int]] = Counter()
+    files = list_archive_files(store, topic)
+    for f in files:
+        datums = list(read_archive_file(read_all(store.get_range(f.key, 0))))
+        assert (datums[0]["offset"], datums[-1]["offset"]) == (f.first_offset, f.last_offset), f.key
+        held.update((d["metadata_partition"], d["offset"]) for d in datums)
+    return held, len(files)
+
+
+def test_archiver_killed_and_restarted_archives_every_record_exactly_once(
+    kafka_bootstrap: str, s3_endpoint: S3Endpoint, tmp_path: Path
+) -> None:
+    spec = HistorySpec(events=6_000, metadata_partitions=3, topics=2, partitions_per_topic=3, seed=29)
+    records = list(HistoryGenerator(spec).records())
+    topic = create_topic(kafka_bootstrap, unique_topic_name("archive-crash"), partitions=3,
+                         config={"cleanup.policy": "compact"})
+    location = f"s3://{s3_endpoint.bucket}/archive-crash-{uuid.uuid4().hex[:10]}"
+    e = s3_endpoint
+    settings = S3Settings(e.endpoint, e.access_key, e.secret_key, e.region)
+    command = [
+        *TIERLOG, "archive", "--archive", location, "-o", f"bootstrap.servers={kafka_bootstrap}",
+        "-o", f"metadata.topic.name={topic}", "-o", "archive.max.records.per.file=37",
+        "-o", "archive.max.interval.ms=100",
+    ]
+    rng = random.Random(3)
+    chunk = len(records) // KILLS
+    files_before = 0
+    for round_number in range(KILLS):
+        archiver = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            produce_history(kafka_bootstrap, topic, records[round_number * chunk:(round_number + 1) * chunk])
+            # Kill it mid-stream: once it has written something new, after a random extra moment.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if archive_offsets(location, topic, settings)[1] > files_before:
+                    break
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0.0, 0.5))
+        finally:
+            archiver.send_signal(signal.SIGKILL)
+            archiver.wait(10)
+        files_now = archive_offsets(location, topic, settings)[1]
+        assert files_now > files_before, f"round {round_number}: archiver wrote nothing before the kill"
+        files_before = files_now
+    produce_history(kafka_bootstrap, topic, records[KILLS * chunk:])
+
+    finish = subprocess.run([*command, "--once"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    run = Run(finish.returncode, finish.stdout, finish.stderr)
+    assert run.returncode == 0, run.stderr
+
+    held, _files = archive_offsets(location, topic, settings)
+    assert held == Counter((r.metadata_partition, r.offset) for r in records)
