@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from support import wait_until
 
@@ -405,3 +405,11 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list[TopicR
 
 def decoded(records: Iterable[TopicRecord]) -> list[LogRecord]:
     return [(RecordKey.decode(r.key or b""), None if r.value is None else codec.decode(r.value)) for r in records]
+
+
+def produce_to(bootstrap: str, topic: str, partition: int, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+    """Append raw records to one metadata partition, as a foreign or broken writer would."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for key, value in records:
+        producer.produce(topic, key=key, value=value, partition=partition)
+    assert producer.flush(30) == 0, f"records to {topic}[{partition}] not delivered in 30 s"
