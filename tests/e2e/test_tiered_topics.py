@@ -20,6 +20,7 @@ from e2e_testkit import (
 )
 
 from agent.demo import (
+    SEGMENT_BYTES,
     S3Location,
     consume,
     create_topic,
@@ -90,7 +91,9 @@ def test_retention_by_size_deletes_the_oldest_remote_segments_and_their_metadata
         60, "metadata and objects of the segments below the log start offset to be deleted",
     )
     assert min(s.start_offset for s in kept) > 0
-    assert sum(s.segment_size_in_bytes for s in kept) <= retention_bytes
+    # Kafka deletes a segment only while the log stays at or above retention.bytes without it, so what
+    # remains exceeds the limit by less than one segment.
+    assert sum(s.segment_size_in_bytes for s in kept) < retention_bytes + SEGMENT_BYTES
 
 
 def test_topic_deletion_removes_the_topics_remote_objects_and_metadata(
