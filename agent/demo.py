@@ -101,11 +101,14 @@ def broker_properties(choice: PluginChoice, socket_dir: Path, jar: Path = PLUGIN
 
     `{node_id}` is replaced per node by dev.kafka, so each broker of a cluster gets its own agent socket.
     """
+    # Identical on both plugins: whichever of them (re)starts the agent starts it the same way.
     agent = {
         "agent.socket.path": str(socket_dir / "agent-{node_id}.sock"),
         "agent.command": f"{sys.executable} -m agent.server",
         "agent.log.file": str(socket_dir / "agent-{node_id}.log"),
     }
+    if choice.metrics_port is not None:
+        agent["agent.metrics.port"] = str(choice.metrics_port)
     props: dict[str, str] = {
         "remote.log.storage.system.enable": "true",
         "remote.log.manager.task.interval.ms": "500",
@@ -131,8 +134,6 @@ def broker_properties(choice: PluginChoice, socket_dir: Path, jar: Path = PLUGIN
         props["remote.log.storage.manager.class.path"] = str(jar)
         props.update({f"rsm.config.{k}": v for k, v in agent.items()})
         props.update({f"rsm.config.{k}": v for k, v in choice.s3.rsm_config().items()})
-        if choice.metrics_port is not None:
-            props["rsm.config.agent.metrics.port"] = str(choice.metrics_port)
     elif choice.rsm == KAFKA_LOCAL_RSM:
         if choice.local_tiered_storage_dir is None:
             raise ValueError("LocalTieredStorage needs PluginChoice.local_tiered_storage_dir")
