@@ -155,10 +155,17 @@ class RemoteLogMetadataManager:
             self._check_open()
             if mp in self._halted:
                 raise self._halted[mp]
-            if tp in self._registered and not self._ready_locked(tp):
-                raise RemoteStorageNotReadyError(
-                    f"remote log metadata for {tp} is still loading on broker {self.broker_id}; retry the write"
-                )
+            # A write is checked against this node's view, so it waits (within its deadline) for a registered
+            # partition's history to load rather than validating against a partial view.
+            while tp in self._registered and not self._ready_locked(tp):
+                if not self._lock.wait(max(0.0, deadline - time.monotonic())):
+                    raise RemoteStorageNotReadyError(
+                        f"remote log metadata for {tp} is still loading on broker {self.broker_id} after "
+                        f"{self._cfg['write.timeout.ms']} ms; retry the write"
+                    )
+                self._check_open()
+                if mp in self._halted:
+                    raise self._halted[mp]
             # One write per user partition at a time, so each write is validated against a view that already
             # holds the previous one and its lineage checkpoint.
             while tp in self._writing:
