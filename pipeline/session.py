@@ -76,14 +76,19 @@ def get_spark(
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if master or not under_submit:
         builder = builder.master(master or os.environ.get("TIERLOG_SPARK_MASTER", "local[*]"))
-    ivy = ivy_dir or Path(os.environ.get("TIERLOG_IVY_DIR", DEFAULT_IVY_DIR))
-    ivy.mkdir(parents=True, exist_ok=True)
+    if not under_submit:
+        # Under spark-submit the JVM is already running: packages must come from its --packages.
+        ivy = ivy_dir or Path(os.environ.get("TIERLOG_IVY_DIR", DEFAULT_IVY_DIR))
+        ivy.mkdir(parents=True, exist_ok=True)
+        builder = builder.config(
+            "spark.jars.packages", ",".join(spark_packages(with_s3=s3 is not None))
+        ).config("spark.jars.ivy", str(ivy))
+        # Small jobs on a small box: the default 200 shuffle partitions cost more than they give.
+        builder = builder.config(
+            "spark.sql.shuffle.partitions", os.environ.get("TIERLOG_SHUFFLE_PARTITIONS", "8")
+        )
     builder = (
-        builder.config("spark.jars.packages", ",".join(spark_packages(with_s3=s3 is not None)))
-        .config("spark.jars.ivy", str(ivy))
-        # Small jobs on a 2-core box: the default 200 shuffle partitions cost more than they give.
-        .config("spark.sql.shuffle.partitions", os.environ.get("TIERLOG_SHUFFLE_PARTITIONS", "8"))
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
     )

@@ -5,19 +5,24 @@ A node is rebuilt once from a generated metadata topic; the inspecting commands 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
-from cli_testkit import MetadataTopic, Run
+from cli_testkit import REPO_ROOT, MetadataTopic, Run
 from pyspark.sql import SparkSession
 
 from agent.cli import main
 from dev.s3 import S3Endpoint
 from pipeline.generate import fold
+from pipeline.session import DEFAULT_IVY_DIR, spark_packages
 from rlmm import codec
 from rlmm.events import RecordKey
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
@@ -166,8 +171,6 @@ def test_reconcile_of_an_empty_bucket_reports_every_finished_segment_missing_and
     s3_endpoint: S3Endpoint,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import json
-
     state_dir, _ = rebuilt_node
     bucket = f"s3://{s3_endpoint.bucket}/cli-empty-{uuid.uuid4().hex[:8]}"
     code = main(["reconcile", "--state-dir", str(state_dir), "--bucket", bucket, "--json",
@@ -213,3 +216,24 @@ def test_usage_writes_its_table_and_chart_and_prints_remote_bytes_per_topic(
     assert out.startswith("TOPIC")
     assert (tmp_path / "usage" / "usage.csv").is_file()
     assert (tmp_path / "usage" / "usage.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_spark_submit_runs_the_replay_job_unchanged(
+    metadata_topic: MetadataTopic, rebuilt_node: tuple[Path, Run], tierlog: Tierlog, tmp_path: Path
+) -> None:
+    state_dir, _ = rebuilt_node
+    archive = str(tmp_path / "archive")
+    assert tierlog("archive", "--once", "--archive", archive, *metadata_topic.options()).returncode == 0
+    spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    completed = subprocess.run(
+        [str(spark_submit), "--master", "local[2]", "--packages", ",".join(spark_packages(with_s3=False)),
+         "--conf", f"spark.jars.ivy={DEFAULT_IVY_DIR}", "--conf", "spark.ui.showConsoleProgress=false",
+         "pipeline/submit.py", "replay", "--archive", archive, "--state-dir", str(state_dir), "--json",
+         *metadata_topic.options()],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout)
+    assert report["matches"] is True
+    assert report["archived_records"] == len(metadata_topic.records)

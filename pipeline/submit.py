@@ -1,0 +1,38 @@
+"""spark-submit entry point: runs one pipeline command of `tierlog` (replay, reconcile, usage, snapshot).
+
+    spark-submit --master <cluster> --packages "$(python -m pipeline.submit --packages)" \
+        --py-files tierlog.zip pipeline/submit.py replay --archive s3://bucket/prefix
+
+The session then takes its master and packages from spark-submit; the job code is the same as local.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a file by spark-submit: make the repository's packages importable when they are not installed.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+PIPELINE_COMMANDS = ("replay", "reconcile", "usage", "snapshot")
+
+
+def main(argv: list[str]) -> int:
+    from pipeline.session import spark_packages
+
+    if argv[:1] == ["--packages"]:
+        print(",".join(spark_packages(with_s3=True)))
+        return 0
+    if not argv or argv[0] not in PIPELINE_COMMANDS:
+        print(f"usage: spark-submit pipeline/submit.py {{{','.join(PIPELINE_COMMANDS)}}} [options]; "
+              "see `tierlog <command> --help`", file=sys.stderr)
+        return 2
+    from agent.cli import main as tierlog
+
+    return tierlog(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
