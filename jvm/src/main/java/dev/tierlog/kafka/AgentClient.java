@@ -49,6 +49,8 @@ final class AgentClient implements AutoCloseable {
     private static final Logger LOG = LoggerFactory.getLogger(AgentClient.class);
     private static final long HEALTH_TIMEOUT_MS = 2_000;
     private static final int MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+    // An agent that cannot start (say, a broken Python install) must not be respawned on every call.
+    private static final long RELAUNCH_COOLDOWN_MS = 5_000;
 
     /** A call against the channel, given the deadline it must meet. */
     @FunctionalInterface
@@ -61,6 +63,8 @@ final class AgentClient implements AutoCloseable {
     private final Rpc<Void> afterConfigure;
     private final EventLoopGroup eventLoop;
     private final ManagedChannel channel;
+    private volatile long lastLaunchMs;
+    private volatile String lastLaunchFailure = "";
 
     AgentClient(AgentSettings settings, Component component, Rpc<Void> afterConfigure) {
         this.settings = settings;
@@ -184,7 +188,20 @@ final class AgentClient implements AutoCloseable {
                 if (Files.exists(settings.socketPath) && healthy()) {
                     return;
                 }
-                launch();
+                long sinceLast = System.currentTimeMillis() - lastLaunchMs;
+                if (sinceLast < RELAUNCH_COOLDOWN_MS) {
+                    throw new RemoteStorageException("the tierlog agent at " + settings.socketPath
+                        + " is down and was restarted " + sinceLast + " ms ago" + lastLaunchFailure
+                        + "; see " + settings.logFile);
+                }
+                lastLaunchMs = System.currentTimeMillis();
+                try {
+                    launch();
+                    lastLaunchFailure = "";
+                } catch (RemoteStorageException e) {
+                    lastLaunchFailure = " (" + e.getMessage() + ")";
+                    throw e;
+                }
             } catch (IOException e) {
                 throw new RemoteStorageException("could not start the tierlog agent at " + settings.socketPath
                     + ": " + e, e);
