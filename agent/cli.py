@@ -622,7 +622,8 @@ def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
     from agent.archiver import Archiver, ArchiverThread
     from agent.server import serve
 
-    config = {k: v for k, v in settings.config.items() if not k.startswith("archive.")}
+    # The agent takes only component keys; the rest (bootstrap.servers, archive.*) serve the archiver.
+    config = {k: v for k, v in settings.config.items() if k.startswith(("rlmm.", "rsm."))}
     thread: ArchiverThread | None = None
     if args.archive or (settings.get("archive.enable") or "").lower() == "true":
         location = settings.archive_location(None)

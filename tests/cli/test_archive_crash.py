@@ -14,29 +14,19 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from cli_testkit import REPO_ROOT, TIERLOG, Run
+from cli_testkit import REPO_ROOT, TIERLOG, Run, archived_offsets
 from support.topics import create_topic, unique_topic_name
 
-from agent.archiver import list_archive_files, read_archive_file
 from dev.s3 import S3Endpoint
 from pipeline.generate import HistoryGenerator, HistorySpec, produce_history
 from pipeline.locations import open_store
 from pipeline.session import S3Settings
-from rsm.backend import read_all
 
 KILLS = 4
 
 
 def archive_offsets(location: str, topic: str, settings: S3Settings) -> tuple[Counter[tuple[int, int]], int]:
-    """(metadata partition, offset) -> how often the archive holds it, and the number of files."""
-    store = open_store(location, settings)
-    held: Counter[tuple[int, int]] = Counter()
-    files = list_archive_files(store, topic)
-    for f in files:
-        datums = list(read_archive_file(read_all(store.get_range(f.key, 0))))
-        assert (datums[0]["offset"], datums[-1]["offset"]) == (f.first_offset, f.last_offset), f.key
-        held.update((d["metadata_partition"], d["offset"]) for d in datums)
-    return held, len(files)
+    return archived_offsets(open_store(location, settings), topic)
 
 
 def test_archiver_killed_and_restarted_archives_every_record_exactly_once(
