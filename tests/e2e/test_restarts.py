@@ -99,3 +99,31 @@ def test_broker_serves_local_data_while_its_external_agent_is_down_and_resumes_t
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+def test_a_hung_agent_costs_the_broker_a_deadline_not_a_hang(
+    tiered_cluster: Callable[..., KafkaCluster], socket_dir: Path
+) -> None:
+    deadline = {"rlmm.config.agent.call.timeout.ms": "3000", "rsm.config.agent.call.timeout.ms": "3000",
+                "rsm.config.agent.copy.timeout.ms": "3000", "rsm.config.agent.fetch.timeout.ms": "3000"}
+    cluster = tiered_cluster(extra=deadline)
+    create_topic(cluster.bootstrap, "agent-hung")
+    produce(cluster.bootstrap, "agent-hung", 0, RECORDS)
+    wait_until_tiered(cluster.log_dir(0), "agent-hung", min_local_start=RECORDS // 4)
+    hung = agent_pid(socket_dir, 0)
+    assert hung is not None
+
+    os.kill(hung, signal.SIGSTOP)  # the agent's process exists and holds its socket but answers nothing
+    try:
+        produce(cluster.bootstrap, "agent-hung", RECORDS, RECORDS)
+        recent = consume(cluster.bootstrap, "agent-hung", RECORDS, start_offset=RECORDS, timeout=60)
+        assert recent.indexes == list(range(RECORDS, 2 * RECORDS))
+        wait_for(lambda: "did not answer" in cluster.log_file(0).read_text(errors="replace"), 60,
+                 "the broker to log a call that missed its deadline")
+    finally:
+        os.kill(hung, signal.SIGCONT)
+
+    wait_until_tiered(cluster.log_dir(0), "agent-hung", min_local_start=RECORDS + RECORDS // 2, timeout=120)
+    read = consume(cluster.bootstrap, "agent-hung", 2 * RECORDS, timeout=150)
+    assert read.indexes == list(range(2 * RECORDS))
+    assert not read.mismatched
