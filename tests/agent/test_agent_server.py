@@ -11,7 +11,7 @@ from urllib.request import urlopen
 
 import grpc
 import pytest
-from conftest import AgentUnderTest
+from agent_testkit import AgentUnderTest
 
 from agent import messages
 from agent.proto import agent_pb2 as pb
