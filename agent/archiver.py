@@ -49,7 +49,8 @@ def partition_prefix(metadata_topic: str, metadata_partition: int) -> str:
 
 
 def archive_key(metadata_topic: str, metadata_partition: int, first_offset: int, last_offset: int) -> str:
-    return f"{partition_prefix(metadata_topic, metadata_partition)}{first_offset:020d}-{last_offset:020d}.avro"
+    name = f"{first_offset:020d}-{last_offset:020d}.avro"
+    return partition_prefix(metadata_topic, metadata_partition) + name
 
 
 def parse_archive_key(key: str, size: int = 0) -> ArchiveFile | None:
@@ -216,7 +217,7 @@ class Archiver:
                     topic, p, resume, low - 1,
                 )
             positions.append(TopicPartition(topic, p, OFFSET_BEGINNING if resume is None else resume))
-            log.info("archiving %s-%d from offset %s", topic, p, resume if resume is not None else "beginning")
+            log.info("archiving %s-%d from offset %s", topic, p, "0 (start)" if resume is None else resume)
         return positions
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -254,7 +255,8 @@ class Archiver:
         partitions = self._partitions(timeout_s=30)
         self._consumer.assign(self._resume_positions(partitions))
         topic = self._settings.metadata_topic
-        ends = {p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        watermarks = self._consumer.get_watermark_offsets
+        ends = {p: watermarks(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
         deadline = time.monotonic() + timeout_s
         try:
             while any(self._position(p) < ends[p] for p in partitions):
@@ -354,16 +356,17 @@ class Archiver:
     def _drop_already_archived(self, partition: int, datums: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Leave out records another archiver (a paused predecessor) has written since we resumed.
 
-        Only files starting inside this batch's offset range can overlap it; their keys share the
-        digits that the batch's first and last offsets share, so one narrow listing finds them.
+        Any such file starts at or after our resume point (files are written in offset order), so it
+        starts between that point and this batch's last offset; keys of that range share the digits
+        both ends share, and one listing of that narrow prefix finds them.
         """
         topic = self._settings.metadata_topic
         first, last = datums[0]["offset"], datums[-1]["offset"]
-        a, b = f"{first:020d}", f"{last:020d}"
-        common = len(a) - len(a.lstrip("0")) if a == b else next(i for i in range(20) if a[i] != b[i])
-        narrowed = partition_prefix(topic, partition) + a[:common]
-        overlapping = [f for f in _parse_all(self._store.list(narrowed)) if f.first_offset <= last
-                       and f.last_offset >= first]
+        low, high = f"{min(self._next_offset[partition], first):020d}", f"{last:020d}"
+        common = next((i for i in range(20) if low[i] != high[i]), 20)
+        narrowed = partition_prefix(topic, partition) + low[:common]
+        listed = _parse_all(self._store.list(narrowed))
+        overlapping = [f for f in listed if f.first_offset <= last and f.last_offset >= first]
         if not overlapping:
             return datums
         covered_to = max(f.last_offset for f in overlapping)

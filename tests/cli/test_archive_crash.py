@@ -12,15 +12,21 @@ import subprocess
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from cli_testkit import REPO_ROOT, TIERLOG, Run, archived_offsets
 from support.topics import create_topic, unique_topic_name
 
+from agent.archiver import Archiver, ArchiverSettings, archive_key, encode_archive_file, list_archive_files
 from dev.s3 import S3Endpoint
 from pipeline.generate import HistoryGenerator, HistorySpec, produce_history
 from pipeline.locations import open_store
 from pipeline.session import S3Settings
+from rlmm.codec import to_archived
+from rsm.backend import ObjectInfo
+from rsm.backends.filesystem import FilesystemBackend
+from rsm.metrics import Metrics
 
 KILLS = 4
 
@@ -72,3 +78,46 @@ def test_archiver_killed_and_restarted_archives_every_record_exactly_once(
 
     held, _files = archive_offsets(location, topic, settings)
     assert held == Counter((r.metadata_partition, r.offset) for r in records)
+
+
+class PredecessorRacingStore(FilesystemBackend):
+    """A real filesystem store where a paused predecessor's file lands after our resume, before our flush.
+
+    The race (another archiver writing between our resume and our flush) cannot be timed on demand
+    against real processes, so the store plays the predecessor at that moment: on the second listing
+    (the first is the resume, the second the check before writing).
+    """
+
+    def __init__(self, root: Path, predecessor_key: str, predecessor_file: bytes) -> None:
+        super().__init__(root, Metrics())
+        self._pending: tuple[str, bytes] | None = (predecessor_key, predecessor_file)
+        self._listings = 0
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        self._listings += 1
+        if self._listings == 2 and self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.put(*pending)
+        return super().list(prefix)
+
+
+def test_archiver_keeps_only_what_follows_a_file_a_predecessor_wrote_after_it_resumed(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    records = list(HistoryGenerator(HistorySpec(events=300, metadata_partitions=1, seed=8)).records())
+    topic = create_topic(kafka_bootstrap, unique_topic_name("archive-race"), partitions=1,
+                         config={"cleanup.policy": "compact"})
+    produce_history(kafka_bootstrap, topic, records)
+    head = [to_archived(topic, 0, r.offset, r.timestamp_ms, r.key, r.value) for r in records[:150]]
+    store = PredecessorRacingStore(
+        tmp_path, archive_key(topic, 0, 0, 149), encode_archive_file(topic, 0, head)
+    )
+    archiver = Archiver(store, ArchiverSettings(kafka_bootstrap, topic, max_records_per_file=1_000))
+    stats = archiver.run_until_caught_up(60)
+
+    held, _ = archived_offsets(store, topic)
+    assert held == Counter((0, r.offset) for r in records)
+    assert stats.files_skipped_as_already_archived == 1
+    assert [(f.first_offset, f.last_offset) for f in list_archive_files(store, topic)] == [
+        (0, 149), (150, len(records) - 1)
+    ]
