@@ -1,6 +1,6 @@
 """Turns the map a broker hands a plugin's configure() into the config of tierlog's rlmm or rsm.
 
-Kafka adds keys of its own to both maps (see KAFKA_SEMANTICS.md); this module is the one place that knows them.
+Kafka adds keys of its own to both maps (see KAFKA_SEMANTICS.md); this module alone knows them.
 """
 
 from __future__ import annotations
@@ -31,14 +31,17 @@ def rlmm_config(broker: Mapping[str, Any]) -> dict[str, Any]:
     """The rlmm config for a broker's RLMM configure() map.
 
     - `bootstrap.servers`: rlmm.config.bootstrap.servers if set, else the listener Kafka passes
-      (`remote.log.metadata.common.client.bootstrap.servers`, set by remote.log.metadata.manager.listener.name),
+      (`remote.log.metadata.common.client.bootstrap.servers`, from
+      remote.log.metadata.manager.listener.name),
       whose other `remote.log.metadata.common.client.*` settings become `kafka.*` client settings.
     - `broker.id`: Kafka's own.
     - `state.dir`: rlmm.config.state.dir if set, else `tierlog-rlmm-state` beside the broker's log.dir.
       Not inside it: the broker would take any directory in a log dir for a partition.
     """
     config = {
-        k: v for k, v in broker.items() if k not in KAFKA_RLMM_KEYS and not k.startswith(KAFKA_RLMM_CLIENT_PREFIX)
+        k: v
+        for k, v in broker.items()
+        if k not in KAFKA_RLMM_KEYS and not k.startswith(KAFKA_RLMM_CLIENT_PREFIX)
     }
     if "bootstrap.servers" not in config:
         listener = broker.get(KAFKA_RLMM_CLIENT_PREFIX + "bootstrap.servers")
@@ -51,15 +54,22 @@ def rlmm_config(broker: Mapping[str, Any]) -> dict[str, Any]:
         # The listener's other client settings (security.protocol, ...) become the rlmm's Kafka client
         # settings, unless rlmm.config.kafka.* already sets them.
         for key, value in broker.items():
-            if key.startswith(KAFKA_RLMM_CLIENT_PREFIX) and key != KAFKA_RLMM_CLIENT_PREFIX + "bootstrap.servers":
-                config.setdefault(RLMM_CLIENT_PREFIX + key[len(KAFKA_RLMM_CLIENT_PREFIX):], value)
+            if (
+                key.startswith(KAFKA_RLMM_CLIENT_PREFIX)
+                and key != KAFKA_RLMM_CLIENT_PREFIX + "bootstrap.servers"
+            ):
+                config.setdefault(RLMM_CLIENT_PREFIX + key[len(KAFKA_RLMM_CLIENT_PREFIX) :], value)
     if "broker.id" not in config:
-        raise ConfigError("rlmm: broker.id is not set (a broker always passes it; set it when testing by hand)")
+        raise ConfigError(
+            "rlmm: broker.id is not set (a broker always passes it; set it when testing by hand)"
+        )
     if "state.dir" not in config:
         log_dir = broker.get("log.dir")
         if not log_dir:
             raise ConfigError("rlmm: state.dir is not set and the broker passed no log.dir to derive it from")
-        config["state.dir"] = str(Path(str(log_dir)).resolve().parent / f"{STATE_DIR_NAME}-{config['broker.id']}")
+        config["state.dir"] = str(
+            Path(str(log_dir)).resolve().parent / f"{STATE_DIR_NAME}-{config['broker.id']}"
+        )
         log.info("rlmm state.dir derived from log.dir: %s", config["state.dir"])
     return config
 

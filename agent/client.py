@@ -48,13 +48,17 @@ class AgentClient:
         names = tuple(pb.Component.Name(c) for c in answer.configured)
         return AgentHealth(answer.serving, names, answer.pid)
 
-    def list_remote_log_segments(self, tp: TopicIdPartition, epoch: int | None = None
-                                 ) -> list[RemoteLogSegmentMetadata]:
-        """What the broker's rlmm lists for `tp`; raises grpc.RpcError (NOT_FOUND for an unknown partition)."""
+    def list_remote_log_segments(
+        self, tp: TopicIdPartition, epoch: int | None = None
+    ) -> list[RemoteLogSegmentMetadata]:
+        """What the broker's rlmm lists for `tp`; grpc.RpcError (NOT_FOUND) for an unknown partition."""
         query = pb.ListQuery(topic_id_partition=messages.topic_id_partition_msg(tp))
         if epoch is not None:
             query.epoch = epoch
-        return [messages.segment_metadata(m) for m in self._metadata.ListRemoteLogSegments(query, timeout=self.timeout)]
+        return [
+            messages.segment_metadata(m)
+            for m in self._metadata.ListRemoteLogSegments(query, timeout=self.timeout)
+        ]
 
 
 def kafka_uuid(most_significant: int, least_significant: int) -> uuid.UUID:

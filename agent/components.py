@@ -44,8 +44,9 @@ class ComponentSlot(Generic[T]):
     queued with `when_ready` and run in order right after creation, as Kafka's own manager does.
     """
 
-    def __init__(self, name: ComponentName, factory: Callable[[Mapping[str, Any]], T],
-                 config: Mapping[str, Any]) -> None:
+    def __init__(
+        self, name: ComponentName, factory: Callable[[Mapping[str, Any]], T], config: Mapping[str, Any]
+    ) -> None:
         self.name = name
         self.config = dict(config)
         self._factory = factory

@@ -32,11 +32,16 @@ SEGMENT_BYTES = 1024 * 1024  # Kafka 4.x's minimum segment.bytes
 
 def ensure_plugin_jar() -> Path:
     """The plugin jar, built with Maven when missing or older than its sources or the protocol."""
-    sources = [*JVM_DIR.joinpath("src", "main").rglob("*.java"), JVM_DIR / "pom.xml",
-               *REPO_ROOT.joinpath("schemas").glob("*.proto")]
+    sources = [
+        *JVM_DIR.joinpath("src", "main").rglob("*.java"),
+        JVM_DIR / "pom.xml",
+        *REPO_ROOT.joinpath("schemas").glob("*.proto"),
+    ]
     newest = max(p.stat().st_mtime for p in sources)
     if not PLUGIN_JAR.exists() or PLUGIN_JAR.stat().st_mtime < newest:
-        subprocess.run(["mvn", "-q", "-B", "-f", str(JVM_DIR / "pom.xml"), "package", "-DskipTests"], check=True)
+        subprocess.run(
+            ["mvn", "-q", "-B", "-f", str(JVM_DIR / "pom.xml"), "package", "-DskipTests"], check=True
+        )
     return PLUGIN_JAR
 
 
@@ -68,8 +73,11 @@ class S3Location:
         from botocore.config import Config
 
         return boto3.client(
-            "s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key, region_name=self.region,
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
             config=Config(s3={"addressing_style": "path"}),
         )
 
@@ -84,7 +92,7 @@ class S3Location:
 
 @dataclass(frozen=True)
 class PluginChoice:
-    """Which RLMM and RSM the broker loads: tierlog's (through the agent) or Kafka's own, for drop-in tests."""
+    """Which RLMM and RSM the broker loads: tierlog's (through the agent) or Kafka's own (drop-in tests)."""
 
     rlmm: str = TIERLOG_RLMM
     rsm: str = TIERLOG_RSM
@@ -124,9 +132,13 @@ def broker_properties(choice: PluginChoice, socket_dir: Path, jar: Path = PLUGIN
         props.update({f"rlmm.config.{k}": v for k, v in agent.items()})
         props["rlmm.config.metadata.topic.replication.factor"] = str(choice.metadata_replication_factor)
         props["rlmm.config.metadata.topic.num.partitions"] = str(choice.metadata_partitions)
-        props["rlmm.config.metadata.topic.min.insync.replicas"] = str(min(2, choice.metadata_replication_factor))
+        props["rlmm.config.metadata.topic.min.insync.replicas"] = str(
+            min(2, choice.metadata_replication_factor)
+        )
     elif choice.rlmm == KAFKA_RLMM:
-        props["rlmm.config.remote.log.metadata.topic.replication.factor"] = str(choice.metadata_replication_factor)
+        props["rlmm.config.remote.log.metadata.topic.replication.factor"] = str(
+            choice.metadata_replication_factor
+        )
         props["rlmm.config.remote.log.metadata.topic.num.partitions"] = str(choice.metadata_partitions)
     if choice.rsm == TIERLOG_RSM:
         if choice.s3 is None:
@@ -154,13 +166,24 @@ def tiered_topic_config(**overrides: str) -> dict[str, str]:
     return config
 
 
-def create_topic(bootstrap: str, name: str, *, partitions: int = 1, replication_factor: int = 1,
-                 config: Mapping[str, str] | None = None, timeout: float = 60.0) -> None:
+def create_topic(
+    bootstrap: str,
+    name: str,
+    *,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    config: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor,
-                     config=dict(config or tiered_topic_config()))
+    topic = NewTopic(
+        name,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config=dict(config or tiered_topic_config()),
+    )
     admin.create_topics([topic], operation_timeout=timeout)[name].result(timeout)
 
 
@@ -174,8 +197,16 @@ def record_key(index: int) -> bytes:
     return f"{index:010d}".encode()
 
 
-def produce(bootstrap: str, topic: str, start: int, count: int, *, partition: int = 0, size: int = 200,
-            extra: Mapping[str, Any] | None = None) -> None:
+def produce(
+    bootstrap: str,
+    topic: str,
+    start: int,
+    count: int,
+    *,
+    partition: int = 0,
+    size: int = 200,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
     """Produce records start..start+count-1 (idempotent producer, acks=all) and wait for every ack."""
     from confluent_kafka import Producer
 
@@ -185,13 +216,26 @@ def produce(bootstrap: str, topic: str, start: int, count: int, *, partition: in
         if err is not None:
             errors.append(str(err))
 
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 20, "compression.type": "none", **(extra or {})})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "compression.type": "none",
+            **(extra or {}),
+        }
+    )
     for i in range(start, start + count):
         while True:
             try:
-                producer.produce(topic, key=record_key(i), value=record_value(i, size), partition=partition,
-                                 on_delivery=on_delivery)
+                producer.produce(
+                    topic,
+                    key=record_key(i),
+                    value=record_value(i, size),
+                    partition=partition,
+                    on_delivery=on_delivery,
+                )
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -225,8 +269,9 @@ def remote_segment_count(s3: S3Location, topic: str) -> int:
     return sum(1 for o in s3.objects() if o["Key"].endswith(".log") and f"/{topic}-" in f"/{o['Key']}")
 
 
-def wait_until_tiered(log_dir: Path, topic: str, *, partition: int = 0, min_local_start: int = 1,
-                      timeout: float = 90.0) -> int:
+def wait_until_tiered(
+    log_dir: Path, topic: str, *, partition: int = 0, min_local_start: int = 1, timeout: float = 90.0
+) -> int:
     """Wait until the broker deleted local segments up to at least `min_local_start` (only possible once
     they are in remote storage); return the first offset still held locally."""
 
@@ -234,8 +279,13 @@ def wait_until_tiered(log_dir: Path, topic: str, *, partition: int = 0, min_loca
         offsets = local_segment_offsets(log_dir, topic, partition)
         return offsets[0] if offsets and offsets[0] >= min_local_start else None
 
-    return int(wait_for(local_start, timeout, f"{topic}-{partition} local segments below offset "
-                        f"{min_local_start} to be tiered and deleted"))
+    return int(
+        wait_for(
+            local_start,
+            timeout,
+            f"{topic}-{partition} local segments below offset {min_local_start} to be tiered and deleted",
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -251,17 +301,31 @@ class ReadBack:
         return [int(k) for k in self.keys]
 
 
-def consume(bootstrap: str, topic: str, expected: int, *, partition: int = 0, start_offset: int = 0,
-            size: int = 200, isolation: str = "read_uncommitted", timeout: float = 120.0) -> ReadBack:
+def consume(
+    bootstrap: str,
+    topic: str,
+    expected: int,
+    *,
+    partition: int = 0,
+    start_offset: int = 0,
+    size: int = 200,
+    isolation: str = "read_uncommitted",
+    timeout: float = 120.0,
+) -> ReadBack:
     """Read from `start_offset` until `expected` records arrived or `timeout` passed; check each value
     against its key."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"tierlog-reader-{uuid.uuid4()}",
-        "enable.auto.commit": False, "auto.offset.reset": "earliest", "isolation.level": isolation,
-        "fetch.max.bytes": 4 * SEGMENT_BYTES,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"tierlog-reader-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": isolation,
+            "fetch.max.bytes": 4 * SEGMENT_BYTES,
+        }
+    )
     offsets: list[int] = []
     keys: list[bytes] = []
     mismatched: list[int] = []
@@ -317,20 +381,31 @@ def run_demo(base_dir: Path, records: int, size: int, rlmm: str = TIERLOG_RLMM) 
         s3 = S3Location(endpoint.endpoint, endpoint.access_key, endpoint.secret_key, endpoint.bucket, "demo")
         choice = PluginChoice(rlmm=rlmm, s3=s3, metrics_port=metrics_port)
         # Socket paths are limited to ~100 bytes: keep them out of a possibly deep base_dir.
-        with tempfile.TemporaryDirectory(prefix="tierlog-") as sockets, KafkaCluster(
-            base_dir / "kafka", 1, properties=broker_properties(choice, Path(sockets), jar)
-        ) as kafka:
-            print(f"Kafka {kafka.bootstrap} and S3 {endpoint.endpoint} are up; the broker runs tierlog's plugins")
+        with (
+            tempfile.TemporaryDirectory(prefix="tierlog-") as sockets,
+            KafkaCluster(
+                base_dir / "kafka", 1, properties=broker_properties(choice, Path(sockets), jar)
+            ) as kafka,
+        ):
+            print(
+                f"Kafka {kafka.bootstrap} and S3 {endpoint.endpoint} are up; "
+                "the broker runs tierlog's plugins"
+            )
             create_topic(kafka.bootstrap, topic)
             produce(kafka.bootstrap, topic, 0, records, size=size)
             print(f"produced {records} records of {size} bytes to {topic}")
             local_start = wait_until_tiered(kafka.log_dir(0), topic, min_local_start=records // 2)
             print(f"local segments below offset {local_start} were tiered to S3 and deleted locally")
             read = consume(kafka.bootstrap, topic, records, size=size)
-            ok = (read.offsets == list(range(records)) and read.indexes == list(range(records))
-                  and not read.mismatched)
-            print(f"consumed {len(read.offsets)} records from offset 0: "
-                  f"{'every record matches what was produced' if ok else 'MISMATCH'}")
+            ok = (
+                read.offsets == list(range(records))
+                and read.indexes == list(range(records))
+                and not read.mismatched
+            )
+            print(
+                f"consumed {len(read.offsets)} records from offset 0: "
+                f"{'every record matches what was produced' if ok else 'MISMATCH'}"
+            )
             objects = s3.objects()
             samples = prometheus_samples(metrics_port)
         summary = {
@@ -354,8 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=30_000, help="records to produce (default 30000)")
     parser.add_argument("--size", type=int, default=200, help="bytes per record value (default 200)")
     parser.add_argument("--dir", type=Path, default=None, help="working directory (default: a temporary one)")
-    parser.add_argument("--metadata-manager", choices=("tierlog", "kafka"), default="tierlog",
-                        help="kafka: Kafka's built-in TopicBasedRemoteLogMetadataManager with tierlog's RSM")
+    parser.add_argument(
+        "--metadata-manager",
+        choices=("tierlog", "kafka"),
+        default="tierlog",
+        help="kafka: Kafka's built-in TopicBasedRemoteLogMetadataManager with tierlog's RSM",
+    )
     args = parser.parse_args(argv)
     rlmm = TIERLOG_RLMM if args.metadata_manager == "tierlog" else KAFKA_RLMM
     if args.dir is not None:

@@ -40,12 +40,15 @@ def topic_id_partition_msg(tp: TopicIdPartition) -> Any:
 
 def segment_id(msg: Any) -> RemoteLogSegmentId:
     return RemoteLogSegmentId(
-        topic_id_partition=topic_id_partition(msg.topic_id_partition), id=_uuid(msg.id, "RemoteLogSegmentId.id")
+        topic_id_partition=topic_id_partition(msg.topic_id_partition),
+        id=_uuid(msg.id, "RemoteLogSegmentId.id"),
     )
 
 
 def segment_id_msg(sid: RemoteLogSegmentId) -> Any:
-    return pb.RemoteLogSegmentId(topic_id_partition=topic_id_partition_msg(sid.topic_id_partition), id=sid.id.bytes)
+    return pb.RemoteLogSegmentId(
+        topic_id_partition=topic_id_partition_msg(sid.topic_id_partition), id=sid.id.bytes
+    )
 
 
 def segment_metadata(msg: Any) -> RemoteLogSegmentMetadata:

@@ -47,16 +47,23 @@ class AgentMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.calls = Counter(
-            "tierlog_agent_calls", "calls served, by service, method and gRPC status",
-            ["service", "method", "code"], registry=self.registry,
+            "tierlog_agent_calls",
+            "calls served, by service, method and gRPC status",
+            ["service", "method", "code"],
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "tierlog_agent_call_seconds", "time to answer a call (streams: until the last chunk)",
-            ["service", "method"], registry=self.registry,
+            "tierlog_agent_call_seconds",
+            "time to answer a call (streams: until the last chunk)",
+            ["service", "method"],
+            registry=self.registry,
             buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0, 60.0),
         )
         self.streamed = Counter(
-            "tierlog_agent_streamed_bytes", "bytes streamed back to the broker", ["method"], registry=self.registry
+            "tierlog_agent_streamed_bytes",
+            "bytes streamed back to the broker",
+            ["method"],
+            registry=self.registry,
         )
         self._server: Any = None
 

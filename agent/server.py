@@ -67,7 +67,7 @@ def split_config(config: Mapping[str, Any]) -> dict[ComponentName, dict[str, Any
     for key, value in config.items():
         for prefix, name in _PREFIXES.items():
             if key.startswith(prefix):
-                split.setdefault(name, {})[key[len(prefix):]] = value
+                split.setdefault(name, {})[key[len(prefix) :]] = value
                 break
         else:
             raise ConfigError(f"agent: config key {key} must start with rlmm. or rsm.")
@@ -77,8 +77,14 @@ def split_config(config: Mapping[str, Any]) -> dict[ComponentName, dict[str, Any
 class AgentServer:
     """The gRPC server and its components; `serve()` wraps it with signals, for tests it runs in-process."""
 
-    def __init__(self, config: Mapping[str, Any], socket_path: str | Path, metrics_port: int | None = None,
-                 *, exit_when_idle: bool = False) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        socket_path: str | Path,
+        metrics_port: int | None = None,
+        *,
+        exit_when_idle: bool = False,
+    ) -> None:
         self.socket_path = Path(socket_path)
         self.stopped = threading.Event()
         self.metrics = AgentMetrics()
@@ -172,9 +178,15 @@ def _watch_parent(pid: int, stopped: threading.Event) -> None:
             pass
 
 
-def serve(config: dict[str, Any], socket_path: str, metrics_port: int | None = None, *,
-          parent_pid: int | None = None, exit_when_idle: bool = False) -> None:
-    """Run the agent until SIGTERM/SIGINT (or the parent's exit / idleness, when asked); see the module doc."""
+def serve(
+    config: dict[str, Any],
+    socket_path: str,
+    metrics_port: int | None = None,
+    *,
+    parent_pid: int | None = None,
+    exit_when_idle: bool = False,
+) -> None:
+    """Run the agent until SIGTERM/SIGINT (or its parent's exit / idleness, if asked); see the module doc."""
     agent = AgentServer(config, socket_path, metrics_port, exit_when_idle=exit_when_idle).start()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -199,18 +211,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus port on 127.0.0.1")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     parser.add_argument("--exit-when-idle", action="store_true", help="exit once every component is closed")
-    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                        help="a component config entry, rlmm.* or rsm.* (repeatable)")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a component config entry, rlmm.* or rsm.* (repeatable)",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     config: dict[str, Any] = {}
     for entry in args.config:
         key, sep, value = entry.partition("=")
         if not sep:
             parser.error(f"--config takes KEY=VALUE, got {entry!r}")
         config[key] = value
-    serve(config, args.socket, args.metrics_port, parent_pid=args.parent_pid, exit_when_idle=args.exit_when_idle)
+    serve(
+        config, args.socket, args.metrics_port, parent_pid=args.parent_pid, exit_when_idle=args.exit_when_idle
+    )
     return 0
 
 

@@ -64,10 +64,13 @@ def _describe(exc: BaseException) -> str:
 
 
 class Components:
-    """The agent's rlmm and rsm slots, created from the broker's Configure calls (or the agent's own config)."""
+    """The agent's rlmm and rsm slots, created by the broker's Configure calls (or the agent's config)."""
 
-    def __init__(self, factories: Mapping[ComponentName, Callable[[Mapping[str, Any]], Any]],
-                 on_idle: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        factories: Mapping[ComponentName, Callable[[Mapping[str, Any]], Any]],
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
         self._factories = dict(factories)
         self._on_idle = on_idle
         self._lock = threading.Lock()
@@ -76,7 +79,9 @@ class Components:
 
     @staticmethod
     def translate(name: ComponentName, config: Mapping[str, Any]) -> dict[str, Any]:
-        return rlmm_config(config) if name is ComponentName.REMOTE_LOG_METADATA_MANAGER else rsm_config(config)
+        return (
+            rlmm_config(config) if name is ComponentName.REMOTE_LOG_METADATA_MANAGER else rsm_config(config)
+        )
 
     def preset(self, name: ComponentName, config: Mapping[str, Any]) -> None:
         """Create a component from the agent's own config; a broker's later Configure leaves it alone."""
@@ -85,7 +90,9 @@ class Components:
 
     def configure(self, name: ComponentName, broker_config: Mapping[str, Any]) -> None:
         if name in self._preset:
-            log.info("the %s was configured by the agent's own config; the broker's config is not used", name.short)
+            log.info(
+                "the %s was configured by the agent's own config; the broker's config is not used", name.short
+            )
             return
         config = self.translate(name, broker_config)
         with self._lock:
@@ -114,7 +121,9 @@ class Components:
         with self._lock:
             slot = self._slots.get(name)
         if slot is None:
-            raise NotConfiguredError(f"the {name.short} is not configured in this agent (did the agent restart?)")
+            raise NotConfiguredError(
+                f"the {name.short} is not configured in this agent (did the agent restart?)"
+            )
         return slot
 
     def get(self, name: ComponentName, timeout: float) -> Any:
@@ -200,7 +209,6 @@ def _wait_budget(context: grpc.ServicerContext) -> float:
     return DEFAULT_WAIT_S if remaining is None else max(remaining - 0.2, 0.0)
 
 
-
 def build_services(components: Components, metrics: AgentMetrics) -> list[tuple[Any, Callable[..., None]]]:
     """The three servicers with their registration functions."""
     lifecycle = _Calls("Agent", metrics)
@@ -261,7 +269,11 @@ def build_services(components: Components, metrics: AgentMetrics) -> list[tuple[
         def GetRemoteLogSegmentMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
             tp = messages.topic_id_partition(request.topic_id_partition)
             found = rlmm(context).remote_log_segment_metadata(tp, request.epoch, request.offset)
-            return pb.OptionalSegment(segment=messages.segment_metadata_msg(found)) if found else pb.OptionalSegment()
+            return (
+                pb.OptionalSegment(segment=messages.segment_metadata_msg(found))
+                if found
+                else pb.OptionalSegment()
+            )
 
         @metadata.unary
         def HighestOffsetForEpoch(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -301,7 +313,11 @@ def build_services(components: Components, metrics: AgentMetrics) -> list[tuple[
         def NextSegmentWithTxnIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
             tp = messages.topic_id_partition(request.topic_id_partition)
             found = rlmm(context).next_segment_with_txn_index(tp, request.epoch, request.offset)
-            return pb.OptionalSegment(segment=messages.segment_metadata_msg(found)) if found else pb.OptionalSegment()
+            return (
+                pb.OptionalSegment(segment=messages.segment_metadata_msg(found))
+                if found
+                else pb.OptionalSegment()
+            )
 
         @metadata.unary
         def IsReady(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -48,7 +48,9 @@ def main() -> None:
     size = args.segment_mib * 1024 * 1024
     with tempfile.TemporaryDirectory(prefix="tlb-") as tmp:
         base = Path(tmp)
-        files = {name: base / f"00000000000000000000.{name}" for name in ("log", "index", "timeindex", "snapshot")}
+        files = {
+            name: base / f"00000000000000000000.{name}" for name in ("log", "index", "timeindex", "snapshot")
+        }
         with files["log"].open("wb") as out:
             block = bytes(range(256)) * 4096
             for _ in range(size // len(block)):
@@ -57,23 +59,33 @@ def main() -> None:
         files["timeindex"].write_bytes(b"\0" * 12 * 1024)
         files["snapshot"].write_bytes(b"\0" * 256)
         tp = TopicIdPartition(uuid.uuid4(), "bench", 0)
-        segment = RemoteLogSegmentMetadata(RemoteLogSegmentId(tp, uuid.uuid4()), 0, 999_999, 1, 1, 1, size, {0: 0})
+        segment = RemoteLogSegmentMetadata(
+            RemoteLogSegmentId(tp, uuid.uuid4()), 0, 999_999, 1, 1, 1, size, {0: 0}
+        )
         config = {"storage.backend": "filesystem", "filesystem.root": str(base / "remote")}
         server = AgentServer({}, base / "a.sock").start()
-        channel = grpc.insecure_channel(f"unix:{base / 'a.sock'}",
-                                        options=[("grpc.max_receive_message_length", 64 << 20)])
+        channel = grpc.insecure_channel(
+            f"unix:{base / 'a.sock'}", options=[("grpc.max_receive_message_length", 64 << 20)]
+        )
         try:
             agent = pb_grpc.AgentStub(channel)
             storage = pb_grpc.RemoteStorageStub(channel)
-            agent.Configure(pb.ConfigureRequest(component=pb.REMOTE_STORAGE_MANAGER, config=config), timeout=30)
+            agent.Configure(
+                pb.ConfigureRequest(component=pb.REMOTE_STORAGE_MANAGER, config=config), timeout=30
+            )
             request = pb.CopyRequest(
-                metadata=messages.segment_metadata_msg(segment), log_segment=str(files["log"]),
-                offset_index=str(files["index"]), time_index=str(files["timeindex"]),
-                producer_snapshot_index=str(files["snapshot"]), leader_epoch_index=b"0\n1\n0 0\n")
+                metadata=messages.segment_metadata_msg(segment),
+                log_segment=str(files["log"]),
+                offset_index=str(files["index"]),
+                time_index=str(files["timeindex"]),
+                producer_snapshot_index=str(files["snapshot"]),
+                leader_epoch_index=b"0\n1\n0 0\n",
+            )
             copy_times = _timed(lambda: storage.CopyLogSegmentData(request, timeout=120), args.repeat)
             custom = storage.CopyLogSegmentData(request, timeout=120).custom_metadata
-            stored = RemoteLogSegmentMetadata(**{**{f: getattr(segment, f) for f in segment.__slots__},
-                                                 "custom_metadata": custom})
+            stored = RemoteLogSegmentMetadata(
+                **{**{f: getattr(segment, f) for f in segment.__slots__}, "custom_metadata": custom}
+            )
             fetch = pb.FetchSegmentRequest(metadata=messages.segment_metadata_msg(stored), start_position=0)
 
             def through_agent() -> None:
@@ -81,6 +93,7 @@ def main() -> None:
                 assert received == size
 
             with RemoteStorageManager(config) as rsm:
+
                 def direct() -> None:
                     with rsm.fetch_log_segment(stored, 0) as stream:
                         received = 0
@@ -96,16 +109,21 @@ def main() -> None:
             channel.close()
             server.stop(grace=1)
     mib = size / (1024 * 1024)
-    print(json.dumps({
-        "benchmark": "agent_stream",
-        "segment_mib": args.segment_mib,
-        "repeat": args.repeat,
-        "fetch_mib_per_s_through_agent": round(mib / statistics.median(agent_times), 1),
-        "fetch_mib_per_s_direct_rsm": round(mib / statistics.median(direct_times), 1),
-        "copy_call_ms_median": round(1000 * statistics.median(copy_times), 1),
-        "fetch_index_call_ms_median": round(1000 * statistics.median(index_times), 2),
-        "index_type": IndexType.OFFSET.name,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "agent_stream",
+                "segment_mib": args.segment_mib,
+                "repeat": args.repeat,
+                "fetch_mib_per_s_through_agent": round(mib / statistics.median(agent_times), 1),
+                "fetch_mib_per_s_direct_rsm": round(mib / statistics.median(direct_times), 1),
+                "copy_call_ms_median": round(1000 * statistics.median(copy_times), 1),
+                "fetch_index_call_ms_median": round(1000 * statistics.median(index_times), 2),
+                "index_type": IndexType.OFFSET.name,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,14 +31,16 @@ def generate() -> None:
     with tempfile.TemporaryDirectory(dir=_HERE) as tmp:
         # Mapping the schemas directory to the package path makes the generated imports absolute
         # (`from agent.proto import agent_pb2`), so they work from any working directory.
-        status = protoc.main([
-            "grpc_tools.protoc",
-            f"-I{include}",
-            f"-Iagent/proto={_SCHEMAS}",
-            f"--python_out={tmp}",
-            f"--grpc_python_out={tmp}",
-            f"agent/proto/{_PROTO}",
-        ])
+        status = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{include}",
+                f"-Iagent/proto={_SCHEMAS}",
+                f"--python_out={tmp}",
+                f"--grpc_python_out={tmp}",
+                f"agent/proto/{_PROTO}",
+            ]
+        )
         if status != 0:
             raise RuntimeError(f"grpc_tools.protoc failed ({status}) on {_SCHEMAS / _PROTO}")
         for out in _OUTPUTS:

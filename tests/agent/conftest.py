@@ -37,5 +37,9 @@ def agent(short_dir: Path) -> Iterator[AgentUnderTest]:
 @pytest.fixture
 def rsm_config(tmp_path: Path) -> dict[str, str]:
     """The map a broker's RSM configure() would send: rsm.config.* plus what Kafka adds."""
-    return {"storage.backend": "filesystem", "filesystem.root": str(tmp_path / "remote"),
-            "broker.id": "1", "node.id": "1"}
+    return {
+        "storage.backend": "filesystem",
+        "filesystem.root": str(tmp_path / "remote"),
+        "broker.id": "1",
+        "node.id": "1",
+    }

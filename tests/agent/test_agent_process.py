@@ -46,8 +46,9 @@ def test_sigterm_stops_the_agent_and_removes_its_socket(short_dir: Path) -> None
 def test_agent_exits_when_its_parent_process_is_gone(short_dir: Path) -> None:
     socket = short_dir / "orphan.sock"
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    agent = subprocess.Popen([sys.executable, "-m", "agent.server", "--socket", str(socket),
-                              "--parent-pid", str(parent.pid)])
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agent.server", "--socket", str(socket), "--parent-pid", str(parent.pid)]
+    )
     try:
         _wait_serving(socket)
 

@@ -26,8 +26,13 @@ TP = TopicIdPartition(topic_id=uuid.uuid4(), topic="orders", partition=3)
 
 def _segment(size: int) -> RemoteLogSegmentMetadata:
     return RemoteLogSegmentMetadata(
-        remote_log_segment_id=RemoteLogSegmentId(TP, uuid.uuid4()), start_offset=0, end_offset=99,
-        max_timestamp_ms=1, broker_id=1, event_timestamp_ms=1, segment_size_in_bytes=size,
+        remote_log_segment_id=RemoteLogSegmentId(TP, uuid.uuid4()),
+        start_offset=0,
+        end_offset=99,
+        max_timestamp_ms=1,
+        broker_id=1,
+        event_timestamp_ms=1,
+        segment_size_in_bytes=size,
         segment_leader_epochs={0: 0},
     )
 
@@ -38,14 +43,21 @@ def _copy(agent: AgentUnderTest, directory: Path, log: bytes) -> RemoteLogSegmen
         files[name] = directory / f"00000000000000000000.{name}"
         files[name].write_bytes(data)
     segment = _segment(len(log))
-    answer = agent.storage.CopyLogSegmentData(pb.CopyRequest(
-        metadata=messages.segment_metadata_msg(segment), log_segment=str(files["log"]),
-        offset_index=str(files["index"]), time_index=str(files["timeindex"]),
-        producer_snapshot_index=str(files["snapshot"]), leader_epoch_index=b"0\n1\n0 0\n",
-    ), timeout=30)
+    answer = agent.storage.CopyLogSegmentData(
+        pb.CopyRequest(
+            metadata=messages.segment_metadata_msg(segment),
+            log_segment=str(files["log"]),
+            offset_index=str(files["index"]),
+            time_index=str(files["timeindex"]),
+            producer_snapshot_index=str(files["snapshot"]),
+            leader_epoch_index=b"0\n1\n0 0\n",
+        ),
+        timeout=30,
+    )
     custom = answer.custom_metadata if answer.HasField("custom_metadata") else None
-    return RemoteLogSegmentMetadata(**{**{f: getattr(segment, f) for f in segment.__slots__},
-                                      "custom_metadata": custom})
+    return RemoteLogSegmentMetadata(
+        **{**{f: getattr(segment, f) for f in segment.__slots__}, "custom_metadata": custom}
+    )
 
 
 def test_socket_is_readable_and_writable_by_its_owner_only(agent: AgentUnderTest) -> None:
@@ -79,7 +91,9 @@ def test_call_to_an_unconfigured_component_asks_the_adapter_to_configure_it(agen
     assert failure.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
-def test_configure_is_idempotent_for_an_equal_config(agent: AgentUnderTest, rsm_config: dict[str, str]) -> None:
+def test_configure_is_idempotent_for_an_equal_config(
+    agent: AgentUnderTest, rsm_config: dict[str, str]
+) -> None:
     agent.configure_rsm(rsm_config)
     agent.configure_rsm(rsm_config)
 
@@ -93,8 +107,13 @@ def test_fetched_segment_streams_back_in_bounded_chunks(
     log = bytes(range(256)) * (3 * CHUNK_BYTES // 256 + 7)
     segment = _copy(agent, tmp_path, log)
 
-    chunks = [c.data for c in agent.storage.FetchLogSegment(
-        pb.FetchSegmentRequest(metadata=messages.segment_metadata_msg(segment), start_position=0), timeout=30)]
+    chunks = [
+        c.data
+        for c in agent.storage.FetchLogSegment(
+            pb.FetchSegmentRequest(metadata=messages.segment_metadata_msg(segment), start_position=0),
+            timeout=30,
+        )
+    ]
 
     assert b"".join(chunks) == log
     assert len(chunks) >= 4
@@ -108,19 +127,30 @@ def test_fetch_with_an_end_position_returns_the_inclusive_range(
     log = bytes(range(256)) * 40
     segment = _copy(agent, tmp_path, log)
 
-    chunks = agent.storage.FetchLogSegment(pb.FetchSegmentRequest(
-        metadata=messages.segment_metadata_msg(segment), start_position=100, end_position=1099), timeout=30)
+    chunks = agent.storage.FetchLogSegment(
+        pb.FetchSegmentRequest(
+            metadata=messages.segment_metadata_msg(segment), start_position=100, end_position=1099
+        ),
+        timeout=30,
+    )
 
     assert b"".join(c.data for c in chunks) == log[100:1100]
 
 
-def test_fetch_of_a_segment_never_copied_is_not_found(agent: AgentUnderTest, rsm_config: dict[str, str]) -> None:
+def test_fetch_of_a_segment_never_copied_is_not_found(
+    agent: AgentUnderTest, rsm_config: dict[str, str]
+) -> None:
     agent.configure_rsm(rsm_config)
 
     with pytest.raises(grpc.RpcError) as failure:
-        list(agent.storage.FetchLogSegment(
-            pb.FetchSegmentRequest(metadata=messages.segment_metadata_msg(_segment(10)), start_position=0),
-            timeout=10))
+        list(
+            agent.storage.FetchLogSegment(
+                pb.FetchSegmentRequest(
+                    metadata=messages.segment_metadata_msg(_segment(10)), start_position=0
+                ),
+                timeout=10,
+            )
+        )
 
     assert failure.value.code() == grpc.StatusCode.NOT_FOUND
 
@@ -132,8 +162,14 @@ def test_missing_transaction_index_is_not_found(
     segment = _copy(agent, tmp_path, b"x" * 100)
 
     with pytest.raises(grpc.RpcError) as failure:
-        list(agent.storage.FetchIndex(pb.FetchIndexRequest(
-            metadata=messages.segment_metadata_msg(segment), index_type=pb.TRANSACTION), timeout=10))
+        list(
+            agent.storage.FetchIndex(
+                pb.FetchIndexRequest(
+                    metadata=messages.segment_metadata_msg(segment), index_type=pb.TRANSACTION
+                ),
+                timeout=10,
+            )
+        )
 
     assert failure.value.code() == grpc.StatusCode.NOT_FOUND
 
@@ -154,7 +190,9 @@ def test_closing_every_component_stops_an_agent_that_exits_when_idle(
     try:
         with grpc.insecure_channel(f"unix:{server.socket_path}") as channel:
             stub = pb_grpc.AgentStub(channel)
-            stub.Configure(pb.ConfigureRequest(component=pb.REMOTE_STORAGE_MANAGER, config=rsm_config), timeout=10)
+            stub.Configure(
+                pb.ConfigureRequest(component=pb.REMOTE_STORAGE_MANAGER, config=rsm_config), timeout=10
+            )
             assert not server.stopped.is_set()
             stub.Close(pb.CloseRequest(component=pb.REMOTE_STORAGE_MANAGER), timeout=10)
 

@@ -9,7 +9,10 @@ from agent.broker_config import rlmm_config, rsm_config
 from rlmm.errors import ConfigError
 
 KAFKA_ADDS = {
-    "broker.id": "2", "node.id": "2", "log.dir": "/data/kafka/logs", "cluster.id": "abc",
+    "broker.id": "2",
+    "node.id": "2",
+    "log.dir": "/data/kafka/logs",
+    "cluster.id": "abc",
     "remote.log.metadata.common.client.bootstrap.servers": "10.0.0.5:9092",
     "remote.log.metadata.common.client.security.protocol": "PLAINTEXT",
 }

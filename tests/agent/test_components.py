@@ -28,8 +28,9 @@ def _slow_factory(release: threading.Event) -> Any:
 
 def test_informing_calls_made_before_creation_run_in_order_once_created() -> None:
     release = threading.Event()
-    slot: ComponentSlot[_Recorder] = ComponentSlot(ComponentName.REMOTE_LOG_METADATA_MANAGER,
-                                                   _slow_factory(release), {})
+    slot: ComponentSlot[_Recorder] = ComponentSlot(
+        ComponentName.REMOTE_LOG_METADATA_MANAGER, _slow_factory(release), {}
+    )
     slot.when_ready(lambda r: r.calls.append("leaders"))
     slot.when_ready(lambda r: r.calls.append("stop"))
 
@@ -40,8 +41,9 @@ def test_informing_calls_made_before_creation_run_in_order_once_created() -> Non
 
 def test_a_read_before_creation_is_retriable_not_ready() -> None:
     release = threading.Event()
-    slot: ComponentSlot[_Recorder] = ComponentSlot(ComponentName.REMOTE_LOG_METADATA_MANAGER,
-                                                   _slow_factory(release), {})
+    slot: ComponentSlot[_Recorder] = ComponentSlot(
+        ComponentName.REMOTE_LOG_METADATA_MANAGER, _slow_factory(release), {}
+    )
     try:
         with pytest.raises(RemoteStorageNotReadyError):
             slot.get(0.05)

@@ -29,7 +29,7 @@ def _properties() -> dict[str, str]:
 
 
 def _plugin_config(prefix: str) -> dict[str, str]:
-    return {k[len(prefix):]: v for k, v in _properties().items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in _properties().items() if k.startswith(prefix)}
 
 
 def _without_adapter_keys(config: dict[str, str]) -> dict[str, str]:
@@ -37,7 +37,9 @@ def _without_adapter_keys(config: dict[str, str]) -> dict[str, str]:
 
 
 def _adapter_keys() -> set[str]:
-    return set(re.findall(r'public static final String \w+ = "(agent\.[a-z.]+)";', AGENT_SETTINGS.read_text()))
+    return set(
+        re.findall(r'public static final String \w+ = "(agent\.[a-z.]+)";', AGENT_SETTINGS.read_text())
+    )
 
 
 def _compose() -> dict:
@@ -45,7 +47,12 @@ def _compose() -> dict:
 
 
 def test_adapter_keys_in_the_broker_config_are_declared_by_the_plugin() -> None:
-    used = {k for prefix in ("rlmm.config.", "rsm.config.") for k in _plugin_config(prefix) if k.startswith("agent.")}
+    used = {
+        k
+        for prefix in ("rlmm.config.", "rsm.config.")
+        for k in _plugin_config(prefix)
+        if k.startswith("agent.")
+    }
     assert used
     assert used <= _adapter_keys()
 
@@ -59,9 +66,14 @@ def test_both_plugins_start_and_reach_the_agent_the_same_way() -> None:
 
 def test_rlmm_accepts_the_broker_config_with_what_kafka_adds() -> None:
     # What Kafka 4.x's RemoteLogManager adds to the RLMM's map, with the listener named in server.properties.
-    added = {"broker.id": "1", "node.id": "1", "log.dir": "/var/lib/kafka/data", "cluster.id": "x",
-             "remote.log.metadata.common.client.bootstrap.servers": "localhost:9092",
-             "remote.log.metadata.common.client.security.protocol": "PLAINTEXT"}
+    added = {
+        "broker.id": "1",
+        "node.id": "1",
+        "log.dir": "/var/lib/kafka/data",
+        "cluster.id": "x",
+        "remote.log.metadata.common.client.bootstrap.servers": "localhost:9092",
+        "remote.log.metadata.common.client.security.protocol": "PLAINTEXT",
+    }
     config = rlmm_config({**_without_adapter_keys(_plugin_config("rlmm.config.")), **added})
 
     parsed = parse_config(config, RLMM_KEYS, "rlmm", ignore_prefixes=("kafka.",))
@@ -70,7 +82,9 @@ def test_rlmm_accepts_the_broker_config_with_what_kafka_adds() -> None:
 
 
 def test_rsm_accepts_the_broker_config_with_what_kafka_adds() -> None:
-    config = rsm_config({**_without_adapter_keys(_plugin_config("rsm.config.")), "broker.id": "1", "node.id": "1"})
+    config = rsm_config(
+        {**_without_adapter_keys(_plugin_config("rsm.config.")), "broker.id": "1", "node.id": "1"}
+    )
     backend = available_backends()[config["storage.backend"]]
 
     parse_config(config, RSM_CORE_KEYS + backend.CONFIG_KEYS, "rsm")

@@ -35,8 +35,13 @@ def plugin_jar() -> Path:
 
 
 def _s3_location(endpoint: S3Endpoint, name: str) -> S3Location:
-    return S3Location(endpoint.endpoint, endpoint.access_key, endpoint.secret_key, endpoint.bucket,
-                      f"e2e-{name[:40]}-{uuid.uuid4().hex[:8]}")
+    return S3Location(
+        endpoint.endpoint,
+        endpoint.access_key,
+        endpoint.secret_key,
+        endpoint.bucket,
+        f"e2e-{name[:40]}-{uuid.uuid4().hex[:8]}",
+    )
 
 
 def _delete_prefix(location: S3Location) -> None:
@@ -61,9 +66,13 @@ def socket_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def tiered_cluster(make_kafka_cluster: Callable[..., KafkaCluster], plugin_jar: Path, socket_dir: Path,
-                   s3_location: S3Location) -> Callable[..., KafkaCluster]:
-    """Start a cluster whose brokers load the chosen plugins: `tiered_cluster(nodes=1, **PluginChoice fields)`."""
+def tiered_cluster(
+    make_kafka_cluster: Callable[..., KafkaCluster],
+    plugin_jar: Path,
+    socket_dir: Path,
+    s3_location: S3Location,
+) -> Callable[..., KafkaCluster]:
+    """Start a cluster whose brokers load the chosen plugins: `tiered_cluster(nodes, **PluginChoice)`."""
 
     def start(nodes: int = 1, **choice: Any) -> KafkaCluster:
         choice.setdefault("s3", s3_location)
@@ -75,8 +84,9 @@ def tiered_cluster(make_kafka_cluster: Callable[..., KafkaCluster], plugin_jar: 
 
 
 @pytest.fixture(scope="module")
-def shared_tiered_cluster(tmp_path_factory: pytest.TempPathFactory, plugin_jar: Path,
-                          s3_endpoint: S3Endpoint) -> Iterator[tuple[KafkaCluster, S3Location, Path]]:
+def shared_tiered_cluster(
+    tmp_path_factory: pytest.TempPathFactory, plugin_jar: Path, s3_endpoint: S3Endpoint
+) -> Iterator[tuple[KafkaCluster, S3Location, Path]]:
     """One single-broker tierlog cluster for a module's tests that only add topics of their own."""
     location = _s3_location(s3_endpoint, "shared")
     with tempfile.TemporaryDirectory(prefix="tl-") as sockets:

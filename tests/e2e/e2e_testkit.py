@@ -36,7 +36,8 @@ def describe(bootstrap: str, topic: str, partition: int = 0) -> tuple[TopicIdPar
     tid = description.topic_id
     tp = TopicIdPartition(
         topic_id=kafka_uuid(tid.get_most_significant_bits(), tid.get_least_significant_bits()),
-        topic=topic, partition=partition,
+        topic=topic,
+        partition=partition,
     )
     info = description.partitions[partition]
     leader = info.leader.id if info.leader is not None else -1
@@ -45,7 +46,8 @@ def describe(bootstrap: str, topic: str, partition: int = 0) -> tuple[TopicIdPar
 
 def set_topic_config(bootstrap: str, topic: str, **settings: str) -> None:
     resource = ConfigResource(
-        ConfigResource.Type.TOPIC, topic,
+        ConfigResource.Type.TOPIC,
+        topic,
         incremental_configs=[
             ConfigEntry(name.replace("_", "."), value, incremental_operation=AlterConfigOpType.SET)
             for name, value in settings.items()
@@ -73,8 +75,9 @@ def agent_socket(socket_dir: Path, node_id: int) -> Path:
     return socket_dir / f"agent-{node_id}.sock"
 
 
-def remote_segments(socket_dir: Path, node_id: int, tp: TopicIdPartition,
-                    timeout: float = 60.0) -> list[RemoteLogSegmentMetadata]:
+def remote_segments(
+    socket_dir: Path, node_id: int, tp: TopicIdPartition, timeout: float = 60.0
+) -> list[RemoteLogSegmentMetadata]:
     """What node `node_id`'s rlmm (through its agent) lists for `tp`, once the partition has loaded there;
     [] once the partition is gone (NOT_FOUND)."""
     import grpc
@@ -142,5 +145,6 @@ def wait_for_leader(bootstrap: str, topic: str, not_on: int, timeout: float = 90
 
 
 def wait_in_isr(bootstrap: str, topic: str, node_id: int, timeout: float = 120.0) -> None:
-    wait_for(lambda: node_id in describe(bootstrap, topic)[1].isr, timeout, f"node {node_id} to rejoin the ISR")
-
+    wait_for(
+        lambda: node_id in describe(bootstrap, topic)[1].isr, timeout, f"node {node_id} to rejoin the ISR"
+    )

@@ -27,8 +27,12 @@ def test_wiped_replica_catches_up_from_tiered_storage_and_new_leader_keeps_tieri
     tiered_cluster: Callable[..., KafkaCluster], socket_dir: Path
 ) -> None:
     cluster = tiered_cluster(nodes=3)
-    create_topic(cluster.bootstrap, TOPIC, replication_factor=3,
-                 config=tiered_topic_config(**{"min.insync.replicas": "2"}))
+    create_topic(
+        cluster.bootstrap,
+        TOPIC,
+        replication_factor=3,
+        config=tiered_topic_config(**{"min.insync.replicas": "2"}),
+    )
     produce(cluster.bootstrap, TOPIC, 0, RECORDS)
     tp, state = describe(cluster.bootstrap, TOPIC)
     leader = state.leader
@@ -50,7 +54,8 @@ def test_wiped_replica_catches_up_from_tiered_storage_and_new_leader_keeps_tieri
     produce(cluster.bootstrap, TOPIC, RECORDS, RECORDS)
     wait_until_tiered(cluster.log_dir(new_leader), TOPIC, min_local_start=RECORDS + RECORDS // 2, timeout=120)
     tiered_by_new_leader = [
-        s for s in finished(remote_segments(socket_dir, new_leader, tp))
+        s
+        for s in finished(remote_segments(socket_dir, new_leader, tp))
         if s.start_offset >= RECORDS and s.broker_id == new_leader
     ]
     assert tiered_by_new_leader

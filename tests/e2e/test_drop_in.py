@@ -1,5 +1,5 @@
 """Each tierlog plugin works alone beside one of Kafka's own: tierlog's RSM with Kafka's topic-based metadata
-manager, and tierlog's metadata manager with Kafka's LocalTieredStorage (from the kafka-storage test fixtures)."""
+manager, and tierlog's metadata manager with Kafka's LocalTieredStorage (kafka-storage test fixtures)."""
 
 from __future__ import annotations
 

@@ -31,8 +31,12 @@ def test_broker_restart_keeps_remote_metadata_and_serves_remote_data(
 
     cluster.restart_node(0)
 
-    after = wait_for(lambda: finished(remote_segments(socket_dir, 0, tp)), 60, "the rlmm to serve the partition")
-    assert [s.remote_log_segment_id for s in after][: len(before)] == [s.remote_log_segment_id for s in before]
+    after = wait_for(
+        lambda: finished(remote_segments(socket_dir, 0, tp)), 60, "the rlmm to serve the partition"
+    )
+    assert [s.remote_log_segment_id for s in after][: len(before)] == [
+        s.remote_log_segment_id for s in before
+    ]
     read = consume(cluster.bootstrap, "restarted", RECORDS)
     assert read.indexes == list(range(RECORDS))
     assert not read.mismatched
@@ -66,8 +70,12 @@ def test_agent_killed_while_tiering_is_restarted_and_nothing_is_lost_or_duplicat
 
 def _start_agent(socket: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "agent.server", "--socket", str(socket)],
-                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agent.server", "--socket", str(socket)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     wait_for(lambda: agent_pid(socket.parent, 0) == process.pid, 30, f"the agent on {socket}")
     return process
 
@@ -78,7 +86,9 @@ def test_broker_serves_local_data_while_its_external_agent_is_down_and_resumes_t
     socket = socket_dir / "agent-0.sock"
     agent = _start_agent(socket, socket_dir / "external-agent.log")
     try:
-        cluster = tiered_cluster(extra={"rlmm.config.agent.start": "false", "rsm.config.agent.start": "false"})
+        cluster = tiered_cluster(
+            extra={"rlmm.config.agent.start": "false", "rsm.config.agent.start": "false"}
+        )
         create_topic(cluster.bootstrap, "agent-down")
         produce(cluster.bootstrap, "agent-down", 0, RECORDS)
         wait_until_tiered(cluster.log_dir(0), "agent-down", min_local_start=RECORDS // 4)
@@ -88,11 +98,16 @@ def test_broker_serves_local_data_while_its_external_agent_is_down_and_resumes_t
         produce(cluster.bootstrap, "agent-down", RECORDS, RECORDS)
         recent = consume(cluster.bootstrap, "agent-down", RECORDS, start_offset=RECORDS, timeout=60)
         assert recent.indexes == list(range(RECORDS, 2 * RECORDS))
-        wait_for(lambda: "tierlog agent at" in cluster.log_file(0).read_text(errors="replace"), 30,
-                 "the broker to log that the agent is unreachable")
+        wait_for(
+            lambda: "tierlog agent at" in cluster.log_file(0).read_text(errors="replace"),
+            30,
+            "the broker to log that the agent is unreachable",
+        )
 
         agent = _start_agent(socket, socket_dir / "external-agent.log")
-        wait_until_tiered(cluster.log_dir(0), "agent-down", min_local_start=RECORDS + RECORDS // 2, timeout=120)
+        wait_until_tiered(
+            cluster.log_dir(0), "agent-down", min_local_start=RECORDS + RECORDS // 2, timeout=120
+        )
         read = consume(cluster.bootstrap, "agent-down", 2 * RECORDS, timeout=150)
         assert read.indexes == list(range(2 * RECORDS))
         assert not read.mismatched
@@ -104,8 +119,12 @@ def test_broker_serves_local_data_while_its_external_agent_is_down_and_resumes_t
 def test_a_hung_agent_costs_the_broker_a_deadline_not_a_hang(
     tiered_cluster: Callable[..., KafkaCluster], socket_dir: Path
 ) -> None:
-    deadline = {"rlmm.config.agent.call.timeout.ms": "3000", "rsm.config.agent.call.timeout.ms": "3000",
-                "rsm.config.agent.copy.timeout.ms": "3000", "rsm.config.agent.fetch.timeout.ms": "3000"}
+    deadline = {
+        "rlmm.config.agent.call.timeout.ms": "3000",
+        "rsm.config.agent.call.timeout.ms": "3000",
+        "rsm.config.agent.copy.timeout.ms": "3000",
+        "rsm.config.agent.fetch.timeout.ms": "3000",
+    }
     cluster = tiered_cluster(extra=deadline)
     create_topic(cluster.bootstrap, "agent-hung")
     produce(cluster.bootstrap, "agent-hung", 0, RECORDS)
@@ -118,8 +137,11 @@ def test_a_hung_agent_costs_the_broker_a_deadline_not_a_hang(
         produce(cluster.bootstrap, "agent-hung", RECORDS, RECORDS)
         recent = consume(cluster.bootstrap, "agent-hung", RECORDS, start_offset=RECORDS, timeout=60)
         assert recent.indexes == list(range(RECORDS, 2 * RECORDS))
-        wait_for(lambda: "did not answer" in cluster.log_file(0).read_text(errors="replace"), 60,
-                 "the broker to log a call that missed its deadline")
+        wait_for(
+            lambda: "did not answer" in cluster.log_file(0).read_text(errors="replace"),
+            60,
+            "the broker to log a call that missed its deadline",
+        )
     finally:
         os.kill(hung, signal.SIGCONT)
 

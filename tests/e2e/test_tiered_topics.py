@@ -67,8 +67,11 @@ def test_retention_by_time_deletes_remote_segments_and_their_metadata(
 
     set_topic_config(cluster.bootstrap, topic, **{"retention.ms": "1000"})
 
-    wait_for(lambda: not remote_segments(sockets, 0, tp) and not topic_log_objects(s3, topic), 90,
-             "remote segments past retention.ms to be deleted")
+    wait_for(
+        lambda: not remote_segments(sockets, 0, tp) and not topic_log_objects(s3, topic),
+        90,
+        "remote segments past retention.ms to be deleted",
+    )
     assert earliest_offset(cluster.bootstrap, topic) > RECORDS // 2
 
 
@@ -81,14 +84,20 @@ def test_retention_by_size_deletes_the_oldest_remote_segments_and_their_metadata
 
     set_topic_config(cluster.bootstrap, topic, **{"retention.bytes": str(retention_bytes)})
 
-    log_start = wait_for(lambda: earliest_offset(cluster.bootstrap, topic) or None, 90,
-                         "retention.bytes to advance the log start offset")
+    log_start = wait_for(
+        lambda: earliest_offset(cluster.bootstrap, topic) or None,
+        90,
+        "retention.bytes to advance the log start offset",
+    )
     kept = wait_for(
-        lambda: (segments := remote_segments(sockets, 0, tp))
-        and all(s.end_offset >= log_start for s in segments)
-        and len(topic_log_objects(s3, topic)) == len(segments)
-        and segments,
-        60, "metadata and objects of the segments below the log start offset to be deleted",
+        lambda: (
+            (segments := remote_segments(sockets, 0, tp))
+            and all(s.end_offset >= log_start for s in segments)
+            and len(topic_log_objects(s3, topic)) == len(segments)
+            and segments
+        ),
+        60,
+        "metadata and objects of the segments below the log start offset to be deleted",
     )
     assert min(s.start_offset for s in kept) > 0
     # Kafka deletes a segment only while the log stays at or above retention.bytes without it, so what
@@ -114,8 +123,9 @@ def test_read_committed_from_remote_segments_returns_exactly_the_committed_recor
 ) -> None:
     topic = f"transactions-{uuid.uuid4().hex[:6]}"
     create_topic(cluster.bootstrap, topic)
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": f"tx-{topic}",
-                         "linger.ms": 20})
+    producer = Producer(
+        {"bootstrap.servers": cluster.bootstrap, "transactional.id": f"tx-{topic}", "linger.ms": 20}
+    )
     producer.init_transactions(30)
     committed: list[int] = []
     batch = 1_000
