@@ -29,6 +29,8 @@ ARCHIVE_FORMAT_VERSION = "1"
 META_TOPIC = "tierlog.metadata.topic"
 META_PARTITION = "tierlog.metadata.partition"
 META_FORMAT = "tierlog.archive.format"
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 30.0
 _FILE_NAME = re.compile(r"^(?P<first>\d{20})-(?P<last>\d{20})\.avro$")
 
 
@@ -240,10 +242,19 @@ class Archiver:
             )
         else:
             self._consumer.assign(self._resume_positions(self._partitions(timeout_s=30)))
+        backoff_s = RETRY_MIN_S
         try:
             while not stop.is_set():
-                self._consume_batch(poll_timeout_s)
-                self._flush_due()
+                # A store that refuses writes must not make the buffers grow without bound.
+                if not self._any_full():
+                    self._consume_batch(poll_timeout_s)
+                try:
+                    self._flush_ready()
+                    backoff_s = RETRY_MIN_S
+                except RemoteStorageError as exc:
+                    log.warning("writing the audit archive failed, retrying in %.1f s: %s", backoff_s, exc)
+                    stop.wait(backoff_s)
+                    backoff_s = min(backoff_s * 2, RETRY_MAX_S)
             self._flush_all()
         finally:
             self._consumer.close()
@@ -265,7 +276,7 @@ class Archiver:
                         f"archiving {topic} did not reach the end offsets {ends} within {timeout_s}s"
                     )
                 self._consume_batch(0.5)
-                self._flush_due()
+                self._flush_ready()
             self._flush_all()
         finally:
             self._consumer.close()
@@ -316,13 +327,16 @@ class Archiver:
         if not buffer.datums:
             buffer.opened_at = time.monotonic()
         buffer.datums.append(datum)
-        if len(buffer.datums) >= self._settings.max_records_per_file:
-            self._flush(partition)
 
-    def _flush_due(self) -> None:
+    def _any_full(self) -> bool:
+        return any(len(b.datums) >= self._settings.max_records_per_file for b in self._buffers.values())
+
+    def _flush_ready(self) -> None:
+        """Write the buffers that are full or have waited long enough."""
         now = time.monotonic()
         for partition, buffer in list(self._buffers.items()):
-            if buffer.datums and now - buffer.opened_at >= self._settings.max_file_interval_s:
+            full = len(buffer.datums) >= self._settings.max_records_per_file
+            if full or (buffer.datums and now - buffer.opened_at >= self._settings.max_file_interval_s):
                 self._flush(partition)
 
     def _flush_all(self) -> None:
@@ -330,22 +344,26 @@ class Archiver:
             self._flush(partition)
 
     def _flush(self, partition: int) -> None:
+        """Write the partition's buffer as files of at most max_records_per_file records, in order."""
         buffer = self._buffers.get(partition)
-        if buffer is None or not buffer.datums:
-            return
-        datums = self._drop_already_archived(partition, buffer.datums)
-        buffer.datums = []
+        while buffer is not None and buffer.datums:
+            limit = self._settings.max_records_per_file
+            chunk, buffer.datums = buffer.datums[:limit], buffer.datums[limit:]
+            try:
+                self._write_file(partition, chunk)
+            except RemoteStorageError:
+                # Keep the records so the next flush retries them; the consumer position is not moved back.
+                buffer.datums = chunk + buffer.datums
+                raise
+
+    def _write_file(self, partition: int, datums: list[dict[str, Any]]) -> None:
+        datums = self._drop_already_archived(partition, datums)
         if not datums:
             return
         topic = self._settings.metadata_topic
         first, last = datums[0]["offset"], datums[-1]["offset"]
         key = archive_key(topic, partition, first, last)
-        try:
-            self._store.put(key, encode_archive_file(topic, partition, datums))
-        except RemoteStorageError:
-            # Keep the records so the next flush retries them; the consumer position is not moved back.
-            buffer.datums = datums
-            raise
+        self._store.put(key, encode_archive_file(topic, partition, datums))
         self._next_offset[partition] = last + 1
         self._consumed_end[partition] = max(self._consumed_end.get(partition, 0), last + 1)
         self.stats.files_written += 1
