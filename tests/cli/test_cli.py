@@ -237,3 +237,19 @@ def test_spark_submit_runs_the_replay_job_unchanged(
     report = json.loads(completed.stdout)
     assert report["matches"] is True
     assert report["archived_records"] == len(metadata_topic.records)
+
+
+def test_verify_against_a_bucket_missing_the_segments_exits_1(
+    metadata_topic: MetadataTopic,
+    rebuilt_node: tuple[Path, Run],
+    cli_spark: SparkSession,
+    s3_endpoint: S3Endpoint,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state_dir, _ = rebuilt_node
+    bucket = f"s3://{s3_endpoint.bucket}/cli-verify-{uuid.uuid4().hex[:8]}"
+    code = main(["verify", "bucket", "--state-dir", str(state_dir), "--bucket", bucket,
+                 *metadata_topic.options()])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "view against bucket  no" in out and "missing" in out
