@@ -23,7 +23,7 @@ from rlmm import view_format as vf
 from rlmm.view import MetadataView, iter_entries
 
 # One row per entry of the materialized view; segment rows also carry the segment's fields in columns,
-# so reconcile and describe can join on them without decoding values again.
+# so reconcile can join on them without decoding values again.
 ENTRY_SCHEMA = StructType([
     StructField("topic_id", StringType(), False),
     StructField("partition", IntegerType(), False),
@@ -100,7 +100,11 @@ def view_entries(folded: state.InMemoryState) -> Iterator[tuple[str, bytes, byte
 
 
 def entries_digest(entries: DataFrame) -> str:
-    rows = entries.select("family", "entry_key", "entry_value").collect()
+    """The view digest (as `MetadataView.digest()` computes it) of replayed entries."""
+    return digest_of_rows(entries.select("family", "entry_key", "entry_value").collect())
+
+
+def digest_of_rows(rows: Iterable[Row]) -> str:
     return state.view_digest_of((r["family"], bytes(r["entry_key"]), bytes(r["entry_value"])) for r in rows)
 
 
@@ -193,9 +197,7 @@ def replay(
     records = compacted(archive, up_to).cache()
     entries = fold_by_user_partition(records).cache()
     collected = entries.select("topic_id", "partition", "family", "entry_key", "entry_value").collect()
-    archive_digest = state.view_digest_of(
-        (r["family"], bytes(r["entry_key"]), bytes(r["entry_value"])) for r in collected
-    )
+    archive_digest = digest_of_rows(collected)
     differences: list[Difference] = []
     count = 0
     if view_entries_frame is not None and view_digest != archive_digest:
