@@ -14,6 +14,7 @@ import pytest
 from agent_testkit import AgentUnderTest
 
 from agent import messages
+from agent.components import ComponentName
 from agent.proto import agent_pb2 as pb
 from agent.proto import agent_pb2_grpc as pb_grpc
 from agent.server import AgentServer
@@ -220,3 +221,28 @@ def test_stale_socket_of_a_dead_agent_is_replaced(short_dir: Path) -> None:
             assert pb_grpc.AgentStub(channel).Health(pb.Empty(), timeout=5).serving
     finally:
         server.stop(grace=1)
+
+
+def test_component_in_the_agents_own_config_is_created_at_start_and_keeps_it(
+    short_dir: Path, tmp_path: Path, rsm_config: dict[str, str]
+) -> None:
+    own = {"rsm.storage.backend": "filesystem", "rsm.filesystem.root": str(tmp_path / "own")}
+    server = AgentServer(own, short_dir / "own.sock").start()
+    try:
+        with grpc.insecure_channel(f"unix:{server.socket_path}") as channel:
+            stub = pb_grpc.AgentStub(channel)
+            # The broker's config for a component the agent already runs is not used.
+            stub.Configure(
+                pb.ConfigureRequest(component=pb.REMOTE_STORAGE_MANAGER, config=rsm_config), timeout=10
+            )
+            assert list(stub.Health(pb.Empty(), timeout=5).configured) == [pb.REMOTE_STORAGE_MANAGER]
+        assert server.components.slot(ComponentName.REMOTE_STORAGE_MANAGER).config["filesystem.root"] == str(
+            tmp_path / "own"
+        )
+    finally:
+        server.stop(grace=1)
+
+
+def test_agent_config_key_without_a_component_prefix_is_rejected_by_name(short_dir: Path) -> None:
+    with pytest.raises(ConfigError, match=r"storage\.backend"):
+        AgentServer({"storage.backend": "filesystem"}, short_dir / "bad.sock")
