@@ -19,7 +19,16 @@ _OUTPUTS = ("agent_pb2.py", "agent_pb2_grpc.py")
 
 
 def _stale() -> bool:
-    source = (_SCHEMAS / _PROTO).stat().st_mtime
+    schema = _SCHEMAS / _PROTO
+    if not schema.exists():
+        # An installed copy without the repository's schemas/: use what was generated at build time.
+        if all((_HERE / out).exists() for out in _OUTPUTS):
+            return False
+        raise ImportError(
+            f"the agent protocol code is not generated and {schema} is missing; "
+            "install tierlog from a source checkout (pip install -e .) or import agent.proto there once"
+        )
+    source = schema.stat().st_mtime
     return any(not (_HERE / out).exists() or (_HERE / out).stat().st_mtime < source for out in _OUTPUTS)
 
 
