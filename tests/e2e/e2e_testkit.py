@@ -129,17 +129,17 @@ def wait_for_new_agent(socket_dir: Path, node_id: int, old_pid: int, timeout: fl
 def wait_for_leader(bootstrap: str, topic: str, not_on: int, timeout: float = 90.0) -> int:
     seen: list[object] = []
 
-    def leader() -> int | None:
+    def leader() -> tuple[int] | None:  # a tuple: node 0 is a leader too, and 0 is falsy
         try:
             state = describe(bootstrap, topic)[1]
         except Exception as exc:  # a node is down: the next attempt asks another
             seen.append(exc)
             return None
         seen.append(state)
-        return state.leader if state.leader >= 0 and state.leader != not_on else None
+        return (state.leader,) if state.leader >= 0 and state.leader != not_on else None
 
     try:
-        return int(wait_for(leader, timeout, f"{topic}-0 to elect a leader other than {not_on}"))
+        return int(wait_for(leader, timeout, f"{topic}-0 to elect a leader other than {not_on}")[0])
     except TimeoutError as exc:
         raise TimeoutError(f"{exc}; last seen: {seen[-3:]}") from None
 
