@@ -680,6 +680,10 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
             "view_digest": (report.view_digest or "")[:16] or None, "matches": report.matches,
         }], ["archived_records", "replayed_records", "user_partitions", "archive_digest", "view_digest",
              "matches"])
+        if args.partitions:
+            print("\nuser partitions of the replayed state:")
+            print_table([{**p, "remote": human_bytes(p["remote_bytes"])} for p in report.partitions],
+                        ["topic", "partition", "segments", "remote"])
         if report.differences:
             print(f"\n{report.difference_count} differing entries; the first {len(report.differences)}:")
             print_table([dataclasses.asdict(d) for d in report.differences],
@@ -841,6 +845,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", parents=[common, spark_opts, archive_opt],
                        help="fold the audit archive; with --state-dir, diff it against that view")
     p.add_argument("--state-dir", help="a node's state.dir to compare with")
+    p.add_argument("--partitions", action="store_true", help="also list each user partition's state")
     p.set_defaults(run=cmd_replay)
 
     p = sub.add_parser("reconcile", parents=[common, spark_opts, archive_opt],

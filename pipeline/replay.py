@@ -130,6 +130,8 @@ class ReplayReport:
     replayed_up_to: dict[int, int] | None
     differences: tuple[Difference, ...]
     difference_count: int
+    # Per user partition of the replayed state: topic, partition, segments, remote_bytes.
+    partitions: tuple[dict[str, Any], ...] = ()
 
     @property
     def matches(self) -> bool | None:
@@ -149,6 +151,7 @@ class ReplayReport:
             },
             "difference_count": self.difference_count,
             "differences": [dataclasses.asdict(d) for d in self.differences],
+            "partitions": list(self.partitions),
         }
 
 
@@ -161,6 +164,21 @@ def live_view_entries(spark: SparkSession, view: MetadataView) -> DataFrame:
         StructField("entry_value", BinaryType(), False),
     ])
     return spark.createDataFrame(rows, schema)
+
+
+def partition_summary(entries: DataFrame) -> tuple[dict[str, Any], ...]:
+    """Segments and remote bytes (copy finished) of every user partition holding segments."""
+    finished = F.col("state") == "COPY_SEGMENT_FINISHED"
+    summary = (
+        entries.where(F.col("segment_id").isNotNull())
+        .groupBy("topic", "topic_id", "partition")
+        .agg(
+            F.count("*").alias("segments"),
+            F.sum(F.when(finished, F.col("segment_size_in_bytes")).otherwise(0)).alias("remote_bytes"),
+        )
+        .orderBy("topic", "partition")
+    )
+    return tuple(row.asDict() for row in summary.collect())
 
 
 def open_view(state_dir: Path) -> MetadataView:
@@ -219,6 +237,7 @@ def replay(
         replayed_up_to=up_to,
         differences=tuple(differences),
         difference_count=count,
+        partitions=partition_summary(entries),
     )
     for frame in (entries, records, archive, view_entries_frame):
         if frame is not None:

@@ -184,7 +184,7 @@ def test_reconcile_of_an_empty_bucket_reports_every_finished_segment_missing_and
     assert report["orphan_count"] == 0
 
 
-def test_replay_of_the_archive_against_the_rebuilt_view_matches(
+def test_replay_of_the_archive_against_the_rebuilt_view_matches_and_lists_its_partitions(
     metadata_topic: MetadataTopic,
     rebuilt_node: tuple[Path, Run],
     tierlog: Tierlog,
@@ -195,10 +195,17 @@ def test_replay_of_the_archive_against_the_rebuilt_view_matches(
     state_dir, _ = rebuilt_node
     archive = str(tmp_path / "archive")
     assert tierlog("archive", "--once", "--archive", archive, *metadata_topic.options()).returncode == 0
-    code = main(["replay", "--archive", archive, "--state-dir", str(state_dir), *metadata_topic.options()])
-    out = capsys.readouterr().out
+    code = main(["replay", "--archive", archive, "--state-dir", str(state_dir), "--partitions", "--json",
+                 *metadata_topic.options()])
+    report = json.loads(capsys.readouterr().out)
     assert code == 0
-    assert "MATCHES" in out and out.rstrip().endswith("yes")
+    assert report["matches"] is True
+    folded = fold(metadata_topic.records)
+    expected = {
+        (tp.topic, tp.partition, sum(1 for _ in folded.segments_of(tp)))
+        for tp in folded.user_partitions() if any(True for _ in folded.segments_of(tp))
+    }
+    assert {(p["topic"], p["partition"], p["segments"]) for p in report["partitions"]} == expected
 
 
 def test_usage_writes_its_table_and_chart_and_prints_remote_bytes_per_topic(
