@@ -200,9 +200,11 @@ def make_kafka_cluster(tmp_path: Path) -> Iterator[Callable[..., KafkaCluster]]:
             cluster.stop()
 
 
-@pytest.fixture(scope="session")
+# Module scope: three idle brokers still cost CPU on two cores, so they live only while the tests of one
+# module need them.
+@pytest.fixture(scope="module")
 def kafka_cluster3() -> Iterator[KafkaCluster]:
-    """A plain 3-node KRaft cluster of its own (free ports, temporary directory), shared by the session."""
+    """A plain 3-node KRaft cluster of its own (free ports, temporary directory), shared by a module."""
     base = Path(tempfile.mkdtemp(prefix="tierlog-kafka3-"))
     cluster = KafkaCluster(base, 3)
     try:
