@@ -96,7 +96,7 @@ def _tp_of(key: bytes) -> tuple[str, int]:
 def view_entries(folded: state.InMemoryState) -> Iterator[tuple[str, bytes, bytes]]:
     """The (column family, key, value) entries of an in-memory state, as the RocksDB view stores them."""
     # InMemoryState keeps its entry listing private; it is the same listing its digest() hashes.
-    return folded._entries()
+    return folded.entries()
 
 
 def entries_digest(entries: DataFrame) -> str:

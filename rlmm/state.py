@@ -475,9 +475,9 @@ class InMemoryState:
         self._partitions.pop((tp.topic_id, tp.partition), None)
 
     def digest(self) -> str:
-        return view_digest_of(self._entries())
+        return view_digest_of(self.entries())
 
-    def _entries(self) -> Iterator[tuple[str, bytes, bytes]]:
+    def entries(self) -> Iterator[tuple[str, bytes, bytes]]:
         vf = view_format
         for state in self._partitions.values():
             tp = state.tp
