@@ -478,6 +478,7 @@ class InMemoryState:
         return view_digest_of(self.entries())
 
     def entries(self) -> Iterator[tuple[str, bytes, bytes]]:
+        """The content as (column family, key, value), exactly as the RocksDB view would store it."""
         vf = view_format
         for state in self._partitions.values():
             tp = state.tp
