@@ -1,0 +1,230 @@
+"""Benchmark of the metadata manager on a real broker: cold materialization, restart, lookups, memory.
+
+Produces N realistic metadata events (segment uploads across many user partitions with lineage checkpoints
+and retention deletes) straight onto a fresh metadata topic, then times a fresh node to ready (rebuild), a
+restart of that caught-up node (resume from stored offsets), and in-process lookup latency; prints JSON.
+
+Usage: python bench/rlmm_materialize.py [--events 1000000] [--retention 20] [--bootstrap HOST:PORT] [--partitions 8]
+(--retention 0 keeps every segment live: the memory figure with events/3 live segments.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rlmm import (  # noqa: E402
+    RemoteLogMetadataManager,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    TopicIdPartition,
+    codec,
+)
+from rlmm.events import EpochCheckpoint, EpochLineage, key_of, metadata_partition_for  # noqa: E402
+
+S = RemoteLogSegmentState
+SEGMENT_OFFSETS = 10_000
+
+
+def bootstrap_from_env() -> str:
+    env = REPO / ".dev" / "services.env"
+    if "KAFKA_BOOTSTRAP" in os.environ:
+        return os.environ["KAFKA_BOOTSTRAP"]
+    if env.exists():
+        for line in env.read_text().splitlines():
+            if line.startswith("KAFKA_BOOTSTRAP="):
+                return line.split("=", 1)[1]
+    raise SystemExit("no Kafka: run dev/services up or pass --bootstrap")
+
+
+@dataclass
+class _History:
+    next_offset: int = 0
+    epoch: int = 0
+    live: list[RemoteLogSegmentMetadata] = field(default_factory=list)
+    highest: dict[int, int] = field(default_factory=dict)
+
+
+def events(total: int, user_partitions: list[TopicIdPartition], rng: random.Random, retention: int
+           ) -> Iterator[tuple[TopicIdPartition, bytes, bytes | None]]:
+    """A broker's metadata history: per user partition, segments uploaded in order (STARTED, FINISHED, then
+    the lineage checkpoint), leader epochs bumping now and then, retention deleting the oldest segments."""
+    produced = 0
+    state = {tp: _History() for tp in user_partitions}
+    now = 1_700_000_000_000
+    while produced < total:
+        tp = rng.choice(user_partitions)
+        st = state[tp]
+        if rng.random() < 0.02:
+            st.epoch += 1
+        start = st.next_offset
+        end = start + SEGMENT_OFFSETS - 1
+        st.next_offset = end + 1
+        md = RemoteLogSegmentMetadata(
+            remote_log_segment_id=RemoteLogSegmentId(tp, uuid.UUID(int=rng.getrandbits(128))),
+            start_offset=start, end_offset=end, max_timestamp_ms=now, broker_id=rng.randrange(3),
+            event_timestamp_ms=now, segment_size_in_bytes=rng.randint(1 << 20, 1 << 30),
+            segment_leader_epochs={st.epoch: start}, txn_idx_empty=rng.random() < 0.9,
+        )
+        finished = md.create_with_update(_update(md, S.COPY_SEGMENT_FINISHED, b"\x00" * 24))
+        st.highest[st.epoch] = end
+        checkpoint = EpochCheckpoint(tp, tuple(EpochLineage(e, h) for e, h in sorted(st.highest.items())), now, 0)
+        for event in (md, finished, checkpoint):
+            yield tp, key_of(event).encode(), codec.encode(event)
+        produced += 3
+        st.live.append(finished)
+        if retention and len(st.live) > retention:  # retention: the oldest segment goes
+            oldest = st.live.pop(0)
+            started = oldest.create_with_update(_update(oldest, S.DELETE_SEGMENT_STARTED, None))
+            gone = oldest.create_with_update(_update(oldest, S.DELETE_SEGMENT_FINISHED, None))
+            key = key_of(oldest).encode()
+            yield tp, key, codec.encode(started)
+            yield tp, key, codec.encode(gone)
+            yield tp, key, None
+            produced += 3
+        now += 1000
+
+
+def _update(md: RemoteLogSegmentMetadata, state: RemoteLogSegmentState, custom: bytes | None
+            ) -> RemoteLogSegmentMetadataUpdate:
+    return RemoteLogSegmentMetadataUpdate(md.remote_log_segment_id, md.event_timestamp_ms + 1, custom, state, 1)
+
+
+def produce_history(bootstrap: str, topic: str, partitions: int, total: int, user_partitions: int, seed: int,
+                    retention: int) -> tuple[int, list[TopicIdPartition], float]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1, config={"cleanup.policy": "compact",
+                                                                 "min.compaction.lag.ms": str(7 * 86400_000)})]
+                        )[topic].result(60)
+    rng = random.Random(seed)
+    tps = [TopicIdPartition(uuid.UUID(int=rng.getrandbits(128)), f"topic{i % 50}", i) for i in range(user_partitions)]
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000,
+                         "compression.type": "lz4", "acks": "all", "enable.idempotence": True,
+                         "queue.buffering.max.messages": 500_000})
+    started = time.perf_counter()
+    count = 0
+    for tp, key, value in events(total, tps, rng, retention):
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value,
+                                 partition=metadata_partition_for(tp.topic_id, tp.partition, partitions))
+                break
+            except BufferError:
+                producer.poll(0.05)
+        count += 1
+    if producer.flush(300) != 0:
+        raise SystemExit("producing the history did not finish")
+    return count, tps, time.perf_counter() - started
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def dir_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / (1 << 20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--user-partitions", type=int, default=2000)
+    parser.add_argument("--partitions", type=int, default=8, help="metadata topic partitions")
+    parser.add_argument("--lookups", type=int, default=20_000)
+    parser.add_argument("--bootstrap", default=None)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--retention", type=int, default=20,
+                        help="segments kept per user partition before the oldest is deleted (0: keep all)")
+    args = parser.parse_args()
+    bootstrap = args.bootstrap or bootstrap_from_env()
+    topic = f"bench-rlmm-{uuid.uuid4().hex[:8]}"
+    work = Path(tempfile.mkdtemp(prefix="bench-rlmm-"))
+    result: dict[str, object] = {"benchmark": "rlmm_materialize", "events_requested": args.events,
+                                 "metadata_partitions": args.partitions, "user_partitions": args.user_partitions,
+                                 "retention_segments": args.retention}
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        produced, tps, produce_s = produce_history(bootstrap, topic, args.partitions, args.events,
+                                                   args.user_partitions, args.seed, args.retention)
+        result.update(events_produced=produced, produce_s=round(produce_s, 2),
+                      produce_events_per_s=round(produced / produce_s))
+        config = {"bootstrap.servers": bootstrap, "broker.id": 0, "state.dir": str(work / "node"),
+                  "metadata.topic.name": topic, "metadata.topic.num.partitions": args.partitions,
+                  "metadata.topic.replication.factor": 1, "metadata.topic.min.insync.replicas": 1,
+                  "startup.timeout.ms": 600_000}
+        rss_before = rss_mib()
+        started = time.perf_counter()
+        manager = RemoteLogMetadataManager(config)
+        manager.on_partition_leadership_changes(set(tps), set())
+        manager.wait_caught_up(3600)
+        while not all(manager.is_ready(tp) for tp in tps):
+            time.sleep(0.01)
+        rebuild_s = time.perf_counter() - started
+        live = sum(len(manager.list_remote_log_segments(tp)) for tp in tps)
+        result.update(rebuild_to_ready_s=round(rebuild_s, 2), rebuild_events_per_s=round(produced / rebuild_s),
+                      live_segments=live, rss_mib_before=round(rss_before, 1),
+                      rss_mib_after_rebuild=round(rss_mib(), 1), state_dir_mib=round(dir_mib(work / "node"), 1))
+
+        rng = random.Random(args.seed + 1)
+        queries = [rng.choice(tps) for _ in range(args.lookups)]
+        latencies = []
+        hits = 0
+        listed = {tp: manager.list_remote_log_segments(tp) for tp in set(queries)}
+        for tp in queries:
+            candidates = listed[tp]
+            md = rng.choice(candidates) if candidates else None
+            epoch = next(iter(md.segment_leader_epochs)) if md else 0
+            offset = rng.randint(md.start_offset, md.end_offset) if md else 0
+            t0 = time.perf_counter_ns()
+            found = manager.remote_log_segment_metadata(tp, epoch, offset)
+            latencies.append(time.perf_counter_ns() - t0)
+            hits += found is not None
+        latencies.sort()
+        result.update(lookups=len(latencies), lookup_hits=hits,
+                      lookup_p50_us=round(latencies[len(latencies) // 2] / 1000, 1),
+                      lookup_p99_us=round(latencies[int(len(latencies) * 0.99)] / 1000, 1),
+                      lookup_mean_us=round(statistics.fmean(latencies) / 1000, 1))
+        digest = manager.view_digest()
+        manager.close()
+
+        started = time.perf_counter()
+        manager = RemoteLogMetadataManager(config)
+        manager.on_partition_leadership_changes(set(tps), set())
+        manager.wait_caught_up(3600)
+        while not all(manager.is_ready(tp) for tp in tps):
+            time.sleep(0.01)
+        restart_s = time.perf_counter() - started
+        same = manager.view_digest() == digest
+        manager.close()
+        result.update(restart_to_ready_s=round(restart_s, 3), restart_digest_equal=same,
+                      rebuild_over_restart=round(rebuild_s / restart_s, 1))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        admin.delete_topics([topic], operation_timeout=60)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
