@@ -69,3 +69,18 @@ def test_a_node_that_applied_a_compacted_prefix_then_the_rest_matches_a_full_rep
 
 def test_an_empty_log_gives_the_digest_of_an_empty_state() -> None:
     assert replay([]).digest() == InMemoryState().digest()
+
+
+@PROPERTY_SETTINGS
+@given(histories(), st.data())
+def test_a_writer_crash_between_an_event_and_its_lineage_checkpoint_does_not_change_a_compacted_rebuild(
+    scenario: Scenario, data: st.DataObject
+) -> None:
+    # The writer appended an event, then died before appending the `epochs:` checkpoint that follows it.
+    log = scenario.writer.log
+    checkpoints = [i for i, (key, event) in enumerate(log) if key.kind == "epochs" and event is not None]
+    if not checkpoints:
+        return
+    crash = data.draw(st.sampled_from(checkpoints))
+    crashed = log[:crash]
+    assert replay(compacted(crashed)).digest() == replay(crashed).digest()
