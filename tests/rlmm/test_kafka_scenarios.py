@@ -411,6 +411,28 @@ def test_after_a_finished_partition_deletion_every_read_is_a_resource_not_found_
     assert [type(call_error(read)) for read in reads] == [RemoteResourceNotFoundError] * len(reads)
 
 
+def test_after_a_finished_partition_deletion_adding_a_segment_is_a_resource_not_found_error(
+    make_manager: MakeManager
+) -> None:
+    subject = ManagerSubject(make_manager())
+    finished(subject, 0, 100, {0: 0})
+    _delete_partition(subject)
+    error = call_error(lambda: subject.add_remote_log_segment_metadata(segment(TP, 101, 200, {0: 101})))
+    assert isinstance(error, RemoteResourceNotFoundError)
+    assert list(subject.manager.view.segments(TP)) == []
+
+
+def test_after_a_finished_partition_deletion_marking_it_again_is_a_resource_not_found_error(
+    make_manager: MakeManager
+) -> None:
+    subject = ManagerSubject(make_manager())
+    finished(subject, 0, 100, {0: 0})
+    _delete_partition(subject)
+    error = call_error(lambda: subject.put_remote_partition_delete_metadata(
+        partition_delete(TP, P.DELETE_PARTITION_MARKED)))
+    assert isinstance(error, RemoteResourceNotFoundError)
+
+
 def test_a_finished_partition_deletion_leaves_the_other_partitions_alone(make_manager: MakeManager) -> None:
     subject = ManagerSubject(make_manager())
     other = make_tp("foo", 1, topic_id=TP.topic_id)
