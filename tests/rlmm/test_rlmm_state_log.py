@@ -8,11 +8,17 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from rlmm_testkit import LogWriter, make_tp, partition_delete, segment, update_of
+from rlmm_testkit import LogWriter, make_tp, partition_delete, replay, segment, update_of
 from support.reference_model import PARTITION_NEXT, SEGMENT_NEXT
 
-from rlmm.events import key_of, partition_delete_key, segment_key
-from rlmm.state import InMemoryState, apply_record, list_segments
+from rlmm.events import epochs_key, key_of, partition_delete_key, segment_key
+from rlmm.state import (
+    InMemoryState,
+    apply_record,
+    highest_offset_for_epoch,
+    list_segments,
+    pending_checkpoint,
+)
 from rlmm.types import RemoteLogSegmentState, RemotePartitionDeleteState
 
 S = RemoteLogSegmentState
@@ -114,3 +120,22 @@ def test_a_finished_segment_whose_creating_record_was_compacted_away_is_served_f
     outcome = apply_record(store, key_of(md), md)
     assert outcome.applied
     assert list_segments(store, TP) == [md]
+
+
+def test_a_lineage_checkpoint_written_late_by_another_writer_does_not_lower_an_epochs_highest_offset() -> None:
+    # Two brokers write for one partition around a leadership change. B's checkpoint follows its event E2 but,
+    # appended late, lands after A's event E1 and A's checkpoint: E2, E1, C1, C2. Kafka's highest offset of
+    # the epoch is 200 (E1's end) and "never goes down".
+    writer = LogWriter()
+    low = writer.add_and_update(segment(TP, 0, 100, {0: 0}))
+    high = writer.add_and_update(segment(TP, 101, 200, {0: 101}))
+    e2 = low.create_with_update(update_of(low, S.COPY_SEGMENT_FINISHED))
+    e1 = high.create_with_update(update_of(high, S.COPY_SEGMENT_FINISHED))
+    node = replay(writer.log)
+    apply_record(node, key_of(e2), e2)
+    c2 = pending_checkpoint(node, TP, 1, 1)  # B, right after applying its own event
+    apply_record(node, key_of(e1), e1)
+    c1 = pending_checkpoint(node, TP, 2, 0)  # A, after applying both
+    assert c1 is not None and c2 is not None
+    log = [*writer.log, (key_of(e2), e2), (key_of(e1), e1), (epochs_key(TP), c1), (epochs_key(TP), c2)]
+    assert highest_offset_for_epoch(replay(log), TP, 0) == 200
