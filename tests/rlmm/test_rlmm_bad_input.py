@@ -13,6 +13,7 @@ import pytest
 from rlmm_testkit import (
     call_error,
     make_tp,
+    manager_config,
     partition_delete,
     produce_to,
     register,
@@ -253,3 +254,19 @@ def test_every_documented_config_key_is_accepted() -> None:
                   "metadata.topic.num.partitions", "metadata.topic.replication.factor",
                   "metadata.topic.min.insync.replicas", "write.timeout.ms", "metadata.topic.min.compaction.lag.ms"}
     assert documented <= {key.name for key in CONFIG_KEYS}
+
+
+def test_a_metadata_topic_with_another_partition_count_is_refused_naming_the_key(
+    create_topic: Callable[..., str], kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic = create_topic("rlmm-three-partitions", partitions=3, config={"cleanup.policy": "compact"})
+    with pytest.raises(ConfigError, match=r"metadata\.topic\.num\.partitions"):
+        RemoteLogMetadataManager(manager_config(kafka_bootstrap, tmp_path, topic, partitions=2))
+
+
+def test_a_metadata_topic_with_a_delete_cleanup_policy_is_refused_naming_the_policy(
+    create_topic: Callable[..., str], kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic = create_topic("rlmm-delete-policy", partitions=1, config={"cleanup.policy": "delete"})
+    with pytest.raises(ConfigError, match=r"cleanup\.policy"):
+        RemoteLogMetadataManager(manager_config(kafka_bootstrap, tmp_path, topic, partitions=1))
