@@ -8,9 +8,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from rlmm_testkit import LogWriter, make_tp, partition_delete, replay, segment, update_of
+from rlmm_testkit import LogWriter, compacted, make_tp, partition_delete, replay, segment, update_of
 from support.reference_model import PARTITION_NEXT, SEGMENT_NEXT
 
+from rlmm.errors import RemoteResourceNotFoundError
 from rlmm.events import epochs_key, key_of, partition_delete_key, segment_key
 from rlmm.state import (
     InMemoryState,
@@ -18,6 +19,7 @@ from rlmm.state import (
     highest_offset_for_epoch,
     list_segments,
     pending_checkpoint,
+    prepare_add,
 )
 from rlmm.types import RemoteLogSegmentState, RemotePartitionDeleteState
 
@@ -139,3 +141,13 @@ def test_a_lineage_checkpoint_written_late_by_another_writer_does_not_lower_an_e
     assert c1 is not None and c2 is not None
     log = [*writer.log, (key_of(e2), e2), (key_of(e1), e1), (epochs_key(TP), c1), (epochs_key(TP), c2)]
     assert highest_offset_for_epoch(replay(log), TP, 0) == 200
+
+
+def test_a_rebuild_from_the_compacted_log_still_refuses_writes_for_a_partition_whose_deletion_finished() -> None:
+    writer = LogWriter()
+    writer.add_and_update(segment(TP, 0, 50, {0: 0}), S.COPY_SEGMENT_FINISHED)
+    for state in P:
+        writer.delete_partition(partition_delete(TP, state))
+    rebuilt = replay(compacted(writer.log))
+    with pytest.raises(RemoteResourceNotFoundError):
+        prepare_add(rebuilt, segment(TP, 51, 60, {0: 51}))
