@@ -270,3 +270,11 @@ def test_a_metadata_topic_with_a_delete_cleanup_policy_is_refused_naming_the_pol
     topic = create_topic("rlmm-delete-policy", partitions=1, config={"cleanup.policy": "delete"})
     with pytest.raises(ConfigError, match=r"cleanup\.policy"):
         RemoteLogMetadataManager(manager_config(kafka_bootstrap, tmp_path, topic, partitions=1))
+
+
+@pytest.mark.parametrize(("key", "value"), [("kafka.acks", "1"), ("kafka.enable.idempotence", "false")])
+def test_a_kafka_client_setting_the_metadata_log_relies_on_is_refused_naming_it(
+    make_manager: MakeManager, key: str, value: str
+) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        make_manager(**{key: value})
