@@ -76,13 +76,12 @@ class EventProducer:
 
     def __init__(self, topic: str, client_config: Mapping[str, Any]) -> None:
         self.topic = topic
-        self._producer = Producer({
-            **client_config,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 2,
-            "max.in.flight.requests.per.connection": 5,
-        })
+        self._producer = Producer(_client_settings(
+            client_config,
+            defaults={"linger.ms": 2},
+            # Ordered, durable appends are what the view's correctness rests on.
+            required={"enable.idempotence": True, "acks": "all"},
+        ))
 
     def append(
         self, partition: int, key: bytes, value: bytes | None, headers: list[tuple[str, str | bytes | None]],
@@ -104,6 +103,20 @@ class EventProducer:
         return int(self._producer.flush(timeout_s))
 
 
+def _client_settings(
+    given: Mapping[str, Any], defaults: Mapping[str, Any], required: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Client settings: the caller's `kafka.*` values win over our defaults but may not change what we rely on."""
+    conflicting = sorted(k for k, v in required.items() if k in given and str(given[k]).lower() != str(v).lower())
+    if conflicting:
+        raise ConfigError(
+            "RemoteLogMetadataManager: " + ", ".join(f"kafka.{k}" for k in conflicting)
+            + " cannot be changed: tierlog's metadata log needs "
+            + ", ".join(f"{k}={required[k]}" for k in conflicting)
+        )
+    return {**defaults, **given, **required}
+
+
 def end_offsets(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:
     """The current end offset of each metadata partition, in one ListOffsets round trip."""
     futures = admin.list_offsets(
@@ -118,14 +131,16 @@ class EventConsumer:
     def __init__(self, topic: str, client_config: Mapping[str, Any], partitions: int) -> None:
         self.topic = topic
         self.partitions = partitions
-        self._consumer = Consumer({
-            **client_config,
-            "group.id": "tierlog-unused",  # required by the client; offsets are stored in the view, never here
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "fetch.wait.max.ms": 50,
-        })
+        self._consumer = Consumer(_client_settings(
+            client_config,
+            defaults={"fetch.wait.max.ms": 50},
+            required={
+                "group.id": "tierlog-unused",  # the client needs one; offsets live in the view, never in a group
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+            },
+        ))
 
     def assign(self, start_offsets: Mapping[int, int]) -> None:
         self._consumer.assign([

@@ -256,7 +256,7 @@ class RemoteLogMetadataManager:
         _require(tp, TopicIdPartition, "topic_id_partition")
         with self._lock:
             self._check_open()
-            if tp not in self._registered:
+            if tp not in self._registered or state.is_deleted(self._view, tp):
                 raise RemoteResourceNotFoundError(
                     f"no remote log metadata for {tp} on broker {self.broker_id}: the partition is not assigned "
                     f"here (on_partition_leadership_changes) or its remote data was deleted"
@@ -342,8 +342,11 @@ class RemoteLogMetadataManager:
         max_records = self._cfg["apply.batch.max.records"]
         while not self._stop.is_set():
             try:
-                messages = self._consumer.consume(max_records, 0.1)
+                # Wait briefly for one record, then take whatever else has arrived without waiting: a batch
+                # consume would sit out its whole timeout on a quiet topic and delay every write.
+                messages = self._consumer.consume(1, 0.02)
                 if messages:
+                    messages += self._consumer.consume(max_records - 1, 0)
                     self._apply(messages)
                 self._resolve_targets()
                 self._expire()

@@ -149,6 +149,8 @@ def _partitions_with(store: StateStore, key: RecordKey) -> Iterable[TopicIdParti
 
 
 def _apply_segment(store: StateStore, incoming: RemoteLogSegmentMetadata) -> Outcome:
+    if is_deleted(store, incoming.topic_id_partition):
+        return Outcome.dropped(f"segment {incoming.remote_log_segment_id}: its partition's remote data was deleted")
     existing = store.segment(incoming.remote_log_segment_id)
     target = incoming.state
     if existing is not None:
@@ -236,20 +238,31 @@ def _apply_partition_delete(store: StateStore, incoming: RemotePartitionDeleteMe
             f"partition {tp}: invalid delete transition {existing.state.name} -> {incoming.state.name}"
         )
     if incoming.state is P.DELETE_PARTITION_FINISHED:
+        # Everything of the partition goes; its FINISHED record stays, so later writes are refused everywhere.
         store.forget_partition(tp)
-    else:
-        store.put_partition_delete(incoming)
+    store.put_partition_delete(incoming)
     return APPLIED
+
+
+def is_deleted(store: StateReader, tp: TopicIdPartition) -> bool:
+    """Whether the partition's remote data was deleted (DELETE_PARTITION_FINISHED applied)."""
+    delete = store.partition_delete(tp)
+    return delete is not None and delete.state is P.DELETE_PARTITION_FINISHED
 
 
 def _apply_checkpoint(store: StateStore, checkpoint: EpochCheckpoint) -> Outcome:
     tp = checkpoint.topic_id_partition
+    if is_deleted(store, tp):
+        return Outcome.dropped(f"epoch checkpoint for {tp}: the partition's remote data was deleted")
     wanted = {lineage.epoch: lineage for lineage in checkpoint.epochs}
     current = {lineage.epoch: lineage for lineage in store.lineages_of(tp)}
     segments: dict[uuid.UUID, RemoteLogSegmentMetadata] | None = None
     for epoch in sorted(wanted.keys() | current.keys()):
         old = current.get(epoch, EpochLineage(epoch, None))
         new = wanted.get(epoch, EpochLineage(epoch, None))
+        # A highest offset never goes down, even under a checkpoint another writer computed before it.
+        highest = max((h for h in (old.highest_log_offset, new.highest_log_offset) if h is not None), default=None)
+        new = EpochLineage(epoch, highest, new.displaced_segment_ids)
         if old == new:
             continue
         changed = old.displaced_segment_ids ^ new.displaced_segment_ids
@@ -507,6 +520,7 @@ def view_digest_of(entries: Iterable[tuple[str, bytes, bytes]]) -> str:
 
 def prepare_add(store: StateReader, metadata: RemoteLogSegmentMetadata) -> RemoteLogSegmentMetadata:
     """Check an `add_remote_log_segment_metadata` call against the state; return the record to append."""
+    _require_not_deleted(store, metadata.topic_id_partition, "add_remote_log_segment_metadata")
     if metadata.state is not S.COPY_SEGMENT_STARTED:
         raise InvalidArgumentError(
             f"add_remote_log_segment_metadata: state must be COPY_SEGMENT_STARTED, got {metadata.state.name} "
@@ -528,6 +542,7 @@ def prepare_update(store: StateReader, update: RemoteLogSegmentMetadataUpdate) -
             "update_remote_log_segment_metadata: state may not be COPY_SEGMENT_STARTED "
             "(use add_remote_log_segment_metadata)"
         )
+    _require_not_deleted(store, update.topic_id_partition, "update_remote_log_segment_metadata")
     existing = store.segment(update.remote_log_segment_id)
     if existing is None:
         raise RemoteResourceNotFoundError(f"no remote log segment {update.remote_log_segment_id}")
@@ -539,7 +554,16 @@ def prepare_update(store: StateReader, update: RemoteLogSegmentMetadataUpdate) -
     return existing.create_with_update(update)
 
 
+def _require_not_deleted(store: StateReader, tp: TopicIdPartition, call: str) -> None:
+    if is_deleted(store, tp):
+        raise RemoteResourceNotFoundError(
+            f"{call}: the remote data of partition {tp} was deleted (DELETE_PARTITION_FINISHED); "
+            f"a recreated topic has a new topic id"
+        )
+
+
 def prepare_partition_delete(store: StateReader, metadata: RemotePartitionDeleteMetadata) -> None:
+    _require_not_deleted(store, metadata.topic_id_partition, "put_remote_partition_delete_metadata")
     current = store.partition_delete(metadata.topic_id_partition)
     if not is_valid_partition_transition(current.state if current else None, metadata.state):
         raise InvalidArgumentError(
@@ -555,13 +579,15 @@ def records_after(
     """What a writer appends once `event` is applied: tombstones for what is gone and a lineage checkpoint.
 
     `doomed_segments` are the segment keys a partition held before its DELETE_PARTITION_FINISHED.
+    A partition's FINISHED delete record is kept, one small record per deleted partition, so every node
+    and every rebuild refuses writes for it.
     """
     if isinstance(event, RemotePartitionDeleteMetadata):
         if event.state is not P.DELETE_PARTITION_FINISHED:
             return []
-        tp = event.topic_id_partition
+        # The FINISHED record itself is kept (not tombstoned): it is what refuses later writes after a rebuild.
         tombstones: list[tuple[RecordKey, MetadataEvent | None]] = [(k, None) for k in doomed_segments]
-        return [*tombstones, (epochs_key(tp), None), (key, None)]
+        return [*tombstones, (epochs_key(event.topic_id_partition), None)]
     if not isinstance(event, RemoteLogSegmentMetadata):
         return []
     follow: list[tuple[RecordKey, MetadataEvent | None]] = []

@@ -387,11 +387,15 @@ def _delete_partition(subject: Subject) -> None:
         subject.put_remote_partition_delete_metadata(partition_delete(TP, state))
 
 
-def test_a_finished_partition_deletion_leaves_nothing_of_the_partition_in_the_state() -> None:
+def test_a_finished_partition_deletion_leaves_only_its_finished_delete_state() -> None:
     subject = StateSubject()
     finished(subject, 0, 100, {0: 0})
     _delete_partition(subject)
-    assert subject.writer.store.known_partition(TP.topic_id, TP.partition) is None
+    store = subject.writer.store
+    assert list(store.segments_of(TP)) == []
+    assert list(store.lineages_of(TP)) == []
+    delete = store.partition_delete(TP)
+    assert delete is not None and delete.state is P.DELETE_PARTITION_FINISHED
 
 
 def test_after_a_finished_partition_deletion_every_read_is_a_resource_not_found_error(
