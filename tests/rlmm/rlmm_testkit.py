@@ -204,9 +204,9 @@ def register(manager: RemoteLogMetadataManager, *tps: TopicIdPartition, leader: 
                description=f"manager ready for {', '.join(map(str, tps))}")
 
 
-def wait_digest(manager: RemoteLogMetadataManager, expected: str, timeout: float = READY_TIMEOUT_S) -> str:
+def wait_digest(manager: RemoteLogMetadataManager, expected: str, timeout: float = READY_TIMEOUT_S) -> None:
     """Wait until the manager's view digest equals `expected` (it applies the topic in the background)."""
-    return wait_until(lambda: manager.view_digest() == expected and expected, timeout=timeout,
+    wait_until(lambda: manager.view_digest() == expected, timeout=timeout,
                       description=f"view digest {expected[:12]} on broker {manager.broker_id}")
 
 
