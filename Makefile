@@ -33,8 +33,9 @@ services-down:
 services-status:
 	$(PYTHON) dev/services status
 
-demo: setup services-up
-	@if [ -f agent/demo.py ]; then $(PYTHON) -m agent.demo; else $(PYTHON) -m rlmm.demo; fi
+# The demo starts (and stops) its own Kafka, configured with the tierlog plugins, and its own S3.
+demo: setup
+	$(PYTHON) -m agent.demo
 
 # Any failed test fails the target, and so does a run that collects no test (pytest status 5).
 test: setup
