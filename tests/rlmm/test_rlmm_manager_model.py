@@ -14,6 +14,7 @@ from support.reference_model import ReferenceModel
 from rlmm import (
     RemoteLogMetadataManager,
     RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
@@ -59,7 +60,7 @@ def random_write(rng: random.Random, tp: TopicIdPartition, added: list[RemoteLog
 def model_call(model: ReferenceModel, write: ApiWrite) -> Exception | None:
     if isinstance(write, RemoteLogSegmentMetadata):
         return call_error(lambda: model.add_remote_log_segment_metadata(write))
-    if hasattr(write, "remote_log_segment_id"):
+    if isinstance(write, RemoteLogSegmentMetadataUpdate):
         return call_error(lambda: model.update_remote_log_segment_metadata(write))
     return call_error(lambda: model.put_remote_partition_delete_metadata(write))
 
