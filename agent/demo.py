@@ -69,17 +69,9 @@ class S3Location:
         }
 
     def client(self) -> Any:
-        import boto3
-        from botocore.config import Config
+        from dev.s3 import S3Endpoint
 
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            region_name=self.region,
-            config=Config(s3={"addressing_style": "path"}),
-        )
+        return S3Endpoint(self.endpoint, self.access_key, self.secret_key, self.bucket, self.region).client()
 
     def objects(self) -> list[dict[str, Any]]:
         """Every object under the prefix (key and size)."""

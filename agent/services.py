@@ -203,6 +203,10 @@ class _Calls:
         return wrapper  # type: ignore[return-value]
 
 
+def _optional_segment(found: Any) -> Any:
+    return pb.OptionalSegment(segment=messages.segment_metadata_msg(found)) if found else pb.OptionalSegment()
+
+
 def _wait_budget(context: grpc.ServicerContext) -> float:
     remaining = context.time_remaining()
     # Leave a little of the caller's deadline for the answer to travel back.
@@ -268,12 +272,7 @@ def build_services(components: Components, metrics: AgentMetrics) -> list[tuple[
         @metadata.unary
         def GetRemoteLogSegmentMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
             tp = messages.topic_id_partition(request.topic_id_partition)
-            found = rlmm(context).remote_log_segment_metadata(tp, request.epoch, request.offset)
-            return (
-                pb.OptionalSegment(segment=messages.segment_metadata_msg(found))
-                if found
-                else pb.OptionalSegment()
-            )
+            return _optional_segment(rlmm(context).remote_log_segment_metadata(tp, request.epoch, request.offset))
 
         @metadata.unary
         def HighestOffsetForEpoch(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -312,12 +311,7 @@ def build_services(components: Components, metrics: AgentMetrics) -> list[tuple[
         @metadata.unary
         def NextSegmentWithTxnIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
             tp = messages.topic_id_partition(request.topic_id_partition)
-            found = rlmm(context).next_segment_with_txn_index(tp, request.epoch, request.offset)
-            return (
-                pb.OptionalSegment(segment=messages.segment_metadata_msg(found))
-                if found
-                else pb.OptionalSegment()
-            )
+            return _optional_segment(rlmm(context).next_segment_with_txn_index(tp, request.epoch, request.offset))
 
         @metadata.unary
         def IsReady(self, request: Any, context: grpc.ServicerContext) -> Any:
