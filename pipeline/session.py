@@ -1,6 +1,7 @@
 """Building the SparkSession every pipeline job runs in: local[*] by default, a cluster under spark-submit.
 
-Spark's own Avro reader and the s3a filesystem come from Maven Central through Ivy, cached under .dev/ivy.
+Spark's own Avro reader and the s3a filesystem come from Maven Central through Ivy, cached per user in
+~/.cache/tierlog/ivy (over a gigabyte with the AWS SDK bundle, so every checkout shares one copy).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pyspark.sql import SparkSession
 # bundled Spark loads.
 DEFAULT_SPARK_AVRO_VERSION = "4.1.1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_IVY_DIR = REPO_ROOT / ".dev" / "ivy"
+DEFAULT_IVY_DIR = Path.home() / ".cache" / "tierlog" / "ivy"
 
 
 @dataclass(frozen=True, slots=True)
