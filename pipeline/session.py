@@ -17,7 +17,6 @@ from pyspark.sql import SparkSession
 # another build with TIERLOG_SPARK_AVRO_VERSION. 4.1.1 is the newest build found on Central that the
 # bundled Spark loads.
 DEFAULT_SPARK_AVRO_VERSION = "4.1.1"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IVY_DIR = Path.home() / ".cache" / "tierlog" / "ivy"
 
 
