@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,8 +73,6 @@ class _PendingWrite:
 
     future: Future[None]
     tp: TopicIdPartition
-    key: RecordKey
-    event: MetadataEvent
     deadline: float
     doomed: list[RecordKey] = field(default_factory=list)
     outstanding: set[str] = field(default_factory=set)  # request ids produced, not yet applied
@@ -148,7 +146,7 @@ class RemoteLogMetadataManager:
 
         return self._write(metadata.topic_id_partition, prepare)
 
-    def _write(self, tp: TopicIdPartition, prepare: Any) -> Future[None]:
+    def _write(self, tp: TopicIdPartition, prepare: Callable[[], MetadataEvent]) -> Future[None]:
         mp = self._metadata_partition(tp)
         deadline = time.monotonic() + self._write_timeout_s
         with self._lock:
@@ -174,7 +172,7 @@ class RemoteLogMetadataManager:
                 self._check_open()
             event: MetadataEvent = prepare()
             key = key_of(event)
-            pending = _PendingWrite(Future(), tp, key, event, deadline)
+            pending = _PendingWrite(Future(), tp, deadline)
             if isinstance(event, RemotePartitionDeleteMetadata) and \
                     event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
                 pending.doomed = [segment_key(md.remote_log_segment_id) for md in self._view.segments_of(tp)]
