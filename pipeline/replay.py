@@ -20,7 +20,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 from pipeline.archive import latest_per_key, read_archive, record_of, without_tombstones
 from rlmm import state
 from rlmm import view_format as vf
-from rlmm.view import MetadataView, iter_entries
+from rlmm.view import MetadataView
 
 # One row per entry of the materialized view; segment rows also carry the segment's fields in columns,
 # so reconcile can join on them without decoding values again.
@@ -157,7 +157,7 @@ class ReplayReport:
 
 def live_view_entries(spark: SparkSession, view: MetadataView) -> DataFrame:
     """The entries of a node's RocksDB view as a DataFrame."""
-    rows = [(f, bytearray(k), bytearray(v)) for f, k, v in iter_entries(view)]
+    rows = [(f, bytearray(k), bytearray(v)) for f, k, v in view.entries()]
     schema = StructType([
         StructField("family", StringType(), False),
         StructField("entry_key", BinaryType(), False),

@@ -7,9 +7,8 @@ commits it, with the metadata-topic offsets it reaches, as ONE WriteBatch.
 from __future__ import annotations
 
 import gc
-import hashlib
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,15 +163,15 @@ class MetadataView:
             for k, v in self._scan(vf.APPLIED, prefix)
         }
 
-    def digest(self) -> str:
-        """sha256 of the view's content, equal on every node that applied the same metadata log."""
-        h = hashlib.sha256()
+    def entries(self) -> Iterator[tuple[str, bytes, bytes]]:
+        """The content as (column family, key, value), families by name and keys in RocksDB's byte order."""
         for family in sorted(vf.CONTENT_FAMILIES):
             for key, value in self._cf[family].items():
-                for part in (family.encode(), bytes(key), bytes(value)):
-                    h.update(len(part).to_bytes(4, "big"))
-                    h.update(part)
-        return h.hexdigest()
+                yield family, bytes(key), bytes(value)
+
+    def digest(self) -> str:
+        """sha256 of the view's content, equal on every node that applied the same metadata log."""
+        return state.view_digest_of(self.entries(), presorted=True)
 
     def batch(self) -> ViewBatch:
         return ViewBatch(self)
@@ -350,10 +349,5 @@ def apply_records(
     batch.commit(metadata_topic, next_offsets)
     return outcomes
 
-
-def iter_entries(view: MetadataView) -> Iterable[tuple[str, bytes, bytes]]:
-    for family in vf.CONTENT_FAMILIES:
-        for key, value in view._cf[family].items():
-            yield family, bytes(key), bytes(value)
 
 
