@@ -14,24 +14,17 @@ from pathlib import Path
 import pytest
 from cli_testkit import REPO_ROOT, TIERLOG, MetadataTopic, Run
 from pyspark.sql import SparkSession
+from support.spark import local_spark
 from support.topics import create_topic, unique_topic_name
 
 from dev.s3 import S3Endpoint
 from pipeline.generate import HistoryGenerator, HistorySpec, produce_history
-from pipeline.session import S3Settings, get_spark
 
 
 @pytest.fixture(scope="session")
 def cli_spark(s3_endpoint: S3Endpoint) -> Iterator[SparkSession]:
-    e = s3_endpoint
-    settings = S3Settings(e.endpoint, e.access_key, e.secret_key, e.region)
-    session = get_spark("tierlog-tests", master="local[2]", s3=settings)
-    session.sparkContext.setLogLevel("ERROR")
-    session.conf.set("spark.sql.shuffle.partitions", "4")
-    try:
+    with local_spark(s3_endpoint) as session:
         yield session
-    finally:
-        session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cli_testkit import REPO_ROOT, TIERLOG, Run, archived_offsets
+from support.spark import s3_settings
 from support.topics import create_topic, unique_topic_name
 
 from agent.archiver import Archiver, ArchiverSettings, archive_key, encode_archive_file, list_archive_files
@@ -43,8 +44,7 @@ def test_archiver_killed_and_restarted_archives_every_record_exactly_once(
     topic = create_topic(kafka_bootstrap, unique_topic_name("archive-crash"), partitions=3,
                          config={"cleanup.policy": "compact"})
     location = f"s3://{s3_endpoint.bucket}/archive-crash-{uuid.uuid4().hex[:10]}"
-    e = s3_endpoint
-    settings = S3Settings(e.endpoint, e.access_key, e.secret_key, e.region)
+    settings = s3_settings(s3_endpoint)
     command = [
         *TIERLOG, "archive", "--archive", location, "-o", f"bootstrap.servers={kafka_bootstrap}",
         "-o", f"metadata.topic.name={topic}", "-o", "archive.max.records.per.file=37",

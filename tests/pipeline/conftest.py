@@ -9,25 +9,19 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from pipeline_testkit import ARCHIVE_EVENTS, METADATA_TOPIC, ArchivedHistory, s3_settings
+from pipeline_testkit import ARCHIVE_EVENTS, METADATA_TOPIC, ArchivedHistory
 from pyspark.sql import SparkSession
+from support.spark import local_spark, s3_settings
 
 from dev.s3 import S3Endpoint
 from pipeline.generate import HistoryGenerator, HistorySpec, write_archive
 from pipeline.locations import open_store
-from pipeline.session import get_spark
 
 
 @pytest.fixture(scope="session")
 def spark(s3_endpoint: S3Endpoint) -> Iterator[SparkSession]:
-    session = get_spark("tierlog-tests", master="local[2]", s3=s3_settings(s3_endpoint))
-    session.sparkContext.setLogLevel("ERROR")
-    # Two cores: a handful of shuffle partitions keeps per-task overhead below the work.
-    session.conf.set("spark.sql.shuffle.partitions", "4")
-    try:
+    with local_spark(s3_endpoint) as session:
         yield session
-    finally:
-        session.stop()
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dev.s3 import S3Endpoint
 from pipeline.generate import HistoryGenerator, RawRecord
-from pipeline.session import S3Settings
 
 ARCHIVE_EVENTS = 100_000
 METADATA_TOPIC = "__tierlog_metadata"
@@ -22,6 +20,3 @@ class ArchivedHistory:
     location: str  # s3://bucket/prefix holding audit/<METADATA_TOPIC>/...
     metadata_topic: str
 
-
-def s3_settings(endpoint: S3Endpoint) -> S3Settings:
-    return S3Settings(endpoint.endpoint, endpoint.access_key, endpoint.secret_key, endpoint.region)

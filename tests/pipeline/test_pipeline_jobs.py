@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_testkit import METADATA_TOPIC, ArchivedHistory, s3_settings
+from pipeline_testkit import METADATA_TOPIC, ArchivedHistory
 from pyspark.sql import DataFrame, SparkSession
 from support.reference_model import ReferenceModel
+from support.spark import s3_settings
 
 from agent.archiver import Archiver, ArchiverSettings
 from dev.s3 import S3Endpoint

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
 
 def unique_bucket_name(prefix: str = "t") -> str:
@@ -21,7 +22,7 @@ def delete_bucket(client: S3Client, bucket: str) -> None:
     """Delete every object (and unfinished multipart upload) in `bucket`, then the bucket itself."""
     paginator = client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=bucket):
-        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        keys: list[ObjectIdentifierTypeDef] = [{"Key": item["Key"]} for item in page.get("Contents", [])]
         if keys:
             client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
     for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):

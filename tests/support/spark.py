@@ -1,0 +1,30 @@
+"""The SparkSession the pipeline and CLI tests share: local[2], with s3a pointed at the test S3 server.
+
+Both test packages build their session fixture from here, so a run of both starts one Spark, set up once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyspark.sql import SparkSession
+
+from dev.s3 import S3Endpoint
+from pipeline.session import S3Settings, get_spark
+
+
+def s3_settings(endpoint: S3Endpoint) -> S3Settings:
+    return S3Settings(endpoint.endpoint, endpoint.access_key, endpoint.secret_key, endpoint.region)
+
+
+@contextmanager
+def local_spark(endpoint: S3Endpoint) -> Iterator[SparkSession]:
+    session = get_spark("tierlog-tests", master="local[2]", s3=s3_settings(endpoint))
+    session.sparkContext.setLogLevel("ERROR")
+    # Two cores: a handful of shuffle partitions keeps per-task overhead below the work.
+    session.conf.set("spark.sql.shuffle.partitions", "4")
+    try:
+        yield session
+    finally:
+        session.stop()
