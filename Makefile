@@ -35,7 +35,7 @@ services-status:
 
 # The demo starts (and stops) its own Kafka, configured with the tierlog plugins, and its own S3.
 demo: setup
-	$(PYTHON) -m agent.demo
+	$(PYTHON) -m dev.demo
 
 # Any failed test fails the target, and so does a run that collects no test (pytest status 5).
 test: setup
@@ -47,7 +47,7 @@ test: setup
 # otherwise see as one module defined twice.
 lint:
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m mypy rlmm rsm agent pipeline dev dev/services $(wildcard bench/*.py)
+	$(PYTHON) -m mypy rlmm rsm tierlog dev dev/services $(wildcard bench/*.py)
 	$(PYTHON) -m mypy $(wildcard tests/*.py)
 	@set -e; for dir in tests/*/; do \
 		case "$$dir" in *__pycache__*) continue;; esac; \

@@ -17,7 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from agent.demo import (  # noqa: E402
+from dev.demo import (  # noqa: E402
     PluginChoice,
     S3Location,
     broker_properties,

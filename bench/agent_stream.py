@@ -23,12 +23,12 @@ if str(REPO_ROOT) not in sys.path:
 
 import grpc  # noqa: E402
 
-from agent import messages  # noqa: E402
-from agent.proto import agent_pb2 as pb  # noqa: E402
-from agent.proto import agent_pb2_grpc as pb_grpc  # noqa: E402
-from agent.server import AgentServer  # noqa: E402
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition  # noqa: E402
 from rsm import IndexType, RemoteStorageManager  # noqa: E402
+from tierlog.agent import messages  # noqa: E402
+from tierlog.agent.proto import agent_pb2 as pb  # noqa: E402
+from tierlog.agent.proto import agent_pb2_grpc as pb_grpc  # noqa: E402
+from tierlog.agent.server import AgentServer  # noqa: E402
 
 
 def _timed(fn: Callable[[], Any], repeat: int) -> list[float]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -19,14 +18,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from agent.archiver import Archiver, ArchiverSettings
-from agent.cli import services_env
-from pipeline.generate import HistoryGenerator, HistorySpec, produce_history
-from pipeline.locations import open_store
-from pipeline.session import get_spark
-from pipeline.snapshot import build_snapshot
+from dev.env import services_env
 from rlmm import RemoteLogMetadataManager
 from rlmm.snapshot import load_snapshot
+from tierlog.audit.archiver import Archiver, ArchiverSettings
+from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, produce_history
+from tierlog.pipeline.locations import open_store
+from tierlog.pipeline.session import get_spark
+from tierlog.pipeline.snapshot import build_snapshot
 
 
 def node_config(bootstrap: str, topic: str, partitions: int, state_dir: Path) -> dict[str, Any]:
@@ -48,7 +47,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=8, help="metadata topic partitions")
     args = parser.parse_args()
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP") or services_env().get("KAFKA_BOOTSTRAP")
+    bootstrap = services_env().get("KAFKA_BOOTSTRAP")
     if not bootstrap:
         sys.exit("no Kafka: run `dev/services up` (or set KAFKA_BOOTSTRAP)")
 

@@ -14,16 +14,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.archiver import list_archive_files, read_archive_file
-from pipeline.archive import read_archive
-from pipeline.generate import HistoryGenerator, HistorySpec, write_archive
-from pipeline.locations import open_store
-from pipeline.replay import compacted, entries_digest, fold_by_user_partition
-from pipeline.session import get_spark
 from rlmm import state
-from rlmm.codec import from_archived
+from rlmm.archive import from_archived, read_archive_file
 from rlmm.events import RecordKey
 from rsm.backend import read_all
+from tierlog.audit.archiver import list_archive_files
+from tierlog.pipeline.archive import read_archive
+from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, write_archive
+from tierlog.pipeline.locations import open_store
+from tierlog.pipeline.replay import compacted, entries_digest, fold_by_user_partition
+from tierlog.pipeline.session import get_spark
 
 TOPIC = "__tierlog_metadata"
 

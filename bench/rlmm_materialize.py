@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
@@ -30,6 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from dev.env import services_env  # noqa: E402
 from rlmm import (  # noqa: E402
     RemoteLogMetadataManager,
     RemoteLogSegmentId,
@@ -46,14 +46,10 @@ SEGMENT_OFFSETS = 10_000
 
 
 def bootstrap_from_env() -> str:
-    env = REPO / ".dev" / "services.env"
-    if "KAFKA_BOOTSTRAP" in os.environ:
-        return os.environ["KAFKA_BOOTSTRAP"]
-    if env.exists():
-        for line in env.read_text().splitlines():
-            if line.startswith("KAFKA_BOOTSTRAP="):
-                return line.split("=", 1)[1]
-    raise SystemExit("no Kafka: run dev/services up or pass --bootstrap")
+    bootstrap = services_env().get("KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        raise SystemExit("no Kafka: run dev/services up or pass --bootstrap")
+    return bootstrap
 
 
 @dataclass

@@ -6,7 +6,6 @@ Each bench/rsm_*.py script prints one JSON document on stdout.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import threading
@@ -18,20 +17,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from dev.env import services_env as dev_services_env  # noqa: E402
+
 
 def services_env() -> dict[str, str]:
-    """`.dev/services.env` (written by `dev/services up`); variables set in the environment win."""
-    base = Path(os.environ.get("TIERLOG_DEV_DIR", REPO_ROOT / ".dev"))
-    path = base / "services.env"
-    if not path.exists() and "S3_ENDPOINT" not in os.environ:
-        sys.exit(f"no {path}: run `dev/services up` first")
-    values: dict[str, str] = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            name, sep, value = line.partition("=")
-            if sep and not name.startswith("#"):
-                values[name.strip()] = value.strip()
-    values.update({k: v for k, v in os.environ.items() if k.startswith(("S3_", "KAFKA_"))})
+    """The dev services' addresses; exits with advice when none are running."""
+    values = dev_services_env()
+    if "S3_ENDPOINT" not in values:
+        sys.exit("no S3 known: run `dev/services up` first")
     return values
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from rlmm.errors import InvalidArgumentError
+from rlmm.errors import DecodeError, InvalidArgumentError
 from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent
 from rlmm.types import (
     RemoteLogSegmentId,
@@ -34,10 +34,6 @@ _HEADER = len(MAGIC) + 8
 _FILE_NAME = re.compile(r"^(?P<name>[a-z_]+)\.v(?P<version>\d+)\.avsc$")
 
 SCHEMA_DIR = Path(os.environ.get("TIERLOG_SCHEMA_DIR", Path(__file__).resolve().parent.parent / "schemas"))
-
-
-class DecodeError(ValueError):
-    """A record value is not a tierlog event this reader understands."""
 
 
 @dataclass(frozen=True)
@@ -220,63 +216,3 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
     except (InvalidArgumentError, KeyError, ValueError) as exc:
         raise DecodeError(f"{name} holds invalid values: {exc}") from exc
     raise DecodeError(f"no event type for schema {name}")
-
-
-# --- the audit archive's record: one metadata-topic record with its position, decoded --------------------
-
-def archived_event_schema() -> dict[str, Any]:
-    """Schema of one archived metadata record; Spark reads its nullable event structs as columns."""
-    reg = registry()
-    return {
-        "type": "record",
-        "name": "ArchivedEvent",
-        "namespace": "io.tierlog.audit",
-        "doc": "One record of the metadata topic, decoded, with its topic position; all events null = tombstone.",
-        "fields": [
-            {"name": "metadata_topic", "type": "string"},
-            {"name": "metadata_partition", "type": "int"},
-            {"name": "offset", "type": "long"},
-            {"name": "timestamp_ms", "type": "long"},
-            {"name": "key", "type": "string"},
-            {"name": "segment", "type": ["null", reg.current["segment_record"].schema], "default": None},
-            {"name": "partition_delete", "type": ["null", reg.current["partition_delete_record"].schema],
-             "default": None},
-            {"name": "epoch_checkpoint", "type": ["null", reg.current["epoch_checkpoint_record"].schema],
-             "default": None},
-        ],
-    }
-
-
-_ARCHIVE_FIELD = {
-    "segment_record": "segment",
-    "partition_delete_record": "partition_delete",
-    "epoch_checkpoint_record": "epoch_checkpoint",
-}
-
-
-def to_archived(
-    metadata_topic: str, metadata_partition: int, offset: int, timestamp_ms: int, key: bytes, value: bytes | None
-) -> dict[str, Any]:
-    """An archive datum for one raw topic record (value None is a tombstone)."""
-    datum: dict[str, Any] = {
-        "metadata_topic": metadata_topic,
-        "metadata_partition": metadata_partition,
-        "offset": offset,
-        "timestamp_ms": timestamp_ms,
-        "key": key.decode(),
-        "segment": None,
-        "partition_delete": None,
-        "epoch_checkpoint": None,
-    }
-    if value is not None:
-        name, event_datum = decode_datum(value)
-        datum[_ARCHIVE_FIELD[name]] = event_datum
-    return datum
-
-
-def from_archived(datum: dict[str, Any]) -> MetadataEvent | None:
-    """The event an archive datum holds, or None for a tombstone."""
-    for name, field in _ARCHIVE_FIELD.items():
-        if datum.get(field) is not None:
-            return from_datum(name, datum[field])
-    return None

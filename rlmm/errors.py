@@ -40,3 +40,15 @@ class MetadataLogError(RemoteStorageError):
 
 class MetadataTimeoutError(RemoteStorageError):
     """A write was not acknowledged and applied within its deadline."""
+
+
+class DecodeError(RemoteStorageError, ValueError):
+    """A record value is not a tierlog event this reader understands."""
+
+
+class ViewFormatError(RemoteStorageError):
+    """A node's RocksDB view was written in a format this version does not read; the message says what to do."""
+
+
+class SnapshotError(RemoteStorageError):
+    """A snapshot file is not usable; the message says which and why."""

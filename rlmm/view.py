@@ -17,6 +17,7 @@ from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
 from rlmm import state
 from rlmm import view_format as vf
+from rlmm.errors import ViewFormatError
 from rlmm.events import EpochLineage, MetadataEvent, RecordKey
 from rlmm.state import Outcome
 from rlmm.types import (
@@ -63,7 +64,7 @@ class MetadataView:
             if stored is None:
                 self._db.put(_FORMAT_KEY, vf.FORMAT_VERSION.to_bytes(4, "big"))
             elif int.from_bytes(stored, "big") != vf.FORMAT_VERSION:
-                raise RuntimeError(
+                raise ViewFormatError(
                     f"view at {self.path} has format {int.from_bytes(stored, 'big')}, this tierlog reads "
                     f"{vf.FORMAT_VERSION}: move the state dir away and let the node rebuild from the topic"
                 )

@@ -8,9 +8,9 @@ from typing import Any
 
 import grpc
 
-from agent.proto import agent_pb2 as pb
-from agent.proto import agent_pb2_grpc as pb_grpc
-from agent.server import AgentServer
+from tierlog.agent.proto import agent_pb2 as pb
+from tierlog.agent.proto import agent_pb2_grpc as pb_grpc
+from tierlog.agent.server import AgentServer
 
 
 @dataclass

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from agent_testkit import AgentUnderTest
 
-from agent.server import AgentServer
+from tierlog.agent.server import AgentServer
 
 
 @pytest.fixture

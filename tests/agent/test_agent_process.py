@@ -1,4 +1,4 @@
-"""The agent as a process (`python -m agent.server`, what the JVM adapter runs): SIGTERM stops it gracefully
+"""The agent as a process (`python -m tierlog.agent.server`, what the JVM adapter runs): SIGTERM stops it gracefully
 and removes its socket; it also stops when the broker that started it is gone."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import grpc
 
-from agent.proto import agent_pb2 as pb
-from agent.proto import agent_pb2_grpc as pb_grpc
+from tierlog.agent.proto import agent_pb2 as pb
+from tierlog.agent.proto import agent_pb2_grpc as pb_grpc
 
 
 def _wait_serving(socket: Path, timeout: float = 30.0) -> None:
@@ -31,7 +31,7 @@ def _wait_serving(socket: Path, timeout: float = 30.0) -> None:
 
 def test_sigterm_stops_the_agent_and_removes_its_socket(short_dir: Path) -> None:
     socket = short_dir / "term.sock"
-    agent = subprocess.Popen([sys.executable, "-m", "agent.server", "--socket", str(socket)])
+    agent = subprocess.Popen([sys.executable, "-m", "tierlog.agent.server", "--socket", str(socket)])
     try:
         _wait_serving(socket)
 
@@ -47,7 +47,7 @@ def test_agent_exits_when_its_parent_process_is_gone(short_dir: Path) -> None:
     socket = short_dir / "orphan.sock"
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     agent = subprocess.Popen(
-        [sys.executable, "-m", "agent.server", "--socket", str(socket), "--parent-pid", str(parent.pid)]
+        [sys.executable, "-m", "tierlog.agent.server", "--socket", str(socket), "--parent-pid", str(parent.pid)]
     )
     try:
         _wait_serving(socket)

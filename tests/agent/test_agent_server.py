@@ -13,14 +13,14 @@ import grpc
 import pytest
 from agent_testkit import AgentUnderTest
 
-from agent import messages
-from agent.components import ComponentName
-from agent.proto import agent_pb2 as pb
-from agent.proto import agent_pb2_grpc as pb_grpc
-from agent.server import AgentServer
-from agent.services import CHUNK_BYTES
 from rlmm.errors import ConfigError
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
+from tierlog.agent import messages
+from tierlog.agent.components import ComponentName
+from tierlog.agent.proto import agent_pb2 as pb
+from tierlog.agent.proto import agent_pb2_grpc as pb_grpc
+from tierlog.agent.server import AgentServer
+from tierlog.agent.servicers import CHUNK_BYTES
 
 TP = TopicIdPartition(topic_id=uuid.uuid4(), topic="orders", partition=3)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.broker_config import rlmm_config, rsm_config
 from rlmm.errors import ConfigError
+from tierlog.agent.broker_config import rlmm_config, rsm_config
 
 KAFKA_ADDS = {
     "broker.id": "2",

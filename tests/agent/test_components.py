@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.components import ComponentName, ComponentSlot, NotConfiguredError
 from rlmm.errors import RemoteStorageNotReadyError
+from tierlog.agent.components import ComponentName, ComponentSlot, NotConfiguredError
 
 
 class _Recorder:

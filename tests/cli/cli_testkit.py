@@ -11,12 +11,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.archiver import list_archive_files, read_archive_file
-from pipeline.generate import RawRecord
+from rlmm.archive import read_archive_file
 from rsm.backend import StorageBackend, read_all
+from tierlog.audit.archiver import list_archive_files
+from tierlog.pipeline.generate import RawRecord
 
-# `python -m agent.cli` is what the `tierlog` console script runs, without depending on PATH.
-TIERLOG = [sys.executable, "-m", "agent.cli"]
+# `python -m tierlog.cli` is what the `tierlog` console script runs, without depending on PATH.
+TIERLOG = [sys.executable, "-m", "tierlog.cli"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

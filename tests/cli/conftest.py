@@ -1,7 +1,7 @@
 """Fixtures of the CLI tests: a metadata topic holding a generated history, and ways to run `tierlog`.
 
 Commands that start Spark run in-process on the session's shared local[2] SparkSession; the rest run
-`python -m agent.cli` (the console script's module) in a subprocess, as a person would.
+`python -m tierlog.cli` (the console script's module) in a subprocess, as a person would.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from support.spark import local_spark
 from support.topics import create_topic, unique_topic_name
 
 from dev.s3 import S3Endpoint
-from pipeline.generate import HistoryGenerator, HistorySpec, produce_history
+from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, produce_history
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from pathlib import Path
 from cli_testkit import REPO_ROOT, TIERLOG, archived_offsets
 from support.topics import create_topic, unique_topic_name
 
-from pipeline.generate import HistoryGenerator, HistorySpec, produce_history
-from pipeline.locations import open_store
+from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, produce_history
+from tierlog.pipeline.locations import open_store
 
 
 def archived(location: Path, topic: str) -> Counter[tuple[int, int]]:

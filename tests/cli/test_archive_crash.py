@@ -19,15 +19,15 @@ from cli_testkit import REPO_ROOT, TIERLOG, Run, archived_offsets
 from support.spark import s3_settings
 from support.topics import create_topic, unique_topic_name
 
-from agent.archiver import Archiver, ArchiverSettings, archive_key, encode_archive_file, list_archive_files
 from dev.s3 import S3Endpoint
-from pipeline.generate import HistoryGenerator, HistorySpec, produce_history
-from pipeline.locations import open_store
-from pipeline.session import S3Settings
-from rlmm.codec import to_archived
+from rlmm.archive import archive_key, encode_archive_file, to_archived
 from rsm.backend import ObjectInfo
 from rsm.backends.filesystem import FilesystemBackend
 from rsm.metrics import Metrics
+from tierlog.audit.archiver import Archiver, ArchiverSettings, list_archive_files
+from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, produce_history
+from tierlog.pipeline.locations import open_store
+from tierlog.pipeline.session import S3Settings
 
 KILLS = 4
 

@@ -19,13 +19,13 @@ import pytest
 from cli_testkit import REPO_ROOT, MetadataTopic, Run
 from pyspark.sql import SparkSession
 
-from agent.cli import main
 from dev.s3 import S3Endpoint
-from pipeline.generate import fold
-from pipeline.session import DEFAULT_IVY_DIR, spark_packages
 from rlmm import codec
 from rlmm.events import RecordKey
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
+from tierlog.cli import main
+from tierlog.pipeline.generate import fold
+from tierlog.pipeline.session import DEFAULT_IVY_DIR, spark_packages
 
 Tierlog = Callable[..., Run]
 
@@ -235,7 +235,7 @@ def test_spark_submit_runs_the_replay_job_unchanged(
     completed = subprocess.run(
         [str(spark_submit), "--master", "local[2]", "--packages", ",".join(spark_packages(with_s3=False)),
          "--conf", f"spark.jars.ivy={DEFAULT_IVY_DIR}", "--conf", "spark.ui.showConsoleProgress=false",
-         "pipeline/submit.py", "replay", "--archive", archive, "--state-dir", str(state_dir), "--json",
+         "tierlog/cli/submit.py", "replay", "--archive", archive, "--state-dir", str(state_dir), "--json",
          *metadata_topic.options()],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import EXIT_USAGE, CommandError, Settings, main, read_properties
+from tierlog.cli import main
+from tierlog.cli.common import EXIT_USAGE, CommandError, Settings, read_properties
 
 
 def test_a_properties_file_gives_keys_and_values_and_skips_comments(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from rlmm import codec
-from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError
+from rlmm.archive import to_archived, write_snapshot
+from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError, SnapshotError
 from rlmm.events import MetadataEvent, RecordKey, key_of
-from rlmm.snapshot import SnapshotError, load_snapshot, write_snapshot
+from rlmm.snapshot import load_snapshot
 from rlmm.state import InMemoryState, apply_record, prepare_add, prepare_update, records_after
 from rlmm.types import (
     RemoteLogSegmentId,
@@ -149,7 +150,7 @@ def test_view_survives_reopen_with_same_digest_and_offsets(tmp_path: Path) -> No
 def _compacted_archive(log: Log) -> list[dict[str, object]]:
     newest = {key.encode(): offset for offset, (key, _) in enumerate(log)}
     return [
-        codec.to_archived("meta", 0, offset, 0, key.encode(), None if event is None else codec.encode(event))
+        to_archived("meta", 0, offset, 0, key.encode(), None if event is None else codec.encode(event))
         for offset, (key, event) in enumerate(log)
         if newest[key.encode()] == offset and event is not None
     ]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agent.broker_config import rlmm_config, rsm_config
 from rlmm.config import parse_config
 from rlmm.manager import CONFIG_KEYS as RLMM_KEYS
 from rsm.backends import available_backends
 from rsm.manager import CORE_CONFIG_KEYS as RSM_CORE_KEYS
+from tierlog.agent.broker_config import rlmm_config, rsm_config
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"

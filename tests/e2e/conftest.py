@@ -17,7 +17,7 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from agent.demo import PluginChoice, S3Location, broker_properties, ensure_plugin_jar  # noqa: E402
+from dev.demo import PluginChoice, S3Location, broker_properties, ensure_plugin_jar  # noqa: E402
 from dev.kafka import KafkaCluster  # noqa: E402
 from dev.s3 import S3Endpoint  # noqa: E402
 

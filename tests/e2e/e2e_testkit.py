@@ -1,5 +1,5 @@
 """Helpers for the end-to-end tests: broker-side facts (leaders, ISR, offsets, topic ids), the agent's
-view of a partition, and the bucket's objects for a topic. Producing and reading back come from agent.demo.
+view of a partition, and the bucket's objects for a topic. Producing and reading back come from dev.demo.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from agent.client import AgentClient, kafka_uuid
-from agent.demo import S3Location, wait_for
+from dev.demo import S3Location, wait_for
 from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from tierlog.agent.client import AgentClient, kafka_uuid
 
 
 @dataclass(frozen=True)

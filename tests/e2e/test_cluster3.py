@@ -8,7 +8,7 @@ from pathlib import Path
 
 from e2e_testkit import describe, finished, remote_segments, wait_for_leader, wait_in_isr
 
-from agent.demo import (
+from dev.demo import (
     consume,
     create_topic,
     local_segment_offsets,

@@ -1,10 +1,10 @@
-"""The demo's scenario as a test: `python -m agent.demo` tiers a topic to S3 and reads it all back."""
+"""The demo's scenario as a test: `python -m dev.demo` tiers a topic to S3 and reads it all back."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agent.demo import run_demo
+from dev.demo import run_demo
 
 
 def test_demo_reads_back_every_produced_record_from_tiered_storage(tmp_path: Path, plugin_jar: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from e2e_testkit import describe, finished, remote_segments, topic_log_objects
 
-from agent.demo import (
+from dev.demo import (
     KAFKA_LOCAL_RSM,
     KAFKA_RLMM,
     S3Location,

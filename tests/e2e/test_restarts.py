@@ -13,7 +13,7 @@ from pathlib import Path
 
 from e2e_testkit import agent_pid, describe, finished, remote_segments, wait_for_new_agent
 
-from agent.demo import consume, create_topic, produce, wait_for, wait_until_tiered
+from dev.demo import consume, create_topic, produce, wait_for, wait_until_tiered
 from dev.kafka import KafkaCluster
 
 RECORDS = 25_000
@@ -71,7 +71,7 @@ def test_agent_killed_while_tiering_is_restarted_and_nothing_is_lost_or_duplicat
 def _start_agent(socket: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "agent.server", "--socket", str(socket)],
+            [sys.executable, "-m", "tierlog.agent.server", "--socket", str(socket)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

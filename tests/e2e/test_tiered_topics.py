@@ -19,7 +19,7 @@ from e2e_testkit import (
     topic_objects,
 )
 
-from agent.demo import (
+from dev.demo import (
     SEGMENT_BYTES,
     S3Location,
     consume,

@@ -14,8 +14,8 @@ from pyspark.sql import SparkSession
 from support.spark import local_spark, s3_settings
 
 from dev.s3 import S3Endpoint
-from pipeline.generate import HistoryGenerator, HistorySpec, write_archive
-from pipeline.locations import open_store
+from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, write_archive
+from tierlog.pipeline.locations import open_store
 
 
 @pytest.fixture(scope="session")

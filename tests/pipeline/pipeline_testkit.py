@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.generate import HistoryGenerator, RawRecord
+from tierlog.pipeline.generate import HistoryGenerator, RawRecord
 
 ARCHIVE_EVENTS = 100_000
 METADATA_TOPIC = "__tierlog_metadata"

@@ -9,18 +9,19 @@ import io
 
 import fastavro
 
-from agent.archiver import (
+from rlmm.archive import (
     META_PARTITION,
     META_TOPIC,
     ArchiveFile,
     archive_key,
     encode_archive_file,
+    from_archived,
     next_offset_to_archive,
     parse_archive_key,
     read_archive_file,
+    to_archived,
 )
-from pipeline.generate import HistoryGenerator, HistorySpec
-from rlmm.codec import from_archived, to_archived
+from tierlog.pipeline.generate import HistoryGenerator, HistorySpec
 
 
 def test_an_archive_key_names_partition_and_offset_range_and_parses_back() -> None:

@@ -17,22 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from support.reference_model import ReferenceModel
 from support.spark import s3_settings
 
-from agent.archiver import Archiver, ArchiverSettings
 from dev.s3 import S3Endpoint
-from pipeline.archive import read_archive
-from pipeline.generate import (
-    HistoryGenerator,
-    HistorySpec,
-    RawRecord,
-    fold,
-    produce_history,
-    write_archive,
-)
-from pipeline.locations import open_store
-from pipeline.reconcile import live_segments_of, reconcile
-from pipeline.replay import compacted, entries_digest, fold_by_user_partition, replay
-from pipeline.snapshot import build_snapshot
-from pipeline.usage import usage_over_time, write_usage
 from rlmm import RemoteLogMetadataManager, codec
 from rlmm import view_format as vf
 from rlmm.events import RecordKey
@@ -40,6 +25,21 @@ from rlmm.snapshot import load_snapshot
 from rlmm.types import RemoteLogSegmentState, TopicIdPartition
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
 from rsm.keys import segment_keys
+from tierlog.audit.archiver import Archiver, ArchiverSettings
+from tierlog.pipeline.archive import read_archive
+from tierlog.pipeline.generate import (
+    HistoryGenerator,
+    HistorySpec,
+    RawRecord,
+    fold,
+    produce_history,
+    write_archive,
+)
+from tierlog.pipeline.locations import open_store
+from tierlog.pipeline.reconcile import live_segments_of, reconcile
+from tierlog.pipeline.replay import compacted, entries_digest, fold_by_user_partition, replay
+from tierlog.pipeline.snapshot import build_snapshot
+from tierlog.pipeline.usage import usage_over_time, write_usage
 
 pytestmark = pytest.mark.spark
 

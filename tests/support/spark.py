@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pyspark.sql import SparkSession
 
 from dev.s3 import S3Endpoint
-from pipeline.session import S3Settings, get_spark
+from tierlog.pipeline.session import S3Settings, get_spark
 
 
 def s3_settings(endpoint: S3Endpoint) -> S3Settings:

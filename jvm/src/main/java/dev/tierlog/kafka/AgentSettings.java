@@ -24,7 +24,7 @@ public final class AgentSettings {
     public static final String START = "agent.start";
     public static final String COMMAND = "agent.command";
     public static final String LOG_FILE = "agent.log.file";
-    public static final String METRICS_PORT = "agent.metrics.port";
+    public static final String METRICS_PORT = "tierlog.agent.metrics.port";
     public static final String CALL_TIMEOUT_MS = "agent.call.timeout.ms";
     public static final String COPY_TIMEOUT_MS = "agent.copy.timeout.ms";
     public static final String FETCH_TIMEOUT_MS = "agent.fetch.timeout.ms";
@@ -35,7 +35,7 @@ public final class AgentSettings {
         SOCKET_PATH, START, COMMAND, LOG_FILE, METRICS_PORT,
         CALL_TIMEOUT_MS, COPY_TIMEOUT_MS, FETCH_TIMEOUT_MS, STARTUP_TIMEOUT_MS);
 
-    static final String DEFAULT_COMMAND = "python3 -m agent.server";
+    static final String DEFAULT_COMMAND = "python3 -m tierlog.agent.server";
 
     public final Path socketPath;
     public final boolean start;

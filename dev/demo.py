@@ -1,4 +1,4 @@
-"""The end-to-end demo (`python -m agent.demo`, `make demo`): a real Kafka broker with tierlog's plugins and
+"""The end-to-end demo (`python -m dev.demo`, `make demo`): a real Kafka broker with tierlog's plugins and
 real S3 tier a topic, drop its local segments, and serve every record back from the bucket.
 
 Its building blocks (broker properties, producing, waiting for tiering, reading back) are the e2e tests' too.
@@ -104,11 +104,11 @@ def broker_properties(choice: PluginChoice, socket_dir: Path, jar: Path = PLUGIN
     # Identical on both plugins: whichever of them (re)starts the agent starts it the same way.
     agent = {
         "agent.socket.path": str(socket_dir / "agent-{node_id}.sock"),
-        "agent.command": f"{sys.executable} -m agent.server",
+        "agent.command": f"{sys.executable} -m tierlog.agent.server",
         "agent.log.file": str(socket_dir / "agent-{node_id}.log"),
     }
     if choice.metrics_port is not None:
-        agent["agent.metrics.port"] = str(choice.metrics_port)
+        agent["tierlog.agent.metrics.port"] = str(choice.metrics_port)
     props: dict[str, str] = {
         "remote.log.storage.system.enable": "true",
         "remote.log.manager.task.interval.ms": "500",
@@ -417,7 +417,7 @@ def run_demo(base_dir: Path, records: int, size: int, rlmm: str = TIERLOG_RLMM) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dev.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=30_000, help="records to produce (default 30000)")
     parser.add_argument("--size", type=int, default=200, help="bytes per record value (default 200)")
     parser.add_argument("--dir", type=Path, default=None, help="working directory (default: a temporary one)")

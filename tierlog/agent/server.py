@@ -1,7 +1,7 @@
 """The tierlog agent: one process per broker hosting tierlog's rlmm and rsm, serving the Kafka plugin
 classes (jvm/) over gRPC on a Unix domain socket (mode 0600), with an optional Prometheus endpoint.
 
-Entry point for `tierlog agent` and for the JVM adapter (which runs `python3 -m agent.server`):
+Entry point for `tierlog agent` and for the JVM adapter (which runs `python3 -m tierlog.agent.server`):
 
     serve(config: dict, socket_path: str, metrics_port: int | None) -> None
 
@@ -34,10 +34,10 @@ from typing import Any
 
 import grpc
 
-from agent.components import ComponentName, NotConfiguredError
-from agent.metrics import AgentMetrics
-from agent.services import Components, build_services
 from rlmm.errors import ConfigError
+from tierlog.agent.components import ComponentName, Components, NotConfiguredError
+from tierlog.agent.metrics import AgentMetrics
+from tierlog.agent.servicers import build_services
 
 log = logging.getLogger("agent")
 
@@ -206,7 +206,7 @@ def serve(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tierlog.agent.server", description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True, help="Unix domain socket path to serve on")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus port on 127.0.0.1")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")

@@ -1,7 +1,7 @@
 """spark-submit entry point: runs one pipeline command of `tierlog` (replay, reconcile, usage, snapshot).
 
-    spark-submit --master <cluster> --packages "$(python -m pipeline.submit --packages)" \
-        --py-files tierlog.zip pipeline/submit.py replay --archive s3://bucket/prefix
+    spark-submit --master <cluster> --packages "$(python -m tierlog.cli.submit --packages)" \
+        --py-files tierlog.zip tierlog/cli/submit.py replay --archive s3://bucket/prefix
 
 The session then takes its master and packages from spark-submit; the job code is the same as local.
 """
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 # Run as a file by spark-submit: make the repository's packages importable when they are not installed.
-_ROOT = str(Path(__file__).resolve().parent.parent)
+_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
@@ -20,16 +20,16 @@ PIPELINE_COMMANDS = ("replay", "reconcile", "usage", "snapshot")
 
 
 def main(argv: list[str]) -> int:
-    from pipeline.session import spark_packages
+    from tierlog.pipeline.session import spark_packages
 
     if argv[:1] == ["--packages"]:
         print(",".join(spark_packages(with_s3=True)))
         return 0
     if not argv or argv[0] not in PIPELINE_COMMANDS:
-        print(f"usage: spark-submit pipeline/submit.py {{{','.join(PIPELINE_COMMANDS)}}} [options]; "
+        print(f"usage: spark-submit tierlog/cli/submit.py {{{','.join(PIPELINE_COMMANDS)}}} [options]; "
               "see `tierlog <command> --help`", file=sys.stderr)
         return 2
-    from agent.cli import main as tierlog
+    from tierlog.cli import main as tierlog
 
     return tierlog(argv)
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import grpc
 
-from agent import messages
-from agent.proto import agent_pb2 as pb
-from agent.proto import agent_pb2_grpc as pb_grpc
 from rlmm.types import RemoteLogSegmentMetadata, TopicIdPartition
+from tierlog.agent import messages
+from tierlog.agent.proto import agent_pb2 as pb
+from tierlog.agent.proto import agent_pb2_grpc as pb_grpc
 
 
 @dataclass(frozen=True)

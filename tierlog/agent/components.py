@@ -11,7 +11,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from rlmm.errors import RemoteStorageError, RemoteStorageNotReadyError
+from rlmm.errors import InvalidArgumentError, RemoteStorageError, RemoteStorageNotReadyError
+from tierlog.agent.broker_config import rlmm_config, rsm_config
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +144,91 @@ def _close(instance: object) -> None:
             close()
         except Exception:
             log.exception("closing %r failed", instance)
+
+
+class Components:
+    """The agent's rlmm and rsm slots, created by the broker's Configure calls (or the agent's config)."""
+
+    def __init__(
+        self,
+        factories: Mapping[ComponentName, Callable[[Mapping[str, Any]], Any]],
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
+        self._factories = dict(factories)
+        self._on_idle = on_idle
+        self._lock = threading.Lock()
+        self._slots: dict[ComponentName, ComponentSlot[Any]] = {}
+        self._preset: set[ComponentName] = set()
+
+    @staticmethod
+    def translate(name: ComponentName, config: Mapping[str, Any]) -> dict[str, Any]:
+        return (
+            rlmm_config(config) if name is ComponentName.REMOTE_LOG_METADATA_MANAGER else rsm_config(config)
+        )
+
+    def preset(self, name: ComponentName, config: Mapping[str, Any]) -> None:
+        """Create a component from the agent's own config; a broker's later Configure leaves it alone."""
+        self._install(name, self.translate(name, config))
+        self._preset.add(name)
+
+    def configure(self, name: ComponentName, broker_config: Mapping[str, Any]) -> None:
+        if name in self._preset:
+            log.info(
+                "the %s was configured by the agent's own config; the broker's config is not used", name.short
+            )
+            return
+        config = self.translate(name, broker_config)
+        with self._lock:
+            current = self._slots.get(name)
+        if current is not None and current.failed is None:
+            if current.config == config:
+                return
+            raise InvalidArgumentError(
+                f"the {name.short} is already configured with a different config; "
+                "each broker needs its own agent (agent.socket.path)"
+            )
+        slot = self._install(name, config)
+        error = slot.wait_created(CONFIG_ERROR_WAIT_S)
+        if error is not None:
+            raise error
+
+    def _install(self, name: ComponentName, config: dict[str, Any]) -> ComponentSlot[Any]:
+        slot: ComponentSlot[Any] = ComponentSlot(name, self._factories[name], config)
+        with self._lock:
+            old, self._slots[name] = self._slots.get(name), slot
+        if old is not None:
+            old.close()
+        return slot
+
+    def slot(self, name: ComponentName) -> ComponentSlot[Any]:
+        with self._lock:
+            slot = self._slots.get(name)
+        if slot is None:
+            raise NotConfiguredError(
+                f"the {name.short} is not configured in this agent (did the agent restart?)"
+            )
+        return slot
+
+    def get(self, name: ComponentName, timeout: float) -> Any:
+        return self.slot(name).get(timeout)
+
+    def configured(self) -> list[ComponentName]:
+        with self._lock:
+            return sorted(n for n, s in self._slots.items() if s.failed is None)
+
+    def close(self, name: ComponentName) -> None:
+        with self._lock:
+            slot = self._slots.pop(name, None)
+            idle = not self._slots
+        if slot is not None:
+            slot.close()
+            log.info("the broker closed the %s", name.short)
+        if idle and slot is not None and self._on_idle is not None:
+            self._on_idle()
+
+    def close_all(self) -> None:
+        with self._lock:
+            slots = list(self._slots.values())
+            self._slots.clear()
+        for slot in slots:
+            slot.close()

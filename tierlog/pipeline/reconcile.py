@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from agent.archiver import ARCHIVE_ROOT
+from rlmm.archive import ARCHIVE_ROOT
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
 from rlmm.view import MetadataView
 from rsm.backend import ObjectInfo, StorageBackend
@@ -167,7 +167,7 @@ def live_segments_from_view(spark: SparkSession, view: MetadataView) -> DataFram
 
 
 def live_segments_of(entries: DataFrame) -> DataFrame:
-    """The segments of a replayed state (see pipeline.replay.ENTRY_SCHEMA)."""
+    """The segments of a replayed state (see tierlog.pipeline.replay.ENTRY_SCHEMA)."""
     return entries.where(F.col("segment_id").isNotNull())
 
 

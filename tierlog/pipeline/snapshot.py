@@ -13,9 +13,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pipeline.archive import datum_of, end_offsets, read_archive
-from pipeline.replay import compacted
-from rlmm.snapshot import write_snapshot
+from rlmm.archive import write_snapshot
+from tierlog.pipeline.archive import datum_of, end_offsets, read_archive
+from tierlog.pipeline.replay import compacted
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from agent.proto import agent_pb2 as pb
 from rlmm.errors import InvalidArgumentError
 from rlmm.types import (
     RemoteLogSegmentId,
@@ -20,6 +19,7 @@ from rlmm.types import (
     TopicIdPartition,
 )
 from rsm.types import IndexType, LogSegmentData
+from tierlog.agent.proto import agent_pb2 as pb
 
 
 def _uuid(raw: bytes, what: str) -> uuid.UUID:

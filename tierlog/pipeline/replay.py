@@ -17,10 +17,10 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from pipeline.archive import latest_per_key, read_archive, record_of, without_tombstones
 from rlmm import state
 from rlmm import view_format as vf
 from rlmm.view import MetadataView
+from tierlog.pipeline.archive import latest_per_key, read_archive, record_of, without_tombstones
 
 # One row per entry of the materialized view; segment rows also carry the segment's fields in columns,
 # so reconcile can join on them without decoding values again.

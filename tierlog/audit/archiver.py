@@ -6,64 +6,32 @@ resume point is the highest last offset found there, so a crash loses nothing an
 
 from __future__ import annotations
 
-import io
 import logging
-import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import fastavro
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from rlmm.codec import DecodeError, archived_event_schema, to_archived
-from rlmm.errors import MetadataLogError, RemoteStorageError
+from rlmm.archive import (
+    ARCHIVE_ROOT,
+    ArchiveFile,
+    archive_key,
+    encode_archive_file,
+    next_offset_to_archive,
+    parse_archive_key,
+    partition_prefix,
+    to_archived,
+)
+from rlmm.errors import DecodeError, MetadataLogError, RemoteStorageError
 from rsm.backend import ObjectInfo, StorageBackend
 
 log = logging.getLogger(__name__)
 
-ARCHIVE_ROOT = "audit"
-ARCHIVE_FORMAT_VERSION = "1"
-META_TOPIC = "tierlog.metadata.topic"
-META_PARTITION = "tierlog.metadata.partition"
-META_FORMAT = "tierlog.archive.format"
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
-_FILE_NAME = re.compile(r"^(?P<first>\d{20})-(?P<last>\d{20})\.avro$")
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveFile:
-    """One archive file, as its key names it."""
-
-    key: str
-    metadata_topic: str
-    metadata_partition: int
-    first_offset: int
-    last_offset: int
-    size: int = 0
-
-
-def partition_prefix(metadata_topic: str, metadata_partition: int) -> str:
-    return f"{ARCHIVE_ROOT}/{metadata_topic}/{metadata_partition}/"
-
-
-def archive_key(metadata_topic: str, metadata_partition: int, first_offset: int, last_offset: int) -> str:
-    name = f"{first_offset:020d}-{last_offset:020d}.avro"
-    return partition_prefix(metadata_topic, metadata_partition) + name
-
-
-def parse_archive_key(key: str, size: int = 0) -> ArchiveFile | None:
-    """The file a key names, or None for anything else under audit/ (temporary files, strangers)."""
-    parts = key.split("/")
-    if len(parts) < 4 or parts[-4] != ARCHIVE_ROOT or not parts[-2].isdigit():
-        return None
-    match = _FILE_NAME.match(parts[-1])
-    if match is None:
-        return None
-    return ArchiveFile(key, parts[-3], int(parts[-2]), int(match["first"]), int(match["last"]), size)
 
 
 def list_archive_files(
@@ -81,42 +49,6 @@ def list_archive_files(
 def _parse_all(objects: Iterable[ObjectInfo]) -> list[ArchiveFile]:
     files = [f for f in (parse_archive_key(o.key, o.size) for o in objects) if f is not None]
     return sorted(files, key=lambda f: (f.metadata_partition, f.first_offset))
-
-
-def next_offset_to_archive(files: Iterable[ArchiveFile]) -> int | None:
-    """Where archiving resumes: one past the last archived offset, or None when nothing is archived."""
-    last = max((f.last_offset for f in files), default=None)
-    return None if last is None else last + 1
-
-
-def encode_archive_file(metadata_topic: str, metadata_partition: int, datums: list[dict[str, Any]]) -> bytes:
-    """One Avro object container file holding `datums` (archive records of one metadata partition)."""
-    buffer = io.BytesIO()
-    fastavro.writer(
-        buffer,
-        _parsed_archive_schema(),
-        datums,
-        codec="deflate",
-        metadata={
-            META_TOPIC: metadata_topic,
-            META_PARTITION: str(metadata_partition),
-            META_FORMAT: ARCHIVE_FORMAT_VERSION,
-        },
-    )
-    return buffer.getvalue()
-
-
-def read_archive_file(data: bytes) -> Iterator[dict[str, Any]]:
-    yield from fastavro.reader(io.BytesIO(data))  # type: ignore[misc]
-
-
-_SCHEMA_CACHE: list[Any] = []
-
-
-def _parsed_archive_schema() -> Any:
-    if not _SCHEMA_CACHE:
-        _SCHEMA_CACHE.append(fastavro.parse_schema(archived_event_schema()))
-    return _SCHEMA_CACHE[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.session import S3Settings
 from rlmm.config import parse_config
 from rsm.backend import StorageBackend
 from rsm.backends import filesystem, s3
 from rsm.metrics import Metrics
+from tierlog.pipeline.session import S3Settings
 
 
 def is_s3(location: str) -> bool:

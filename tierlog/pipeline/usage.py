@@ -12,7 +12,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from pipeline.archive import read_archive
+from tierlog.pipeline.archive import read_archive
 
 HOUR_MS = 3_600_000
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from agent.archiver import archive_key, encode_archive_file
 from rlmm import codec, state
-from rlmm.codec import to_archived
+from rlmm.archive import archive_key, encode_archive_file, to_archived
 from rlmm.events import MetadataEvent, RecordKey, key_of, metadata_partition_for, segment_key
 from rlmm.types import (
     RemoteLogSegmentId,

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 _HERE = Path(__file__).resolve().parent
-_SCHEMAS = _HERE.parent.parent / "schemas"
+_SCHEMAS = _HERE.parent.parent.parent / "schemas"
 _PROTO = "agent.proto"
 _OUTPUTS = ("agent_pb2.py", "agent_pb2_grpc.py")
 
@@ -26,7 +26,7 @@ def _stale() -> bool:
             return False
         raise ImportError(
             f"the agent protocol code is not generated and {schema} is missing; "
-            "install tierlog from a source checkout (pip install -e .) or import agent.proto there once"
+            "install tierlog from a source checkout (pip install -e .) or import tierlog.agent.proto there once"
         )
     source = schema.stat().st_mtime
     return any(not (_HERE / out).exists() or (_HERE / out).stat().st_mtime < source for out in _OUTPUTS)
@@ -39,21 +39,21 @@ def generate() -> None:
     include = Path(importlib.import_module("grpc_tools").__file__ or "").parent / "_proto"
     with tempfile.TemporaryDirectory(dir=_HERE) as tmp:
         # Mapping the schemas directory to the package path makes the generated imports absolute
-        # (`from agent.proto import agent_pb2`), so they work from any working directory.
+        # (`from tierlog.agent.proto import agent_pb2`), so they work from any working directory.
         status = protoc.main(
             [
                 "grpc_tools.protoc",
                 f"-I{include}",
-                f"-Iagent/proto={_SCHEMAS}",
+                f"-Itierlog/agent/proto={_SCHEMAS}",
                 f"--python_out={tmp}",
                 f"--grpc_python_out={tmp}",
-                f"agent/proto/{_PROTO}",
+                f"tierlog/agent/proto/{_PROTO}",
             ]
         )
         if status != 0:
             raise RuntimeError(f"grpc_tools.protoc failed ({status}) on {_SCHEMAS / _PROTO}")
         for out in _OUTPUTS:
-            os.replace(Path(tmp) / "agent" / "proto" / out, _HERE / out)
+            os.replace(Path(tmp) / "tierlog" / "agent" / "proto" / out, _HERE / out)
 
 
 def _ensure_generated() -> None:
@@ -68,7 +68,7 @@ def _ensure_generated() -> None:
 
 _ensure_generated()
 
-agent_pb2: ModuleType = importlib.import_module("agent.proto.agent_pb2")
-agent_pb2_grpc: ModuleType = importlib.import_module("agent.proto.agent_pb2_grpc")
+agent_pb2: ModuleType = importlib.import_module("tierlog.agent.proto.agent_pb2")
+agent_pb2_grpc: ModuleType = importlib.import_module("tierlog.agent.proto.agent_pb2_grpc")
 
 __all__ = ["agent_pb2", "agent_pb2_grpc", "generate"]

@@ -12,9 +12,9 @@ from typing import Any
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.session import spark_path
-from rlmm.codec import archived_event_schema, from_archived
+from rlmm.archive import archived_event_schema, from_archived
 from rlmm.events import MetadataEvent, RecordKey
+from tierlog.pipeline.session import spark_path
 
 EVENT_COLUMNS = ("segment", "partition_delete", "epoch_checkpoint")
 ARCHIVE_COLUMNS = ("metadata_topic", "metadata_partition", "offset", "timestamp_ms", "key", *EVENT_COLUMNS)

@@ -1,0 +1,190 @@
+"""The audit archive's and the bootstrap snapshot's formats: one decoded metadata-topic record with its
+position (`archived_event_schema`), the archive's object keys and files, and the snapshot file.
+
+Archive files live under `audit/<metadata topic>/<partition>/<first offset:020d>-<last offset:020d>.avro`.
+A snapshot is one container file of the same records (newest per key, no tombstones, in (metadata
+partition, offset) order) whose file metadata names the topic and the end offsets it reflects.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import fastavro
+
+from rlmm.codec import decode_datum, from_datum, registry
+from rlmm.errors import SnapshotError
+from rlmm.events import MetadataEvent
+
+ARCHIVE_ROOT = "audit"
+ARCHIVE_FORMAT_VERSION = "1"
+META_TOPIC = "tierlog.metadata.topic"
+META_PARTITION = "tierlog.metadata.partition"
+META_FORMAT = "tierlog.archive.format"
+END_OFFSETS_META = "tierlog.snapshot.end_offsets"
+_FILE_NAME = re.compile(r"^(?P<first>\d{20})-(?P<last>\d{20})\.avro$")
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveFile:
+    """One archive file, as its key names it."""
+
+    key: str
+    metadata_topic: str
+    metadata_partition: int
+    first_offset: int
+    last_offset: int
+    size: int = 0
+
+
+def partition_prefix(metadata_topic: str, metadata_partition: int) -> str:
+    return f"{ARCHIVE_ROOT}/{metadata_topic}/{metadata_partition}/"
+
+
+def archive_key(metadata_topic: str, metadata_partition: int, first_offset: int, last_offset: int) -> str:
+    name = f"{first_offset:020d}-{last_offset:020d}.avro"
+    return partition_prefix(metadata_topic, metadata_partition) + name
+
+
+def parse_archive_key(key: str, size: int = 0) -> ArchiveFile | None:
+    """The file a key names, or None for anything else under audit/ (temporary files, strangers)."""
+    parts = key.split("/")
+    if len(parts) < 4 or parts[-4] != ARCHIVE_ROOT or not parts[-2].isdigit():
+        return None
+    match = _FILE_NAME.match(parts[-1])
+    if match is None:
+        return None
+    return ArchiveFile(key, parts[-3], int(parts[-2]), int(match["first"]), int(match["last"]), size)
+
+
+def next_offset_to_archive(files: Iterable[ArchiveFile]) -> int | None:
+    """Where archiving resumes: one past the last archived offset, or None when nothing is archived."""
+    last = max((f.last_offset for f in files), default=None)
+    return None if last is None else last + 1
+
+
+def encode_archive_file(metadata_topic: str, metadata_partition: int, datums: list[dict[str, Any]]) -> bytes:
+    """One Avro object container file holding `datums` (archive records of one metadata partition)."""
+    buffer = io.BytesIO()
+    fastavro.writer(
+        buffer,
+        _parsed_archive_schema(),
+        datums,
+        codec="deflate",
+        metadata={
+            META_TOPIC: metadata_topic,
+            META_PARTITION: str(metadata_partition),
+            META_FORMAT: ARCHIVE_FORMAT_VERSION,
+        },
+    )
+    return buffer.getvalue()
+
+
+def read_archive_file(data: bytes) -> Iterator[dict[str, Any]]:
+    yield from fastavro.reader(io.BytesIO(data))  # type: ignore[misc]
+
+
+_SCHEMA_CACHE: list[Any] = []
+
+
+def _parsed_archive_schema() -> Any:
+    if not _SCHEMA_CACHE:
+        _SCHEMA_CACHE.append(fastavro.parse_schema(archived_event_schema()))
+    return _SCHEMA_CACHE[0]
+
+
+def archived_event_schema() -> dict[str, Any]:
+    """Schema of one archived metadata record; Spark reads its nullable event structs as columns."""
+    reg = registry()
+    return {
+        "type": "record",
+        "name": "ArchivedEvent",
+        "namespace": "io.tierlog.audit",
+        "doc": "One record of the metadata topic, decoded, with its topic position; all events null = tombstone.",
+        "fields": [
+            {"name": "metadata_topic", "type": "string"},
+            {"name": "metadata_partition", "type": "int"},
+            {"name": "offset", "type": "long"},
+            {"name": "timestamp_ms", "type": "long"},
+            {"name": "key", "type": "string"},
+            {"name": "segment", "type": ["null", reg.current["segment_record"].schema], "default": None},
+            {"name": "partition_delete", "type": ["null", reg.current["partition_delete_record"].schema],
+             "default": None},
+            {"name": "epoch_checkpoint", "type": ["null", reg.current["epoch_checkpoint_record"].schema],
+             "default": None},
+        ],
+    }
+
+
+_ARCHIVE_FIELD = {
+    "segment_record": "segment",
+    "partition_delete_record": "partition_delete",
+    "epoch_checkpoint_record": "epoch_checkpoint",
+}
+
+
+def to_archived(
+    metadata_topic: str, metadata_partition: int, offset: int, timestamp_ms: int, key: bytes, value: bytes | None
+) -> dict[str, Any]:
+    """An archive datum for one raw topic record (value None is a tombstone)."""
+    datum: dict[str, Any] = {
+        "metadata_topic": metadata_topic,
+        "metadata_partition": metadata_partition,
+        "offset": offset,
+        "timestamp_ms": timestamp_ms,
+        "key": key.decode(),
+        "segment": None,
+        "partition_delete": None,
+        "epoch_checkpoint": None,
+    }
+    if value is not None:
+        name, event_datum = decode_datum(value)
+        datum[_ARCHIVE_FIELD[name]] = event_datum
+    return datum
+
+
+def from_archived(datum: dict[str, Any]) -> MetadataEvent | None:
+    """The event an archive datum holds, or None for a tombstone."""
+    for name, field in _ARCHIVE_FIELD.items():
+        if datum.get(field) is not None:
+            return from_datum(name, datum[field])
+    return None
+
+
+def write_snapshot(
+    out: BinaryIO, metadata_topic: str, records: Iterable[dict[str, Any]], end_offsets: dict[int, int]
+) -> None:
+    """Write archive datums (already compacted and ordered) as a snapshot file."""
+    fastavro.writer(
+        out, fastavro.parse_schema(archived_event_schema()), records, codec="deflate",
+        metadata={
+            META_TOPIC: metadata_topic,
+            END_OFFSETS_META: json.dumps({str(k): v for k, v in end_offsets.items()}),
+        },
+    )
+
+
+def read_snapshot(path: Path) -> tuple[str, dict[int, int], Iterator[dict[str, Any]]]:
+    handle = path.open("rb")
+    try:
+        reader = fastavro.reader(handle)
+        meta = reader.metadata
+        topic = meta[META_TOPIC]
+        ends = {int(k): int(v) for k, v in json.loads(meta[END_OFFSETS_META]).items()}
+    except (KeyError, ValueError, OSError) as exc:
+        handle.close()
+        raise SnapshotError(f"{path} is not a tierlog snapshot ({exc}); build one with `tierlog` snapshot") from exc
+
+    def records() -> Iterator[dict[str, Any]]:
+        with handle:
+            for datum in reader:
+                assert isinstance(datum, dict)
+                yield datum
+
+    return topic, ends, records()

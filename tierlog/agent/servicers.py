@@ -1,0 +1,288 @@
+"""The agent's gRPC servicers, one class per service of schemas/agent.proto: Agent (lifecycle),
+RemoteLogMetadata and RemoteStorage. Each call goes to tierlog's rlmm or rsm; tierlog's errors become status
+codes the JVM adapter turns into Kafka's exceptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from rlmm.errors import (
+    InvalidArgumentError,
+    RemoteResourceNotFoundError,
+    RemoteStorageError,
+    RemoteStorageNotReadyError,
+)
+from tierlog.agent import messages
+from tierlog.agent.components import ComponentName, Components, NotConfiguredError
+from tierlog.agent.metrics import AgentMetrics
+from tierlog.agent.proto import agent_pb2 as pb
+from tierlog.agent.proto import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Streamed chunks: big enough to amortize per-message cost, small enough that the two processes
+# together hold a few of them, never a segment.
+CHUNK_BYTES = 256 * 1024
+# A call without a deadline (a hand-made client) still must not wait forever for a component.
+DEFAULT_WAIT_S = 30.0
+EMPTY = pb.Empty()
+RLMM = ComponentName.REMOTE_LOG_METADATA_MANAGER
+RSM = ComponentName.REMOTE_STORAGE_MANAGER
+
+
+def _status_for(exc: BaseException) -> grpc.StatusCode:
+    # Order matters: the specific errors subclass RemoteStorageError (and ValueError).
+    if isinstance(exc, NotConfiguredError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, RemoteResourceNotFoundError):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, RemoteStorageNotReadyError):
+        return grpc.StatusCode.ABORTED
+    if isinstance(exc, (InvalidArgumentError, ValueError)):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, TimeoutError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.INTERNAL
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RemoteStorageError):
+        return str(exc)
+    if isinstance(exc, TimeoutError):
+        return f"not done within the caller's deadline ({exc or 'timed out'})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Servicer:
+    """What the three servicers share: the components they call, metrics, and errors turned into status codes."""
+
+    SERVICE = ""
+
+    def __init__(self, components: Components, metrics: AgentMetrics) -> None:
+        self.components = components
+        self.metrics = metrics
+
+    def rlmm(self, context: grpc.ServicerContext) -> Any:
+        return self.components.get(RLMM, _wait_budget(context))
+
+    def rsm(self, context: grpc.ServicerContext) -> Any:
+        return self.components.get(RSM, _wait_budget(context))
+
+    def fail(self, method: str, exc: BaseException, context: grpc.ServicerContext) -> None:
+        code = _status_for(exc)
+        if code is grpc.StatusCode.INTERNAL:
+            log.exception("%s.%s failed", self.SERVICE, method)
+        else:
+            log.info("%s.%s: %s: %s", self.SERVICE, method, code.name, exc)
+        self.metrics.calls.labels(self.SERVICE, method, code.name).inc()
+        context.abort(code, _describe(exc))
+
+
+def unary(fn: F) -> F:
+    """A unary call: timed, and its exception turned into the matching status code."""
+    method = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(servicer: Servicer, request: Any, context: grpc.ServicerContext) -> Any:
+        started = time.perf_counter()
+        try:
+            response = fn(servicer, request, context)
+        except Exception as exc:
+            servicer.fail(method, exc, context)
+            raise  # not reached: abort raises
+        servicer.metrics.observe(servicer.SERVICE, method, "OK", time.perf_counter() - started)
+        return response
+
+    return wrapper  # type: ignore[return-value]
+
+
+def stream(fn: F) -> F:
+    """A server-streaming call: as `unary`, and a stream the broker closes early is not an error."""
+    method = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(servicer: Servicer, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        started = time.perf_counter()
+        try:
+            yield from fn(servicer, request, context)
+        except GeneratorExit:
+            # The broker closed the stream early (it read what it needed): not an error.
+            servicer.metrics.observe(servicer.SERVICE, method, "CANCELLED", time.perf_counter() - started)
+            raise
+        except Exception as exc:
+            servicer.fail(method, exc, context)
+            raise
+        servicer.metrics.observe(servicer.SERVICE, method, "OK", time.perf_counter() - started)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _optional_segment(found: Any) -> Any:
+    return pb.OptionalSegment(segment=messages.segment_metadata_msg(found)) if found else pb.OptionalSegment()
+
+
+def _wait_budget(context: grpc.ServicerContext) -> float:
+    remaining = context.time_remaining()
+    # Leave a little of the caller's deadline for the answer to travel back.
+    return DEFAULT_WAIT_S if remaining is None else max(remaining - 0.2, 0.0)
+
+
+def _component(value: int) -> ComponentName:
+    try:
+        return ComponentName(value)
+    except ValueError:
+        raise InvalidArgumentError(f"unknown component {value}") from None
+
+
+class AgentServicer(Servicer):
+    """Lifecycle: the broker configures and closes each component; health for the adapter's probe."""
+
+    SERVICE = "Agent"
+
+    @unary
+    def Configure(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.components.configure(_component(request.component), dict(request.config))
+        return EMPTY
+
+    @unary
+    def Close(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.components.close(_component(request.component))
+        return EMPTY
+
+    @unary
+    def Health(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.HealthResponse(
+            serving=True, configured=[int(c) for c in self.components.configured()], pid=os.getpid()
+        )
+
+
+class RemoteLogMetadataServicer(Servicer):
+    """Kafka's RemoteLogMetadataManager calls, forwarded to tierlog's rlmm."""
+
+    SERVICE = "RemoteLogMetadata"
+
+    @unary
+    def AddRemoteLogSegmentMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        segment = messages.segment_metadata(request)
+        self.rlmm(context).add_remote_log_segment_metadata(segment).result(timeout=_wait_budget(context))
+        return EMPTY
+
+    @unary
+    def UpdateRemoteLogSegmentMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        update = messages.segment_update(request)
+        self.rlmm(context).update_remote_log_segment_metadata(update).result(timeout=_wait_budget(context))
+        return EMPTY
+
+    @unary
+    def PutRemotePartitionDeleteMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        delete = messages.partition_delete(request)
+        self.rlmm(context).put_remote_partition_delete_metadata(delete).result(timeout=_wait_budget(context))
+        return EMPTY
+
+    @unary
+    def GetRemoteLogSegmentMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        tp = messages.topic_id_partition(request.topic_id_partition)
+        return _optional_segment(self.rlmm(context).remote_log_segment_metadata(tp, request.epoch, request.offset))
+
+    @unary
+    def HighestOffsetForEpoch(self, request: Any, context: grpc.ServicerContext) -> Any:
+        tp = messages.topic_id_partition(request.topic_id_partition)
+        offset = self.rlmm(context).highest_offset_for_epoch(tp, request.epoch)
+        return pb.OptionalOffset() if offset is None else pb.OptionalOffset(offset=offset)
+
+    @stream
+    def ListRemoteLogSegments(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        tp = messages.topic_id_partition(request.topic_id_partition)
+        epoch = request.epoch if request.HasField("epoch") else None
+        for segment in self.rlmm(context).list_remote_log_segments(tp, epoch):
+            yield messages.segment_metadata_msg(segment)
+
+    @unary
+    def OnPartitionLeadershipChanges(self, request: Any, context: grpc.ServicerContext) -> Any:
+        leaders = {messages.topic_id_partition(tp) for tp in request.leaders}
+        followers = {messages.topic_id_partition(tp) for tp in request.followers}
+        # Never blocks the broker: before the rlmm exists the change is queued, as Kafka's manager does.
+        self.components.slot(RLMM).when_ready(lambda m: m.on_partition_leadership_changes(leaders, followers))
+        return EMPTY
+
+    @unary
+    def OnStopPartitions(self, request: Any, context: grpc.ServicerContext) -> Any:
+        partitions = {messages.topic_id_partition(tp) for tp in request.partitions}
+        self.components.slot(RLMM).when_ready(lambda m: m.on_stop_partitions(partitions))
+        return EMPTY
+
+    @unary
+    def RemoteLogSize(self, request: Any, context: grpc.ServicerContext) -> Any:
+        tp = messages.topic_id_partition(request.topic_id_partition)
+        return pb.Size(bytes=self.rlmm(context).remote_log_size(tp, request.epoch))
+
+    @unary
+    def NextSegmentWithTxnIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+        tp = messages.topic_id_partition(request.topic_id_partition)
+        return _optional_segment(self.rlmm(context).next_segment_with_txn_index(tp, request.epoch, request.offset))
+
+    @unary
+    def IsReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        tp = messages.topic_id_partition(request)
+        manager = self.components.slot(RLMM).get_nowait()
+        return pb.Ready(ready=manager is not None and bool(manager.is_ready(tp)))
+
+
+class RemoteStorageServicer(Servicer):
+    """Kafka's RemoteStorageManager calls, forwarded to tierlog's rsm; fetched bytes stream back in chunks."""
+
+    SERVICE = "RemoteStorage"
+
+    @unary
+    def CopyLogSegmentData(self, request: Any, context: grpc.ServicerContext) -> Any:
+        metadata = messages.segment_metadata(request.metadata)
+        custom = self.rsm(context).copy_log_segment_data(metadata, messages.log_segment_data(request))
+        return pb.CopyResponse() if custom is None else pb.CopyResponse(custom_metadata=custom)
+
+    @stream
+    def FetchLogSegment(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        metadata = messages.segment_metadata(request.metadata)
+        end = request.end_position if request.HasField("end_position") else None
+        fetched = self.rsm(context).fetch_log_segment(metadata, request.start_position, end)
+        yield from self._chunks(fetched, "FetchLogSegment")
+
+    @stream
+    def FetchIndex(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        metadata = messages.segment_metadata(request.metadata)
+        fetched = self.rsm(context).fetch_index(metadata, messages.index_type(request.index_type))
+        yield from self._chunks(fetched, "FetchIndex")
+
+    @unary
+    def DeleteLogSegmentData(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.rsm(context).delete_log_segment_data(messages.segment_metadata(request))
+        return EMPTY
+
+    def _chunks(self, fetched: Any, method: str) -> Iterator[Any]:
+        """Yield a fetched stream in chunks; gRPC pulls the next one only when the broker has room for it."""
+        with contextlib.closing(fetched):
+            while True:
+                data = fetched.read(CHUNK_BYTES)
+                if not data:
+                    return
+                self.metrics.streamed.labels(method).inc(len(data))
+                yield pb.Chunk(data=data)
+
+
+def build_services(components: Components, metrics: AgentMetrics) -> list[tuple[Servicer, Callable[..., None]]]:
+    """The three servicers with their registration functions."""
+    return [
+        (AgentServicer(components, metrics), pb_grpc.add_AgentServicer_to_server),
+        (RemoteLogMetadataServicer(components, metrics), pb_grpc.add_RemoteLogMetadataServicer_to_server),
+        (RemoteStorageServicer(components, metrics), pb_grpc.add_RemoteStorageServicer_to_server),
+    ]

@@ -1,0 +1,135 @@
+"""The Spark jobs over the audit archive and the bucket: `replay`, `reconcile`, `usage`, `snapshot`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from tierlog.cli.common import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    CommandError,
+    Settings,
+    archive_errors,
+    open_location,
+    spark_session,
+)
+from tierlog.cli.inspect import opened_view
+from tierlog.cli.output import emit, human_bytes, print_table
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from tierlog.pipeline.replay import replay
+
+    location = settings.archive_location(args.archive)
+    state_dir = Path(args.state_dir) if args.state_dir else None
+    if state_dir is not None and not (state_dir / "view").is_dir():
+        raise CommandError(f"no metadata view in state dir {state_dir}; pass a node's state.dir")
+    with archive_errors():
+        report = replay(spark_session(settings, args, location), location, settings.metadata_topic(), state_dir)
+
+    def human() -> None:
+        print_table([{
+            "archived_records": report.archived_records, "replayed_records": report.replayed_records,
+            "user_partitions": report.user_partitions, "archive_digest": report.archive_digest[:16],
+            "view_digest": (report.view_digest or "")[:16] or None, "matches": report.matches,
+        }], ["archived_records", "replayed_records", "user_partitions", "archive_digest", "view_digest",
+             "matches"])
+        if args.partitions:
+            print("\nuser partitions of the replayed state:")
+            print_table([{**p, "remote": human_bytes(p["remote_bytes"])} for p in report.partitions],
+                        ["topic", "partition", "segments", "remote"])
+        if report.differences:
+            print(f"\n{report.difference_count} differing entries; the first {len(report.differences)}:")
+            print_table([dataclasses.asdict(d) for d in report.differences],
+                        ["topic_id", "partition", "family", "kind", "entry_key"])
+
+    emit(args, report.as_json(), human)
+    return EXIT_PROBLEM if report.matches is False else EXIT_OK
+
+
+def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
+    from tierlog.pipeline.archive import read_archive
+    from tierlog.pipeline.reconcile import live_segments_from_view, live_segments_of, reconcile, write_report
+    from tierlog.pipeline.replay import compacted, fold_by_user_partition
+
+    bucket = settings.bucket_location(args.bucket)
+    archive_location = None if args.state_dir else settings.archive_location(args.archive)
+    spark = spark_session(settings, args, *(loc for loc in (bucket, archive_location) if loc))
+    if args.state_dir:
+        with opened_view(Path(args.state_dir)) as view:
+            live = live_segments_from_view(spark, view)
+        source = f"view {args.state_dir}"
+    else:
+        assert archive_location is not None
+        with archive_errors():
+            archive = read_archive(spark, archive_location, settings.metadata_topic())
+        live = live_segments_of(fold_by_user_partition(compacted(archive)))
+        source = f"archive {archive_location}"
+    report = reconcile(spark, live, open_location(bucket, settings), hashed_keys=args.hashed_keys,
+                       delete_orphans=args.delete)
+    paths = write_report(report, Path(args.report_dir)) if args.report_dir else None
+
+    def human() -> None:
+        print(f"metadata from {source}; bucket {bucket}")
+        print_table([{"objects": report.objects, "live_segments": report.live_segments,
+                      "orphans": len(report.orphans), "missing": len(report.missing),
+                      "size_mismatches": len(report.size_mismatches), "deleted": len(report.deleted)}],
+                    ["objects", "live_segments", "orphans", "missing", "size_mismatches", "deleted"])
+        for title, rows, columns in (
+            ("orphans", report.orphans, ["key", "size"]),
+            ("missing objects", report.missing, ["key", "segment_id"]),
+            ("size mismatches", report.size_mismatches, ["key", "size", "expected_size"]),
+        ):
+            if rows:
+                print(f"\n{title}:")
+                print_table(list(rows), columns)
+        if paths:
+            print(f"\nreport: {paths[0]}\ndelete plan: {paths[1]}")
+        if report.orphans and not args.delete:
+            print("\norphans were NOT deleted; rerun with --delete to delete exactly the delete plan")
+
+    payload = {**report.as_json(), "delete_plan": report.delete_plan(), "bucket": bucket, "source": source}
+    emit(args, payload, human)
+    return EXIT_OK if report.clean or (args.delete and not report.missing and not report.size_mismatches) \
+        else EXIT_PROBLEM
+
+
+def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
+    from tierlog.pipeline.usage import per_topic, usage_over_time, write_usage
+
+    location = settings.archive_location(args.archive)
+    with archive_errors():
+        result = usage_over_time(spark_session(settings, args, location), location, settings.metadata_topic(),
+                                 bucket_ms=args.bucket_minutes * 60_000)
+    csv_path, png_path = write_usage(result, Path(args.out))
+    latest = [r.asDict() for r in per_topic(result.table).collect()]
+    last: dict[str, dict[str, Any]] = {}
+    for row in latest:
+        last[row["topic"]] = row
+
+    def human() -> None:
+        print_table([{**r, "remote": human_bytes(r["remote_bytes"])} for r in last.values()],
+                    ["topic", "remote", "segments"])
+        print(f"\ntable: {csv_path}\nchart: {png_path}")
+
+    emit(args, {"table": str(csv_path), "chart": str(png_path), "buckets": result.buckets,
+                "latest_per_topic": list(last.values())}, human)
+    return EXIT_OK
+
+
+def cmd_snapshot(args: argparse.Namespace, settings: Settings) -> int:
+    from tierlog.pipeline.snapshot import build_snapshot
+
+    location = settings.archive_location(args.archive)
+    with archive_errors():
+        spark = spark_session(settings, args, location)
+        summary = build_snapshot(spark, location, settings.metadata_topic(), Path(args.out))
+    payload = {"path": summary.path, "records": summary.records, "archived_records": summary.archived_records,
+               "end_offsets": {str(k): v for k, v in summary.end_offsets.items()}}
+    emit(args, payload, lambda: print(
+        f"wrote {summary.path}: {summary.records} records (of {summary.archived_records} archived); "
+        f"load it with `tierlog rebuild --snapshot {summary.path} --state-dir DIR`"))
+    return EXIT_OK

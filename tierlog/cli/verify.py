@@ -1,0 +1,234 @@
+"""`tierlog verify` (a view against the topic or the bucket) and `tierlog rebuild` (a view from the topic or a
+snapshot)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, Settings, open_location, spark_session
+from tierlog.cli.inspect import opened_view
+from tierlog.cli.output import ProgressBar, emit, print_table
+
+
+def fold_topic(bootstrap: str, topic: str, up_to: Mapping[int, int], progress: ProgressBar | None) -> Any:
+    """Fold the metadata topic, below `up_to` per partition, through the pure state machine."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from rlmm import codec, state
+    from rlmm.events import RecordKey
+
+    folded = state.InMemoryState()
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"tierlog-verify-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True,
+    })
+    try:
+        wanted = {p: end for p, end in up_to.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in wanted])
+        buffered: dict[int, list[Any]] = {p: [] for p in wanted}
+        done: set[int] = set()
+        seen = 0
+        deadline = time.monotonic() + 600
+        while len(done) < len(wanted):
+            if time.monotonic() > deadline:
+                raise CommandError(f"reading {topic} took longer than 600 s; is the broker healthy?")
+            for message in consumer.consume(1000, timeout=1.0):
+                partition = message.partition() or 0
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        done.add(partition)
+                        continue
+                    raise CommandError(f"reading {topic}-{partition} failed: {error}")
+                offset = message.offset() or 0
+                if partition in done or offset >= wanted[partition]:
+                    done.add(partition)
+                    continue
+                buffered[partition].append(message)
+                seen += 1
+                if offset + 1 >= wanted[partition]:
+                    done.add(partition)
+            if progress:
+                progress.update(seen)
+        for messages in buffered.values():
+            for message in messages:
+                value = message.value()
+                event = None if value is None else codec.decode(value)
+                state.apply_record(folded, RecordKey.decode(message.key() or b""), event)
+        if progress:
+            progress.finish(seen)
+    finally:
+        consumer.close()
+    return folded
+
+
+def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    state_dir = settings.state_dir(args.state_dir)
+    topic = settings.metadata_topic()
+    results: list[dict[str, Any]] = []
+    if args.against in ("topic", "all"):
+        with opened_view(state_dir) as view:
+            applied = view.applied_offsets(topic)
+            view_digest = view.digest()
+        if not applied:
+            raise CommandError(
+                f"the view in {state_dir} has applied nothing of {topic}: wrong metadata topic? "
+                "pass -o metadata.topic.name=NAME", EXIT_USAGE
+            )
+        total = sum(applied.values())
+        folded = fold_topic(settings.bootstrap(), topic, applied, ProgressBar("reading topic", total))
+        topic_digest = folded.digest()
+        results.append({
+            "check": "view against topic", "ok": topic_digest == view_digest,
+            "view_digest": view_digest, "topic_digest": topic_digest,
+            "detail": f"applied offsets {dict(sorted(applied.items()))}",
+        })
+    if args.against in ("bucket", "all"):
+        from tierlog.pipeline.reconcile import live_segments_from_view, reconcile
+
+        location = settings.bucket_location(args.bucket)
+        spark = spark_session(settings, args)
+        with opened_view(state_dir) as view:
+            live = live_segments_from_view(spark, view)
+        report = reconcile(spark, live, open_location(location, settings), hashed_keys=args.hashed_keys)
+        results.append({
+            "check": "view against bucket", "ok": report.clean,
+            "detail": f"{report.objects} objects, {report.live_segments} live segments, "
+                      f"{len(report.orphans)} orphans, {len(report.missing)} missing, "
+                      f"{len(report.size_mismatches)} size mismatches",
+            "report": report.as_json(),
+        })
+    ok = all(r["ok"] for r in results)
+
+    def human() -> None:
+        print_table(results, ["check", "ok", "detail"])
+        if not ok:
+            print("\nthe view disagrees; see `tierlog verify --json` for details, "
+                  "`tierlog reconcile` for a delete plan, or rebuild the node with `tierlog rebuild`")
+
+    emit(args, {"ok": ok, "checks": results}, human)
+    return EXIT_OK if ok else EXIT_PROBLEM
+
+
+def _require_empty(state_dir: Path) -> None:
+    view = state_dir / "view"
+    if view.exists() and any(view.iterdir()):
+        raise CommandError(
+            f"state dir {state_dir} already holds a view; move it away (or pass an empty --state-dir) "
+            "before rebuilding", EXIT_USAGE
+        )
+
+
+def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tierlog-cli-offsets"})
+    try:
+        try:
+            described = consumer.list_topics(topic, timeout=15).topics.get(topic)
+        except KafkaException as exc:
+            raise CommandError(f"cannot reach Kafka at {bootstrap}: {exc}; is the broker up?") from exc
+        if described is None or described.error is not None:
+            raise CommandError(
+                f"metadata topic {topic} does not exist on {bootstrap}; pass -o metadata.topic.name=NAME"
+            )
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
+            for p in described.partitions
+        }
+    finally:
+        consumer.close()
+
+
+def _catch_up(settings: Settings, state_dir: Path, label: str, show: bool | None) -> dict[str, Any]:
+    from rlmm import RemoteLogMetadataManager
+
+    config = settings.node_config(state_dir)
+    ends = _end_offsets(settings.bootstrap(), config["metadata.topic.name"])
+    config.setdefault("metadata.topic.num.partitions", str(len(ends)))
+    config["metadata.topic.create"] = "false"
+    total = sum(ends.values())
+    bar = ProgressBar(label, total, show)
+    started = time.monotonic()
+    with RemoteLogMetadataManager(config) as manager:
+        while True:
+            applied = manager.applied_offsets()
+            done = sum(min(applied.get(p, 0), end) for p, end in ends.items())
+            bar.update(done)
+            if done >= total or manager.metadata_errors():
+                break
+            time.sleep(0.1)
+        bar.finish(done)
+        errors = manager.metadata_errors()
+        if errors:
+            raise CommandError(
+                "the view stopped at a record it cannot apply: "
+                + "; ".join(str(e) for e in errors.values()), EXIT_PROBLEM
+            )
+        return {"digest": manager.view_digest(), "applied_offsets": manager.applied_offsets(),
+                "seconds": round(time.monotonic() - started, 3)}
+
+
+def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    from rlmm.errors import SnapshotError
+    from rlmm.snapshot import load_snapshot
+
+    state_dir = settings.state_dir(args.state_dir)
+    _require_empty(state_dir)
+    result: dict[str, Any] = {"state_dir": str(state_dir)}
+    started = time.monotonic()
+    if args.snapshot:
+        snapshot = Path(args.snapshot)
+        if not snapshot.is_file():
+            raise CommandError(f"snapshot {snapshot} does not exist; build one with `tierlog snapshot`")
+        bar = ProgressBar("loading snapshot", _snapshot_records(snapshot), args.progress)
+        loaded = [0]
+
+        def progress(count: int) -> None:
+            loaded[0] = count
+            bar.update(count)
+
+        try:
+            topic, ends = load_snapshot(snapshot, state_dir, progress=progress)
+        except SnapshotError as exc:
+            raise CommandError(str(exc), EXIT_USAGE) from exc
+        bar.finish(loaded[0])
+        result.update({"source": "snapshot", "snapshot": str(snapshot), "records": loaded[0],
+                       "snapshot_end_offsets": {str(k): v for k, v in ends.items()}})
+        settings.config.setdefault("metadata.topic.name", topic)
+        if args.no_catch_up:
+            from rlmm.view import MetadataView
+
+            view = MetadataView.open(state_dir, read_only=True)
+            try:
+                result["digest"] = view.digest()
+            finally:
+                view.close()
+        else:
+            result.update(_catch_up(settings, state_dir, "catching up from topic", args.progress))
+    else:
+        result["source"] = "topic"
+        result.update(_catch_up(settings, state_dir, "rebuilding from topic", args.progress))
+    result["seconds"] = round(time.monotonic() - started, 3)
+
+    def human() -> None:
+        print(f"rebuilt {state_dir} from the {result['source']} in {result['seconds']:.1f} s")
+        print(f"view digest: {result['digest']}")
+
+    emit(args, result, human)
+    return EXIT_OK
+
+
+def _snapshot_records(path: Path) -> int | None:
+    import fastavro
+
+    try:
+        with path.open("rb") as handle:
+            return sum(block.num_records for block in fastavro.block_reader(handle))
+    except Exception:  # the loader reports what is wrong with the file; the bar just has no total
+        return None
