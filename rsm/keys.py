@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from dataclasses import dataclass
 
 from rlmm.errors import InvalidArgumentError
@@ -55,6 +56,41 @@ def keys_for(metadata: RemoteLogSegmentMetadata, hashed: bool) -> SegmentKeys:
     return segment_keys(metadata.remote_log_segment_id, metadata.start_offset, hashed)
 
 
+# The layout read backwards: optional hash directory, topic-topicId, partition, start-uuid.kind. Plain
+# regex syntax, so Spark's regexp_extract uses the same pattern (groups 1-6 in ObjectKey's field order).
+_UUID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+OBJECT_KEY_PATTERN = (
+    rf"^(?:[0-9a-f]{{{_HASH_HEX_DIGITS}}}/)?(.+)-({_UUID})/(\d+)/(\d{{20}})-({_UUID})"
+    rf"({LOG_SUFFIX.replace('.', '[.]')}|{INDEXES_SUFFIX.replace('.', '[.]')})$"
+)
+_OBJECT_KEY = re.compile(OBJECT_KEY_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectKey:
+    """What a segment object's key says: its partition, start offset, segment and kind (suffix)."""
+
+    topic: str
+    topic_id: uuid.UUID
+    partition: int
+    start_offset: int
+    segment_id: uuid.UUID
+    suffix: str
+
+    @property
+    def topic_id_partition(self) -> TopicIdPartition:
+        return TopicIdPartition(self.topic_id, self.topic, self.partition)
+
+
+def parse_object_key(key: str) -> ObjectKey | None:
+    """The segment object a key (without the backend's prefix) names, or None for any other object."""
+    match = _OBJECT_KEY.match(key)
+    if match is None:
+        return None
+    topic, topic_id, partition, start, segment, suffix = match.groups()
+    return ObjectKey(topic, uuid.UUID(topic_id), int(partition), int(start), uuid.UUID(segment), suffix)
+
+
 def normalize_prefix(prefix: str, owner: str) -> str:
     """Validate a configured key prefix and return it without surrounding slashes ('' for none)."""
     trimmed = prefix.strip("/")
@@ -71,9 +107,12 @@ def normalize_prefix(prefix: str, owner: str) -> str:
 __all__ = [
     "INDEXES_SUFFIX",
     "LOG_SUFFIX",
+    "OBJECT_KEY_PATTERN",
+    "ObjectKey",
     "SegmentKeys",
     "keys_for",
     "normalize_prefix",
+    "parse_object_key",
     "partition_prefix",
     "segment_keys",
 ]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rlmm.errors import InvalidArgumentError
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
-from rsm.keys import normalize_prefix, partition_prefix, segment_keys
+from rsm.keys import normalize_prefix, parse_object_key, partition_prefix, segment_keys
 
 TOPIC_ID = uuid.UUID("0b7c2b6e-1d4c-4b39-9b0e-6c1f4a4f2d11")
 SEGMENT = uuid.UUID("6f1d0c86-9b2a-4d7e-8f5a-2a3b4c5d6e7f")
@@ -63,3 +63,29 @@ def test_prefix_is_normalized_without_surrounding_slashes() -> None:
 def test_a_prefix_with_dot_or_empty_parts_is_refused(prefix: str) -> None:
     with pytest.raises(InvalidArgumentError, match=r"s3\.prefix"):
         normalize_prefix(prefix, "s3.prefix")
+
+
+@given(
+    topic=st.from_regex(r"[a-zA-Z0-9._-]{1,40}", fullmatch=True),
+    partition=st.integers(0, 2**31 - 1),
+    start=st.integers(0, 2**63 - 1),
+    hashed=st.booleans(),
+)
+def test_parsing_a_key_gives_back_what_built_it(topic: str, partition: int, start: int, hashed: bool) -> None:
+    segment = _segment(topic, partition)
+    keys = segment_keys(segment, start, hashed)
+    for key, suffix in ((keys.log, ".log"), (keys.indexes, ".indexes")):
+        parsed = parse_object_key(key)
+        assert parsed is not None
+        assert (parsed.topic_id_partition, parsed.start_offset, parsed.segment_id, parsed.suffix) == (
+            segment.topic_id_partition, start, segment.id, suffix)
+
+
+@pytest.mark.parametrize("key", [
+    "audit/__tierlog_metadata/0/00000000000000000000-00000000000000000009.avro",
+    f"orders-{TOPIC_ID}/3/1234-{SEGMENT}.log",
+    f"orders-{TOPIC_ID}/3/00000000000000001234-{SEGMENT}.tmp",
+    "",
+])
+def test_keys_of_other_objects_are_not_segment_objects(key: str) -> None:
+    assert parse_object_key(key) is None

@@ -23,14 +23,8 @@ from rlmm.archive import ARCHIVE_ROOT
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
 from rlmm.view import MetadataView
 from rsm.backend import ObjectInfo, StorageBackend
-from rsm.keys import INDEXES_SUFFIX, LOG_SUFFIX, segment_keys
+from rsm.keys import INDEXES_SUFFIX, LOG_SUFFIX, OBJECT_KEY_PATTERN, segment_keys
 
-# rsm.keys' layout read backwards: optional hash directory, topic-topicId, partition, start-uuid.kind.
-_UUID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-SEGMENT_OBJECT = (
-    rf"^(?:[0-9a-f]{{4}}/)?(.+)-({_UUID})/(\d+)/(\d{{20}})-({_UUID})"
-    rf"({LOG_SUFFIX.replace('.', '[.]')}|{INDEXES_SUFFIX.replace('.', '[.]')})$"
-)
 OBJECT_SCHEMA = StructType([StructField("key", StringType(), False), StructField("size", LongType(), False)])
 DELETE_BATCH = 1000
 
@@ -74,7 +68,7 @@ def objects_frame(spark: SparkSession, objects: Iterable[ObjectInfo]) -> DataFra
 
 
 def parse_objects(objects: DataFrame) -> DataFrame:
-    extract = [F.regexp_extract("key", SEGMENT_OBJECT, i) for i in range(1, 7)]
+    extract = [F.regexp_extract("key", OBJECT_KEY_PATTERN, i) for i in range(1, 7)]
     return objects.select(
         "key", "size",
         extract[0].alias("o_topic"), extract[1].alias("o_topic_id"),
