@@ -5,6 +5,8 @@ Both packages use these; validation lives here so every entry point rejects the 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import uuid
 from collections.abc import Mapping
@@ -13,6 +15,35 @@ from types import MappingProxyType
 from typing import Any
 
 from rlmm.errors import InvalidArgumentError
+
+
+def kafka_uuid_text(value: uuid.UUID) -> str:
+    """A Uuid as Kafka prints it (`Uuid.toString`): its 16 bytes in url-safe base64 without padding."""
+    return base64.urlsafe_b64encode(value.bytes).decode("ascii").rstrip("=")
+
+
+def parse_uuid(text: str) -> uuid.UUID:
+    """A Uuid written either as Kafka prints it (22 url-safe base64 characters) or as hex (dashes optional).
+
+    The two forms never collide: base64 of 16 bytes is 22 characters, hex is 32 (36 with dashes).
+    """
+    stripped = text.strip()
+    if len(stripped) == 22:
+        try:
+            raw = base64.b64decode(stripped + "==", altchars=b"-_", validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) == 16:
+            return uuid.UUID(bytes=raw)
+    else:
+        try:
+            return uuid.UUID(hex=stripped)
+        except ValueError:
+            pass
+    raise InvalidArgumentError(
+        f"{text!r} is not a topic or segment id: expected Kafka's form (22 base64 characters, "
+        "e.g. YEGh00eySmWyunF_j787ng) or a hex UUID"
+    )
 
 
 class RemoteLogSegmentState(enum.IntEnum):
@@ -222,6 +253,8 @@ class RemotePartitionDeleteMetadata:
 
 
 __all__ = [
+    "kafka_uuid_text",
+    "parse_uuid",
     "RemoteLogSegmentId",
     "RemoteLogSegmentMetadata",
     "RemoteLogSegmentMetadataUpdate",
