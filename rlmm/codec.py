@@ -33,7 +33,26 @@ MAGIC = b"\xc3\x01"  # Avro single-object encoding marker, followed by the 8-byt
 _HEADER = len(MAGIC) + 8
 _FILE_NAME = re.compile(r"^(?P<name>[a-z_]+)\.v(?P<version>\d+)\.avsc$")
 
-SCHEMA_DIR = Path(os.environ.get("TIERLOG_SCHEMA_DIR", Path(__file__).resolve().parent.parent / "schemas"))
+
+
+def schema_dir() -> Path:
+    """Where the .avsc files are: TIERLOG_SCHEMA_DIR, else the copy a wheel carries (rlmm/schemas/), else the
+    checkout's schemas/ (an editable install); rlmm finds them on its own, importing nothing of tierlog."""
+    override = os.environ.get("TIERLOG_SCHEMA_DIR")
+    if override:
+        return Path(override)
+    here = Path(__file__).resolve().parent
+    packaged = here / "schemas"
+    if packaged.is_dir():
+        return packaged
+    # Only a real checkout counts, not any schemas/ that happens to sit beside an installed rlmm.
+    checkout = here.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "schemas").is_dir():
+        return checkout / "schemas"
+    return packaged  # absent: SchemaRegistry.load names it in its error
+
+
+SCHEMA_DIR = schema_dir()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from tierlog.cli.archive import cmd_agent, cmd_archive
 from tierlog.cli.common import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CommandError, Settings, read_properties
 from tierlog.cli.inspect import cmd_describe, cmd_segments
 from tierlog.cli.jobs import cmd_reconcile, cmd_replay, cmd_snapshot, cmd_usage
+from tierlog.cli.plugin import cmd_plugin_path
 from tierlog.cli.verify import cmd_rebuild, cmd_verify
 
 
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share the metadata partitions with other archivers in a consumer group")
     p.add_argument("--instance-id", help="static group membership id (restarts take over at once)")
     p.set_defaults(run=cmd_archive)
+
+    p = sub.add_parser("plugin-path", help="print the Kafka plugin jar's path (for remote.log.*.class.path)")
+    p.set_defaults(run=cmd_plugin_path)
     return parser
 
 

@@ -1,6 +1,7 @@
-"""The agent protocol's Python code, generated from schemas/agent.proto on first import (never committed).
+"""The agent protocol's Python code, generated from schemas/agent.proto (never committed).
 
-Regenerated whenever the .proto is newer than the generated modules; concurrent importers are safe.
+In a checkout it is generated on first import and regenerated whenever the .proto is newer than the generated
+modules (concurrent importers are safe); a wheel carries the modules its build generated (setup.py).
 """
 
 from __future__ import annotations
@@ -13,20 +14,22 @@ from pathlib import Path
 from types import ModuleType
 
 _HERE = Path(__file__).resolve().parent
-_SCHEMAS = _HERE.parent.parent.parent / "schemas"
+_CHECKOUT = _HERE.parent.parent.parent
+_SCHEMAS = _CHECKOUT / "schemas"
 _PROTO = "agent.proto"
 _OUTPUTS = ("agent_pb2.py", "agent_pb2_grpc.py")
 
 
 def _stale() -> bool:
     schema = _SCHEMAS / _PROTO
-    if not schema.exists():
-        # An installed copy without the repository's schemas/: use what was generated at build time.
+    # Only a checkout regenerates: an installed copy uses what its wheel build generated, whatever
+    # schemas/ directory may happen to sit beside site-packages.
+    if not ((_CHECKOUT / "pyproject.toml").is_file() and schema.exists()):
         if all((_HERE / out).exists() for out in _OUTPUTS):
             return False
         raise ImportError(
-            f"the agent protocol code is not generated and {schema} is missing; "
-            "install tierlog from a source checkout (pip install -e .) or import tierlog.agent.proto there once"
+            f"the agent protocol code is not generated and {schema} is missing; install tierlog from its "
+            "wheel (make dist) or from a source checkout (pip install -e .)"
         )
     source = schema.stat().st_mtime
     return any(not (_HERE / out).exists() or (_HERE / out).stat().st_mtime < source for out in _OUTPUTS)
