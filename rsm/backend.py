@@ -101,6 +101,24 @@ class RangeStream(io.RawIOBase):
         self._resumes_left = resumes if reopen is not None else 0
         self.length = length
 
+    def observe(self, on_bytes: Callable[[int], None], on_error: Callable[[], None]) -> RangeStream:
+        """Also report this stream's bytes and failure to `on_bytes`/`on_error` (the rsm operation that
+        returned it, whose bytes arrive only as the caller reads); returns the stream."""
+        first_bytes, first_error = self._on_bytes, self._on_error
+
+        def both_bytes(n: int) -> None:
+            if first_bytes is not None:
+                first_bytes(n)
+            on_bytes(n)
+
+        def both_errors() -> None:
+            if first_error is not None:
+                first_error()
+            on_error()
+
+        self._on_bytes, self._on_error = both_bytes, both_errors
+        return self
+
     def readable(self) -> bool:
         return True
 

@@ -21,7 +21,7 @@ from rsm.backends import available_backends
 from rsm.custom_metadata import SegmentCustomMetadata
 from rsm.index_cache import IndexCache
 from rsm.keys import SegmentKeys, keys_for
-from rsm.metrics import Metrics
+from rsm.metrics import ABSENT_INDEX_COUNTER, Metrics
 from rsm.packed_index import (
     MAX_HEADER_SIZE,
     READ_GROUPS,
@@ -161,8 +161,13 @@ class RemoteStorageManager:
         if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end < start):
             raise InvalidArgumentError(f"end position must be None or an int >= start ({start}), got {end!r}")
         keys = self._keys(metadata)
-        with self._metrics.time("rsm.fetch_log_segment"):
-            return self._backend.get_range(keys.log, start, end)
+        operation = "rsm.fetch_log_segment"
+        with self._metrics.time(operation):
+            stream = self._backend.get_range(keys.log, start, end)
+        # The body arrives as the caller reads it: count its bytes (and a broken read) then.
+        return stream.observe(
+            lambda n: self._metrics.add_bytes(operation, n), lambda: self._metrics.add_error(operation)
+        )
 
     def fetch_indexes(
         self, metadata: RemoteLogSegmentMetadata, types: Iterable[IndexType]
@@ -197,11 +202,13 @@ class RemoteStorageManager:
                 data = found.get(index_type)
             else:
                 data = hit.data
-            if data is None:
-                raise RemoteResourceNotFoundError(
-                    f"segment {metadata.remote_log_segment_id} has no {index_type.name} index"
-                )
-            timer.bytes = len(data)
+            timer.bytes = 0 if data is None else len(data)
+        if data is None:
+            # Normal (most segments have no TRANSACTION index): counted as absent, not as a failed request.
+            self._metrics.increment(f"{ABSENT_INDEX_COUNTER}{index_type.name}")
+            raise RemoteResourceNotFoundError(
+                f"segment {metadata.remote_log_segment_id} has no {index_type.name} index"
+            )
         return io.BytesIO(data)
 
     def _segment_layout(

@@ -1,16 +1,27 @@
-"""Counters per operation (requests, bytes, errors, latency) for the RSM and its storage backend.
+"""Counters per operation (requests, bytes, errors, a latency histogram) for the RSM and its storage backend.
 
-Thread-safe and cheap; `snapshot()` returns plain dicts so the agent can export them as it likes.
+Thread-safe and cheap; `snapshot()` returns plain dicts so the agent can export them as it likes (the agent
+turns them into Prometheus counters and histograms; rsm itself depends on no metrics library).
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+# Upper bounds in seconds of the latency histogram's buckets (a last, unbounded one follows): from a cached
+# index (well under 5 ms) to a large multipart upload (tens of seconds).
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+
+# Event counter prefix, followed by the IndexType name: fetch_index asked for an index the segment lacks.
+ABSENT_INDEX_COUNTER = "fetch_index.absent."
 
 
 @dataclass
@@ -20,14 +31,22 @@ class _OperationCounters:
     bytes: int = 0
     latency_ms_total: float = 0.0
     latency_ms_max: float = 0.0
+    # Requests per bucket of LATENCY_BUCKETS_S (not cumulative); the last entry counts the slower ones.
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
 
     def as_dict(self) -> dict[str, Any]:
+        cumulative, running = [], 0
+        for count in self.latency_counts:
+            running += count
+            cumulative.append(running)
         return {
             "requests": self.requests,
             "errors": self.errors,
             "bytes": self.bytes,
             "latency_ms_total": round(self.latency_ms_total, 3),
             "latency_ms_max": round(self.latency_ms_max, 3),
+            # Cumulative counts per upper bound of LATENCY_BUCKETS_S then +Inf, as Prometheus wants them.
+            "latency_buckets": cumulative,
         }
 
 
@@ -69,6 +88,7 @@ class Metrics:
             counters.bytes += nbytes
             counters.latency_ms_total += millis
             counters.latency_ms_max = max(counters.latency_ms_max, millis)
+            counters.latency_counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
 
     def add_bytes(self, operation: str, nbytes: int) -> None:
         """Bytes that arrive after the request returned (a streamed body being read)."""
@@ -92,4 +112,4 @@ class Metrics:
             }
 
 
-__all__ = ["Metrics", "OperationTimer"]
+__all__ = ["ABSENT_INDEX_COUNTER", "LATENCY_BUCKETS_S", "Metrics", "OperationTimer"]
