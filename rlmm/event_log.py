@@ -6,14 +6,25 @@ Producing and consuming are separate from the state they feed (the manager wires
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
-from rlmm.errors import ConfigError, RemoteStorageError
+from rlmm.errors import ConfigError, MetadataLogError, MetadataTimeoutError, RemoteStorageError
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +37,8 @@ class TopicSettings:
     min_insync_replicas: int
     min_compaction_lag_ms: int
     extra_configs: Mapping[str, str]
+    delete_retention_ms: int = 12 * 3600 * 1000
+    segment_ms: int = 3600 * 1000
 
     def configs(self) -> dict[str, str]:
         return {
@@ -33,11 +46,23 @@ class TopicSettings:
             "min.insync.replicas": str(self.min_insync_replicas),
             # Keeps the raw history for the audit window: the archiver copies it before compaction may.
             "min.compaction.lag.ms": str(self.min_compaction_lag_ms),
+            # Explicit, because a node offline longer than this misses tombstones and must rebuild its view.
+            "delete.retention.ms": str(self.delete_retention_ms),
+            # Compaction never touches the active segment: roll it often so the size follows live state.
+            "segment.ms": str(self.segment_ms),
             **self.extra_configs,
         }
 
 
-def ensure_topic(admin: AdminClient, settings: TopicSettings, timeout_s: float) -> None:
+@dataclass(frozen=True)
+class TopicInfo:
+    """What a node must know of the metadata topic to decide whether its view may resume."""
+
+    topic_id: str
+    delete_retention_ms: int
+
+
+def ensure_topic(admin: AdminClient, settings: TopicSettings, timeout_s: float) -> TopicInfo:
     """Create the metadata topic if missing; refuse one whose cleanup policy or partition count is wrong."""
     metadata = admin.list_topics(timeout=timeout_s)
     existing = metadata.topics.get(settings.name)
@@ -49,26 +74,35 @@ def ensure_topic(admin: AdminClient, settings: TopicSettings, timeout_s: float) 
         try:
             futures[settings.name].result(timeout=timeout_s)
             log.info("created metadata topic %s with %d partitions", settings.name, settings.partitions)
-            return
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise RemoteStorageError(f"cannot create metadata topic {settings.name}: {exc}") from exc
-        existing = admin.list_topics(topic=settings.name, timeout=timeout_s).topics[settings.name]
-    found = len(existing.partitions)
-    if found != settings.partitions:
+    return check_topic(admin, settings.name, settings.partitions, timeout_s)
+
+
+def check_topic(admin: AdminClient, name: str, partitions: int, timeout_s: float) -> TopicInfo:
+    """Refuse a metadata topic whose cleanup policy or partition count is wrong; return its id and settings."""
+    try:
+        described_topic = admin.describe_topics(TopicCollection([name]), request_timeout=timeout_s)[name].result(
+            timeout=timeout_s)
+    except KafkaException as exc:
+        raise RemoteStorageError(f"cannot describe metadata topic {name}: {exc}") from exc
+    found = len(described_topic.partitions)
+    if found != partitions:
         raise ConfigError(
-            f"metadata topic {settings.name} has {found} partitions but metadata.topic.num.partitions is "
-            f"{settings.partitions}; the count can never change, so set metadata.topic.num.partitions={found}"
+            f"metadata topic {name} has {found} partitions but metadata.topic.num.partitions is "
+            f"{partitions}; the count can never change, so set metadata.topic.num.partitions={found}"
         )
-    resource = ConfigResource(ConfigResource.Type.TOPIC, settings.name)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
     described = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout=timeout_s)
     policy = described["cleanup.policy"].value
     if "compact" not in policy.split(",") or "delete" in policy.split(","):
         raise ConfigError(
-            f"metadata topic {settings.name} has cleanup.policy={policy}; tierlog needs cleanup.policy=compact "
+            f"metadata topic {name} has cleanup.policy={policy}; tierlog needs cleanup.policy=compact "
             f"(a delete policy would drop the state a rebuild needs). Fix it with kafka-configs --alter "
-            f"--entity-type topics --entity-name {settings.name} --add-config cleanup.policy=compact"
+            f"--entity-type topics --entity-name {name} --add-config cleanup.policy=compact"
         )
+    return TopicInfo(str(described_topic.topic_id), int(described["delete.retention.ms"].value))
 
 
 class EventProducer:
@@ -85,16 +119,22 @@ class EventProducer:
 
     def append(
         self, partition: int, key: bytes, value: bytes | None, headers: list[tuple[str, str | bytes | None]],
-        on_delivery: Callable[[KafkaError | None, Message], None],
+        on_delivery: Callable[[KafkaError | None, Message], None], deadline: float,
     ) -> None:
+        """Queue one record; a queue that stays full until `deadline` (monotonic) raises MetadataTimeoutError."""
         while True:
             try:
                 self._producer.produce(self.topic, value=value, key=key, partition=partition,
                                        headers=headers, on_delivery=on_delivery)
-                break
+                return
             except BufferError:
-                self._producer.poll(0.05)
-        self._producer.poll(0)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise MetadataTimeoutError(
+                        f"the producer queue for topic {self.topic} stayed full until the write's deadline; "
+                        f"the brokers are not taking records fast enough"
+                    ) from None
+                self._producer.poll(min(0.05, remaining))
 
     def poll(self, timeout_s: float) -> None:
         self._producer.poll(timeout_s)
@@ -117,12 +157,51 @@ def _client_settings(
     return {**defaults, **given, **required}
 
 
-def end_offsets(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:
-    """The current end offset of each metadata partition, in one ListOffsets round trip."""
-    futures = admin.list_offsets(
-        {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}, request_timeout=timeout_s
-    )
-    return {tp.partition: future.result().offset for tp, future in futures.items()}
+class OffsetReader:
+    """ListOffsets for the metadata partitions, on an admin client recreated after any failure.
+
+    A long-lived admin client can keep a stale leader epoch after a broker restart and get
+    FENCED_LEADER_EPOCH for minutes; a fresh client asks for fresh metadata. Calls are serialized.
+    """
+
+    def __init__(self, topic: str, client_config: Mapping[str, Any]) -> None:
+        self.topic = topic
+        self._config = dict(client_config)
+        self._lock = threading.Lock()
+        self._admin: AdminClient | None = None
+
+    def end_offsets(self, partitions: list[int], timeout_s: float) -> dict[int, int]:
+        """The current end offset of each metadata partition, in one ListOffsets round trip."""
+        return self._list(partitions, OffsetSpec.latest(), timeout_s)
+
+    def start_offsets(self, partitions: list[int], timeout_s: float) -> dict[int, int]:
+        """The first offset still on the log of each metadata partition."""
+        return self._list(partitions, OffsetSpec.earliest(), timeout_s)
+
+    def _list(self, partitions: list[int], spec: OffsetSpec, timeout_s: float) -> dict[int, int]:
+        if not partitions:
+            return {}
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            if self._admin is None:
+                self._admin = AdminClient(self._config)
+            try:
+                futures = self._admin.list_offsets(
+                    {TopicPartition(self.topic, p): spec for p in partitions}, request_timeout=timeout_s)
+                return {tp.partition: f.result(timeout=max(0.0, deadline - time.monotonic())).offset
+                        for tp, f in futures.items()}
+            except (KafkaException, TimeoutError) as exc:
+                self._admin = None  # the next call starts from fresh cluster metadata
+                if isinstance(exc, TimeoutError) or _is_timeout(exc):
+                    raise MetadataTimeoutError(
+                        f"listing offsets of metadata topic {self.topic} did not answer within {timeout_s}s"
+                    ) from exc
+                raise MetadataLogError(f"listing offsets of metadata topic {self.topic} failed: {exc}") from exc
+
+
+def _is_timeout(exc: KafkaException) -> bool:
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and error.code() in (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT)
 
 
 class EventConsumer:
@@ -139,6 +218,9 @@ class EventConsumer:
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "enable.partition.eof": True,
+                # A stored offset no longer on the log (topic recreated, unclean election) must not silently
+                # jump to either end: the applier halts that partition and the node rebuilds.
+                "auto.offset.reset": "error",
             },
         ))
 

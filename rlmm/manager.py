@@ -7,18 +7,17 @@ the committed view, gated by per-partition registration and readiness as in Kafk
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, Message
 from confluent_kafka.admin import AdminClient
 
-from rlmm import codec, state
+from rlmm import state
+from rlmm.applier import ApplierSettings, MetadataApplier
 from rlmm.config import ConfigKey, parse_bool, parse_config, parse_int, parse_str
 from rlmm.errors import (
     InvalidArgumentError,
@@ -28,8 +27,16 @@ from rlmm.errors import (
     RemoteStorageError,
     RemoteStorageNotReadyError,
 )
-from rlmm.event_log import EventConsumer, EventProducer, TopicSettings, end_offsets, ensure_topic
-from rlmm.events import MetadataEvent, RecordKey, key_of, metadata_partition_for, segment_key
+from rlmm.event_log import (
+    EventConsumer,
+    EventProducer,
+    OffsetReader,
+    TopicInfo,
+    TopicSettings,
+    check_topic,
+    ensure_topic,
+)
+from rlmm.events import MetadataEvent, key_of, metadata_partition_for, segment_key
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
@@ -37,12 +44,12 @@ from rlmm.types import (
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
-from rlmm.view import ConsumedRecord, MetadataView, apply_records
+from rlmm.view import MetadataView
+from rlmm.writer import MetadataWriter
 
 log = logging.getLogger(__name__)
 
 CLIENT_PREFIX = "kafka."
-_REQUEST_HEADER = "tierlog.request"
 
 
 def _positive(value: int) -> bool:
@@ -57,28 +64,21 @@ CONFIG_KEYS = (
     ConfigKey("metadata.topic.num.partitions", parse_int, 50, check=_positive, requirement="> 0"),
     ConfigKey("metadata.topic.replication.factor", parse_int, 3, check=_positive, requirement="> 0"),
     ConfigKey("metadata.topic.min.insync.replicas", parse_int, 2, check=_positive, requirement="> 0"),
-    # Seven days of raw history stay on the topic for the audit trail before compaction may drop them.
-    ConfigKey("metadata.topic.min.compaction.lag.ms", parse_int, 7 * 24 * 3600 * 1000,
+    # An hour of raw history stays on the topic before compaction may drop it: far longer than the archiver
+    # needs to copy it (the archive is the long-term audit trail), short enough that the topic's size follows
+    # the live state within a day.
+    ConfigKey("metadata.topic.min.compaction.lag.ms", parse_int, 3600 * 1000,
               check=lambda v: v >= 0, requirement=">= 0"),
+    # How long tombstones stay readable; a node whose view is older than this rebuilds instead of resuming.
+    ConfigKey("metadata.topic.delete.retention.ms", parse_int, 12 * 3600 * 1000,
+              check=lambda v: v >= 0, requirement=">= 0"),
+    # Compaction never touches the active segment, so it must roll well within a day.
+    ConfigKey("metadata.topic.segment.ms", parse_int, 3600 * 1000, check=_positive, requirement="> 0"),
     ConfigKey("metadata.topic.create", parse_bool, True),
     ConfigKey("write.timeout.ms", parse_int, 30_000, check=_positive, requirement="> 0"),
     ConfigKey("startup.timeout.ms", parse_int, 60_000, check=_positive, requirement="> 0"),
     ConfigKey("apply.batch.max.records", parse_int, 2000, check=_positive, requirement="> 0"),
 )
-
-
-@dataclass
-class _PendingWrite:
-    """One API write: its primary record and the follow-ups (checkpoint, tombstones) it must see applied."""
-
-    future: Future[None]
-    tp: TopicIdPartition
-    deadline: float
-    doomed: list[RecordKey] = field(default_factory=list)
-    outstanding: set[str] = field(default_factory=set)  # request ids produced, not yet applied
-    acked: set[str] = field(default_factory=set)
-    applied: set[str] = field(default_factory=set)
-    primary: str = ""
 
 
 class RemoteLogMetadataManager:
@@ -93,31 +93,37 @@ class RemoteLogMetadataManager:
         client = {"bootstrap.servers": self._cfg["bootstrap.servers"],
                   **{k[len(CLIENT_PREFIX):]: v for k, v in config.items() if k.startswith(CLIENT_PREFIX)}}
         startup_s = self._cfg["startup.timeout.ms"] / 1000
-        self._view = MetadataView.open(self._cfg["state.dir"])
-        self._admin = AdminClient(client)
+        self._lock = threading.Condition()
+        self._registered: dict[TopicIdPartition, int | None] = {}  # tp -> metadata offset it must reach
+        self._closed = False
+        offsets = OffsetReader(self.metadata_topic, client)
+        admin = AdminClient(client)
+        if self._cfg["metadata.topic.create"]:
+            topic = ensure_topic(admin, TopicSettings(
+                self.metadata_topic, self.num_partitions, self._cfg["metadata.topic.replication.factor"],
+                self._cfg["metadata.topic.min.insync.replicas"], self._cfg["metadata.topic.min.compaction.lag.ms"],
+                {}, self._cfg["metadata.topic.delete.retention.ms"], self._cfg["metadata.topic.segment.ms"],
+            ), startup_s)
+        else:
+            topic = check_topic(admin, self.metadata_topic, self.num_partitions, startup_s)
+        self._view = _open_view(self._cfg["state.dir"], self.metadata_topic, topic, offsets, startup_s)
         try:
-            if self._cfg["metadata.topic.create"]:
-                ensure_topic(self._admin, TopicSettings(
-                    self.metadata_topic, self.num_partitions, self._cfg["metadata.topic.replication.factor"],
-                    self._cfg["metadata.topic.min.insync.replicas"],
-                    self._cfg["metadata.topic.min.compaction.lag.ms"], {},
-                ), startup_s)
-            self._producer = EventProducer(self.metadata_topic, client)
-            self._consumer = EventConsumer(self.metadata_topic, client, self.num_partitions)
+            producer = EventProducer(self.metadata_topic, client)
+            consumer = EventConsumer(self.metadata_topic, client, self.num_partitions)
         except BaseException:
             self._view.close()
             raise
-        self._lock = threading.Condition()
-        self._applied: dict[int, int] = dict(self._view.applied_offsets(self.metadata_topic))
-        self._consumer.assign(self._applied)
-        self._registered: dict[TopicIdPartition, int | None] = {}  # tp -> metadata offset it must reach
-        self._halted: dict[int, MetadataLogError] = {}
-        self._pending: dict[str, _PendingWrite] = {}
-        self._writing: set[TopicIdPartition] = set()
-        self._closed = False
-        self._stop = threading.Event()
-        self._applier = threading.Thread(target=self._run, name=f"tierlog-rlmm-{self.broker_id}", daemon=True)
-        self._applier.start()
+        self._writer = MetadataWriter(
+            producer, self._lock, self.broker_id, self._cfg["write.timeout.ms"],
+            f"check that the brokers at {self._cfg['bootstrap.servers']} serve topic {self.metadata_topic}",
+            lambda: self._applier.storage_problem,
+        )
+        self._consumer = consumer
+        self._offsets = offsets
+        self._applier = MetadataApplier(
+            ApplierSettings(self.metadata_topic, topic.topic_id, self.broker_id, self._cfg["apply.batch.max.records"]),
+            self._view, consumer, offsets, self._writer, self._lock, self._registered, self._metadata_partition,
+        )
 
     # --- context manager -----------------------------------------------------------------------------------
 
@@ -150,9 +156,7 @@ class RemoteLogMetadataManager:
         mp = self._metadata_partition(tp)
         deadline = time.monotonic() + self._write_timeout_s
         with self._lock:
-            self._check_open()
-            if mp in self._halted:
-                raise self._halted[mp]
+            self._check_writable(mp)
             # A write is checked against this node's view, so it waits (within its deadline) for a registered
             # partition's history to load rather than validating against a partial view.
             while tp in self._registered and not self._ready_locked(tp):
@@ -161,69 +165,30 @@ class RemoteLogMetadataManager:
                         f"remote log metadata for {tp} is still loading on broker {self.broker_id} after "
                         f"{self._cfg['write.timeout.ms']} ms; retry the write"
                     )
-                self._check_open()
-                if mp in self._halted:
-                    raise self._halted[mp]
+                self._check_writable(mp)
             # One write per user partition at a time, so each write is validated against a view that already
             # holds the previous one and its lineage checkpoint.
-            while tp in self._writing:
+            while self._writer.busy_locked(tp):
                 if not self._lock.wait(max(0.0, deadline - time.monotonic())):
                     raise MetadataTimeoutError(f"a previous metadata write for {tp} did not complete in time")
-                self._check_open()
+                self._check_writable(mp)
             event: MetadataEvent = prepare()
-            key = key_of(event)
-            pending = _PendingWrite(Future(), tp, deadline)
+            pending = self._writer.begin_locked(tp, mp, deadline)
             if isinstance(event, RemotePartitionDeleteMetadata) and \
                     event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
                 pending.doomed = [segment_key(md.remote_log_segment_id) for md in self._view.segments_of(tp)]
-            self._writing.add(tp)
             recovery = state.pending_checkpoint(self._view, tp, _now_ms(), self.broker_id)
-            if recovery is not None:
-                # A writer died between an event and its checkpoint; restore the checkpoint before going on.
-                self._append_locked(pending, key_of(recovery), recovery)
-            pending.primary = self._append_locked(pending, key, event)
+            # A writer died between an event and its checkpoint; restore the checkpoint before going on.
+            before = [] if recovery is None else [(key_of(recovery), recovery)]
+            appends = self._writer.register_locked(pending, [*before, (key_of(event), event)], primary=True)
+        # Appending may wait for room in the producer's queue: never while holding the lock.
+        self._writer.produce(appends)
         return pending.future
 
-    def _append_locked(self, pending: _PendingWrite, key: RecordKey, event: MetadataEvent | None) -> str:
-        request = uuid.uuid4().hex
-        pending.outstanding.add(request)
-        self._pending[request] = pending
-        value = None if event is None else codec.encode(event)
-
-        def delivered(error: KafkaError | None, message: Message) -> None:
-            self._on_delivery(request, error)
-
-        self._producer.append(self._metadata_partition(pending.tp), key.encode(), value,
-                              [(_REQUEST_HEADER, request.encode())], delivered)
-        return request
-
-    def _on_delivery(self, request: str, error: KafkaError | None) -> None:
-        with self._lock:
-            pending = self._pending.get(request)
-            if pending is None:
-                return
-            if error is not None:
-                self._finish_locked(pending, RemoteStorageError(
-                    f"metadata write for {pending.tp} to topic {self.metadata_topic} failed: {error.str()}"))
-                return
-            pending.acked.add(request)
-            self._maybe_complete_locked(pending)
-
-    def _maybe_complete_locked(self, pending: _PendingWrite) -> None:
-        if pending.outstanding <= pending.acked and pending.outstanding <= pending.applied:
-            self._finish_locked(pending, None)
-
-    def _finish_locked(self, pending: _PendingWrite, error: BaseException | None) -> None:
-        for request in pending.outstanding:
-            self._pending.pop(request, None)
-        self._writing.discard(pending.tp)
-        self._lock.notify_all()
-        if pending.future.done():
-            return
-        if error is None:
-            pending.future.set_result(None)
-        else:
-            pending.future.set_exception(error)
+    def _check_writable(self, mp: int) -> None:
+        self._check_open()
+        if mp in self._applier.halted:
+            raise self._applier.halted[mp]
 
     # --- registration and readiness -----------------------------------------------------------------------
 
@@ -248,7 +213,7 @@ class RemoteLogMetadataManager:
     def _ready_locked(self, tp: TopicIdPartition) -> bool:
         target = self._registered.get(tp)
         mp = self._metadata_partition(tp)
-        return target is not None and mp not in self._halted and self._applied.get(mp, 0) >= target
+        return target is not None and mp not in self._applier.halted and self._applier.applied.get(mp, 0) >= target
 
     def _readable(self, tp: TopicIdPartition) -> None:
         _require(tp, TopicIdPartition, "topic_id_partition")
@@ -260,12 +225,12 @@ class RemoteLogMetadataManager:
                     f"here (on_partition_leadership_changes) or its remote data was deleted"
                 )
             mp = self._metadata_partition(tp)
-            if mp in self._halted:
-                raise self._halted[mp]
+            if mp in self._applier.halted:
+                raise self._applier.halted[mp]
             if not self._ready_locked(tp):
                 raise RemoteStorageNotReadyError(
                     f"remote log metadata for {tp} is still loading on broker {self.broker_id} "
-                    f"(metadata partition {mp} applied to offset {self._applied.get(mp, 0)}); retry"
+                    f"(metadata partition {mp} applied to offset {self._applier.applied.get(mp, 0)}); retry"
                 )
 
     # --- reads ----------------------------------------------------------------------------------------------
@@ -310,155 +275,33 @@ class RemoteLogMetadataManager:
     def metadata_errors(self) -> dict[int, MetadataLogError]:
         """Metadata partitions this node stopped applying, with the error that stopped them."""
         with self._lock:
-            return dict(self._halted)
+            return dict(self._applier.halted)
 
     def applied_offsets(self) -> dict[int, int]:
         with self._lock:
-            return dict(self._applied)
+            return dict(self._applier.applied)
 
     def wait_caught_up(self, timeout_s: float) -> None:
-        """Block until the view has applied every metadata partition up to its current end offset."""
+        """Block until the view has applied every metadata partition up to its current end offset.
+
+        Raises MetadataTimeoutError (or another RemoteStorageError when Kafka refuses) by the deadline.
+        """
         deadline = time.monotonic() + timeout_s
-        ends = self._consumer_end_offsets(timeout_s)
+        ends = self._offsets.end_offsets(list(range(self.num_partitions)), timeout_s)
         with self._lock:
-            while any(self._applied.get(p, 0) < end for p, end in ends.items() if p not in self._halted):
+            applied, halted = self._applier.applied, self._applier.halted
+            while any(applied.get(p, 0) < end for p, end in ends.items() if p not in halted):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise MetadataTimeoutError(
                         f"view did not catch up with {self.metadata_topic} within {timeout_s}s "
-                        f"(applied {self._applied}, end offsets {ends})"
+                        f"(applied {applied}, end offsets {ends})"
                     )
                 self._lock.wait(min(remaining, 0.1))
 
     @property
     def view(self) -> MetadataView:
         return self._view
-
-    # --- the applier thread ---------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        max_records = self._cfg["apply.batch.max.records"]
-        while not self._stop.is_set():
-            try:
-                # Wait briefly for one record, then take whatever else has arrived without waiting: a batch
-                # consume would sit out its whole timeout on a quiet topic and delay every write.
-                messages = self._consumer.consume(1, 0.02)
-                if messages:
-                    messages += self._consumer.consume(max_records - 1, 0)
-                    self._apply(messages)
-                self._resolve_targets()
-                self._expire()
-                self._producer.poll(0)
-            except Exception:  # keep the applier alive; the log says what failed
-                log.exception("tierlog metadata applier on broker %s failed; retrying", self.broker_id)
-                self._rewind()
-                self._stop.wait(0.5)
-
-    def _rewind(self) -> None:
-        # The failed batch was consumed but not committed: read it again from the view's stored offsets.
-        with self._lock:
-            applied = dict(self._applied)
-            halted = list(self._halted)
-        self._consumer.assign(applied)
-        for partition in halted:
-            self._consumer.pause(partition)
-
-    def _apply(self, messages: list[Message]) -> None:
-        records: list[ConsumedRecord] = []
-        requests: list[str | None] = []
-        next_offsets: dict[int, int] = {}
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("metadata topic %s: %s", self.metadata_topic, error.str())
-                continue
-            partition, offset = _position(message)
-            if partition in self._halted:
-                continue
-            try:
-                key = RecordKey.decode(message.key() or b"")
-                value = message.value()
-                event = None if value is None else codec.decode(value)
-            except (codec.DecodeError, InvalidArgumentError) as exc:
-                self._halt(partition, offset, exc)
-                continue
-            records.append(ConsumedRecord(partition, offset, key, event))
-            requests.append(_request_of(message))
-            next_offsets[partition] = offset + 1
-        if not records:
-            return
-        outcomes = apply_records(self._view, self.metadata_topic, records, next_offsets)
-        with self._lock:
-            self._applied.update(next_offsets)
-            for record, request, outcome in zip(records, requests, outcomes, strict=True):
-                if not outcome.applied:
-                    log.warning("metadata topic %s partition %d offset %d: record dropped: %s",
-                                self.metadata_topic, record.metadata_partition, record.offset, outcome.reason)
-                if isinstance(record.event, RemotePartitionDeleteMetadata) and outcome.applied and \
-                        record.event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
-                    self._registered.pop(record.event.topic_id_partition, None)
-                pending = self._pending.get(request) if request else None
-                if pending is not None:
-                    self._on_applied_locked(pending, request, record, outcome)  # type: ignore[arg-type]
-            self._lock.notify_all()
-
-    def _on_applied_locked(
-        self, pending: _PendingWrite, request: str, record: ConsumedRecord, outcome: state.Outcome
-    ) -> None:
-        pending.applied.add(request)
-        if request == pending.primary:
-            if not outcome.applied:
-                self._finish_locked(pending, RemoteStorageError(
-                    f"metadata write for {pending.tp} was rejected when applied: {outcome.reason}"))
-                return
-            assert record.event is not None
-            for key, event in state.records_after(
-                self._view, record.key, record.event, pending.doomed, _now_ms(), self.broker_id
-            ):
-                self._append_locked(pending, key, event)
-        self._maybe_complete_locked(pending)
-
-    def _halt(self, partition: int, offset: int, cause: Exception) -> None:
-        error = MetadataLogError(
-            f"metadata topic {self.metadata_topic} partition {partition} offset {offset}: cannot read record "
-            f"({cause}); this node applies nothing after it for that partition. Inspect the record "
-            f"(kafka-console-consumer --partition {partition} --offset {offset}) and upgrade tierlog or "
-            f"remove the producer that wrote it"
-        )
-        log.error("%s", error)
-        self._consumer.pause(partition)
-        with self._lock:
-            self._halted[partition] = error
-            for pending in list(self._pending.values()):
-                if self._metadata_partition(pending.tp) == partition:
-                    self._finish_locked(pending, error)
-
-    def _resolve_targets(self) -> None:
-        with self._lock:
-            waiting = sorted({self._metadata_partition(tp) for tp, t in self._registered.items() if t is None})
-        if not waiting:
-            return
-        ends = end_offsets(self._admin, self.metadata_topic, waiting, timeout_s=5.0)
-        with self._lock:
-            for tp, target in self._registered.items():
-                if target is None:
-                    self._registered[tp] = ends[self._metadata_partition(tp)]
-            self._lock.notify_all()
-
-    def _consumer_end_offsets(self, timeout_s: float) -> dict[int, int]:
-        return end_offsets(self._admin, self.metadata_topic, list(range(self.num_partitions)), timeout_s)
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for pending in {id(p): p for p in self._pending.values()}.values():
-                if now > pending.deadline:
-                    self._finish_locked(pending, MetadataTimeoutError(
-                        f"metadata write for {pending.tp} was not acknowledged and applied within "
-                        f"{self._cfg['write.timeout.ms']} ms (write.timeout.ms); check that the brokers at "
-                        f"{self._cfg['bootstrap.servers']} serve topic {self.metadata_topic}"
-                    ))
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -474,28 +317,55 @@ class RemoteLogMetadataManager:
             if self._closed:
                 return
             self._closed = True
-        self._stop.set()
-        self._applier.join(timeout=10)
-        with self._lock:
-            for pending in {id(p): p for p in self._pending.values()}.values():
-                self._finish_locked(pending, RemoteStorageError("RemoteLogMetadataManager closed before the write "
-                                                                "completed"))
-        self._producer.close(5.0)
+        self._applier.close(timeout_s=10)
+        self._writer.close(timeout_s=5)
         self._consumer.close()
         self._view.close()
 
 
-def _position(message: Message) -> tuple[int, int]:
-    partition, offset = message.partition(), message.offset()
-    assert partition is not None and offset is not None, "consumed records always have a position"
-    return partition, offset
+def _open_view(
+    state_dir: str, metadata_topic: str, topic: TopicInfo, offsets: OffsetReader, timeout_s: float
+) -> MetadataView:
+    """Open the view, or rebuild it from scratch when resuming it could miss or misread records."""
+    view = MetadataView.open(state_dir)
+    try:
+        reason = _why_not_resume(view, metadata_topic, topic, offsets, timeout_s)
+        if reason is not None:
+            log.warning("rebuilding the metadata view at %s from topic %s: %s", view.path, metadata_topic, reason)
+            view.close()
+            shutil.rmtree(view.path)
+            view = MetadataView.open(state_dir)
+        source = view.source(metadata_topic)
+        view.set_source(metadata_topic, topic.topic_id, _now_ms() if source is None else source[1])
+    except BaseException:
+        view.close()
+        raise
+    return view
 
 
-def _request_of(message: Message) -> str | None:
-    headers: Any = message.headers() or ()
-    for name, value in headers:
-        if name == _REQUEST_HEADER and value is not None:
-            return value.decode() if isinstance(value, bytes) else str(value)
+def _why_not_resume(
+    view: MetadataView, metadata_topic: str, topic: TopicInfo, offsets: OffsetReader, timeout_s: float
+) -> str | None:
+    stored = view.applied_offsets(metadata_topic)
+    if not stored:
+        return None
+    source = view.source(metadata_topic)
+    if source is None:
+        return "the view does not record which topic it was built from"
+    topic_id, applied_at_ms = source
+    if topic_id != topic.topic_id:
+        return f"the topic was recreated (id {topic_id} in the view, {topic.topic_id} now)"
+    age_ms = _now_ms() - applied_at_ms
+    if age_ms > topic.delete_retention_ms:
+        return (f"the view was last applied {age_ms} ms ago, longer than the topic keeps tombstones "
+                f"(delete.retention.ms={topic.delete_retention_ms}), so deletions may have been missed")
+    partitions = sorted(stored)
+    starts = offsets.start_offsets(partitions, timeout_s)
+    ends = offsets.end_offsets(partitions, timeout_s)
+    for partition in partitions:
+        if not starts[partition] <= stored[partition] <= ends[partition]:
+            return (f"stored offset {stored[partition]} of partition {partition} is outside the log "
+                    f"[{starts[partition]}, {ends[partition]}]")
     return None
 
 

@@ -7,6 +7,7 @@ commits it, with the metadata-topic offsets it reaches, as ONE WriteBatch.
 from __future__ import annotations
 
 import gc
+import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,10 @@ from rlmm.types import (
 )
 
 _FORMAT_KEY = b"tierlog.view.format"
+_SOURCE_KEY = b"tierlog.view.source\0"  # + metadata topic name
 _DELETED = None
+
+log = logging.getLogger(__name__)
 
 
 def _options() -> Options:
@@ -53,6 +57,11 @@ class MetadataView:
 
     def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
+        self._read_only = read_only
+        self._open()
+
+    def _open(self) -> None:
+        read_only = self._read_only
         families = {name: Options(raw_mode=True) for name in vf.ALL_FAMILIES}
         if read_only:
             self._db = Rdict(str(self.path), Options(raw_mode=True), column_families=families,
@@ -80,9 +89,31 @@ class MetadataView:
         # RocksDB's lock is released only once no column-family object refers to the database any more.
         self._cf.clear()
         self._handles.clear()
-        self._db.close()
+        try:
+            self._db.close()
+        except Exception as exc:  # rocksdict raises bare Exception; a failed write (disk full) resurfaces here
+            log.warning("closing the view at %s: %s (what was committed before is kept)", self.path, exc)
         del self._db
         gc.collect()
+
+    def reopen(self) -> None:
+        """Close and open the database again: after a failed write (disk full) RocksDB refuses every later
+        write until reopened, and reopening recovers the last committed batch."""
+        self.close()
+        self._open()
+
+    # --- the metadata topic this view follows --------------------------------------------------------
+
+    def source(self, metadata_topic: str) -> tuple[str, int] | None:
+        """(topic id, wall-clock ms of the last applied batch) of the metadata topic, or None if never set."""
+        raw = self._db.get(_SOURCE_KEY + metadata_topic.encode())
+        if raw is None:
+            return None
+        topic_id, _, applied_at = bytes(raw).decode().partition(" ")
+        return topic_id, int(applied_at)
+
+    def set_source(self, metadata_topic: str, topic_id: str, applied_at_ms: int) -> None:
+        self._db.put(_SOURCE_KEY + metadata_topic.encode(), f"{topic_id} {applied_at_ms}".encode())
 
     # --- raw access, overridden by the batch overlay --------------------------------------------------
 

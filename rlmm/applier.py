@@ -1,0 +1,270 @@
+"""The read side of the manager: consume the metadata topic, apply each batch to the view, commit, halt, rewind.
+
+Like Kafka's ConsumerTask. A record that cannot be decoded or applied halts only its metadata partition; a
+failed commit (disk full) is retried with backoff and the view reopened; end offsets for readiness are
+fetched on a thread of their own, so no admin call ever runs on the apply path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message
+
+from rlmm import codec, state
+from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
+from rlmm.event_log import EventConsumer, OffsetReader
+from rlmm.events import RecordKey
+from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition
+from rlmm.view import ConsumedRecord, MetadataView
+from rlmm.writer import Append, MetadataWriter, request_of
+
+log = logging.getLogger(__name__)
+
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 10.0
+# End offsets are asked for at most this often while partitions wait to become ready.
+OFFSETS_INTERVAL_S = 0.2
+OFFSETS_TIMEOUT_S = 5.0
+# How often a healthy applier restamps the view's "last applied" time on a quiet topic.
+STAMP_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True)
+class ApplierSettings:
+    metadata_topic: str
+    topic_id: str
+    broker_id: int
+    batch_max_records: int
+
+
+class _ApplyFailure(Exception):
+    def __init__(self, record: ConsumedRecord, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.record = record
+        self.cause = cause
+
+
+class _CommitFailure(Exception):
+    """Writing the view failed (disk full, I/O error): transient, retried after reopening the view."""
+
+
+class MetadataApplier:
+    """Applies the metadata topic to the view; `applied` and `halted` are read by the manager under the lock."""
+
+    def __init__(
+        self, settings: ApplierSettings, view: MetadataView, consumer: EventConsumer, offsets: OffsetReader,
+        writer: MetadataWriter, lock: threading.Condition,
+        registered: dict[TopicIdPartition, int | None], metadata_partition: Callable[[TopicIdPartition], int],
+    ) -> None:
+        self._settings = settings
+        self._view = view
+        self._consumer = consumer
+        self._offsets = offsets
+        self._writer = writer
+        self._lock = lock
+        self._registered = registered
+        self._metadata_partition = metadata_partition
+        self.applied: dict[int, int] = dict(view.applied_offsets(settings.metadata_topic))
+        self.halted: dict[int, MetadataLogError] = {}
+        self.storage_problem: str | None = None
+        self._stamped_at = 0.0
+        self._consumer.assign(self.applied)
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"tierlog-rlmm-{settings.broker_id}", daemon=True),
+            threading.Thread(target=self._resolve_targets, name=f"tierlog-rlmm-offsets-{settings.broker_id}",
+                             daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- the apply loop ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff_s = RETRY_MIN_S
+        max_records = self._settings.batch_max_records
+        while not self._stop.is_set():
+            try:
+                # Wait briefly for one record, then take whatever else has arrived without waiting: a batch
+                # consume would sit out its whole timeout on a quiet topic and delay every write.
+                messages = self._consumer.consume(1, 0.02)
+                if messages:
+                    messages += self._consumer.consume(max_records - 1, 0)
+                    self._apply(messages)
+                elif time.monotonic() - self._stamped_at > STAMP_INTERVAL_S:
+                    self._stamp()
+                backoff_s = RETRY_MIN_S
+            except _CommitFailure as exc:
+                with self._lock:
+                    self.storage_problem = str(exc)
+                log.warning("metadata topic %s: cannot write the view at %s (%s); retrying in %.1f s",
+                            self._settings.metadata_topic, self._view.path, exc, backoff_s)
+                backoff_s = self._recover(backoff_s, reopen=True)
+            except Exception:  # a bug or a client failure: keep the applier alive, but not in a tight loop
+                log.exception("tierlog metadata applier on broker %s failed; retrying in %.1f s",
+                              self._settings.broker_id, backoff_s)
+                backoff_s = self._recover(backoff_s, reopen=False)
+
+    def _recover(self, backoff_s: float, reopen: bool) -> float:
+        self._stop.wait(backoff_s)
+        if reopen:
+            try:
+                # RocksDB refuses every write after a failed one until reopened; reopening keeps what committed.
+                self._view.reopen()
+            except Exception as exc:
+                log.warning("reopening the view at %s failed: %s", self._view.path, exc)
+                return min(backoff_s * 2, RETRY_MAX_S)
+        self.rewind()
+        return min(backoff_s * 2, RETRY_MAX_S)
+
+    def rewind(self) -> None:
+        """Read again from the view's stored offsets: a batch consumed but not committed is re-applied."""
+        with self._lock:
+            applied = dict(self.applied)
+            halted = list(self.halted)
+        self._consumer.assign(applied)
+        for partition in halted:
+            self._consumer.pause(partition)
+
+    def _apply(self, messages: list[Message]) -> None:
+        records, requests = self._decode(messages)
+        while records:
+            next_offsets: dict[int, int] = {}
+            for record in records:
+                next_offsets[record.metadata_partition] = record.offset + 1
+            try:
+                outcomes = self._commit(records, next_offsets)
+            except _ApplyFailure as failure:
+                bad = failure.record
+                self._halt(bad.metadata_partition, bad.offset, f"cannot apply record ({failure.cause!r})")
+                records = [r for r in records
+                           if r.metadata_partition != bad.metadata_partition or r.offset < bad.offset]
+                continue
+            self._after_commit(records, requests, outcomes, next_offsets)
+            return
+
+    def _decode(self, messages: list[Message]) -> tuple[list[ConsumedRecord], dict[tuple[int, int], str | None]]:
+        records: list[ConsumedRecord] = []
+        requests: dict[tuple[int, int], str | None] = {}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                    partition = message.partition() or 0
+                    self._halt(partition, self.applied.get(partition, 0),
+                               f"the stored offset is no longer on the log ({error.str()}); restart the "
+                               f"manager so that it rebuilds its view from the topic")
+                elif error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("metadata topic %s: %s", self._settings.metadata_topic, error.str())
+                continue
+            partition, offset = _position(message)
+            if partition in self.halted:
+                continue
+            try:
+                key = RecordKey.decode(message.key() or b"")
+                value = message.value()
+                event = None if value is None else codec.decode(value)
+            except (codec.DecodeError, InvalidArgumentError) as exc:
+                self._halt(partition, offset, f"cannot read record ({exc})")
+                continue
+            records.append(ConsumedRecord(partition, offset, key, event))
+            requests[(partition, offset)] = request_of(message)
+        return records, requests
+
+    def _commit(self, records: list[ConsumedRecord], next_offsets: dict[int, int]) -> list[state.Outcome]:
+        """Apply the batch and commit it with the offsets it reaches, as one WriteBatch."""
+        batch = self._view.batch()
+        outcomes = []
+        for record in records:
+            try:
+                outcomes.append(batch.apply(record))
+            except Exception as exc:  # the record, not the disk: nothing of this batch was written
+                raise _ApplyFailure(record, exc) from exc
+        try:
+            batch.commit(self._settings.metadata_topic, next_offsets)
+        except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
+            raise _CommitFailure(str(exc)) from exc
+        self._stamp()
+        return outcomes
+
+    def _stamp(self) -> None:
+        try:
+            self._view.set_source(self._settings.metadata_topic, self._settings.topic_id, int(time.time() * 1000))
+        except Exception as exc:
+            raise _CommitFailure(str(exc)) from exc
+        self._stamped_at = time.monotonic()
+
+    def _after_commit(
+        self, records: list[ConsumedRecord], requests: dict[tuple[int, int], str | None],
+        outcomes: list[state.Outcome], next_offsets: dict[int, int],
+    ) -> None:
+        follow_ups: list[Append] = []
+        with self._lock:
+            self.storage_problem = None
+            self.applied.update(next_offsets)
+            for record, outcome in zip(records, outcomes, strict=True):
+                if not outcome.applied:
+                    log.warning("metadata topic %s partition %d offset %d: record dropped: %s",
+                                self._settings.metadata_topic, record.metadata_partition, record.offset,
+                                outcome.reason)
+                if isinstance(record.event, RemotePartitionDeleteMetadata) and outcome.applied and \
+                        record.event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+                    self._registered.pop(record.event.topic_id_partition, None)
+                request = requests.get((record.metadata_partition, record.offset))
+                follow_ups += self._writer.on_applied_locked(self._view, request, record, outcome)
+            self._lock.notify_all()
+        self._writer.produce(follow_ups)
+
+    def _halt(self, partition: int, offset: int, what: str) -> None:
+        topic = self._settings.metadata_topic
+        error = MetadataLogError(
+            f"metadata topic {topic} partition {partition} offset {offset}: {what}; this node applies nothing "
+            f"after it for that partition. Inspect the record (kafka-console-consumer --partition {partition} "
+            f"--offset {offset}) and upgrade tierlog or remove the producer that wrote it"
+        )
+        log.error("%s", error)
+        self._consumer.pause(partition)
+        with self._lock:
+            self.halted[partition] = error
+            self._writer.fail_partition_locked(partition, error)
+            self._lock.notify_all()
+        self._writer.settle()
+
+    # --- end offsets for readiness, off the apply path -----------------------------------------------------
+
+    def _resolve_targets(self) -> None:
+        backoff_s = OFFSETS_INTERVAL_S
+        while not self._stop.wait(backoff_s):
+            with self._lock:
+                waiting = sorted({self._metadata_partition(tp) for tp, t in self._registered.items() if t is None})
+            if not waiting:
+                backoff_s = OFFSETS_INTERVAL_S
+                continue
+            try:
+                ends = self._offsets.end_offsets(waiting, OFFSETS_TIMEOUT_S)
+            except RemoteStorageError as exc:
+                backoff_s = min(backoff_s * 2, RETRY_MAX_S)
+                log.warning("%s; partitions registered meanwhile stay not ready, retrying in %.1f s", exc, backoff_s)
+                continue
+            backoff_s = OFFSETS_INTERVAL_S
+            with self._lock:
+                for tp, target in self._registered.items():
+                    if target is None and self._metadata_partition(tp) in ends:
+                        self._registered[tp] = ends[self._metadata_partition(tp)]
+                self._lock.notify_all()
+
+    def close(self, timeout_s: float) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=timeout_s)
+
+
+def _position(message: Message) -> tuple[int, int]:
+    partition, offset = message.partition(), message.offset()
+    assert partition is not None and offset is not None, "consumed records always have a position"
+    return partition, offset
