@@ -5,8 +5,11 @@
 package dev.tierlog.kafka;
 
 import java.io.IOException;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
 import java.nio.channels.FileChannel;
 import java.nio.channels.FileLock;
+import java.nio.channels.SocketChannel;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
@@ -21,6 +24,7 @@ import io.grpc.ManagedChannel;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
+import io.grpc.netty.shaded.io.netty.channel.ChannelOption;
 import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
@@ -51,6 +55,7 @@ final class AgentClient implements AutoCloseable {
     private static final int MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
     // An agent that cannot start (say, a broken Python install) must not be respawned on every call.
     private static final long RELAUNCH_COOLDOWN_MS = 5_000;
+    private static final String STILL_STARTING = "still starting";
 
     /** A call against the channel, given the deadline it must meet. */
     @FunctionalInterface
@@ -65,6 +70,7 @@ final class AgentClient implements AutoCloseable {
     private final ManagedChannel channel;
     private volatile long lastLaunchMs;
     private volatile String lastLaunchFailure = "";
+    private volatile Thread creationWatcher;
 
     AgentClient(AgentSettings settings, Component component, Rpc<Void> afterConfigure) {
         this.settings = settings;
@@ -74,6 +80,9 @@ final class AgentClient implements AutoCloseable {
         this.channel = NettyChannelBuilder.forAddress(new DomainSocketAddress(settings.socketPath.toFile()))
             .eventLoopGroup(eventLoop)
             .channelType(EpollDomainSocketChannel.class)
+            // gRPC asks every transport for TCP keepalive, which a Unix socket does not have: netty then warns
+            // "Unknown channel option 'SO_KEEPALIVE'" in the broker log on each connection. Unset, it is not asked.
+            .withOption(ChannelOption.SO_KEEPALIVE, null)
             .usePlaintext()
             .maxInboundMessageSize(MAX_MESSAGE_BYTES)
             .build();
@@ -98,7 +107,11 @@ final class AgentClient implements AutoCloseable {
      * reconfigures it and runs once more; one that finds no agent restarts it when this adapter owns it.
      */
     <T> T call(String what, long timeoutMs, Rpc<T> rpc) throws RemoteStorageException {
-        Deadline deadline = Deadline.after(timeoutMs, TimeUnit.MILLISECONDS);
+        return call(what, Deadline.after(timeoutMs, TimeUnit.MILLISECONDS), timeoutMs, rpc);
+    }
+
+    /** As above, against a deadline set earlier (a queued write's, set when the broker submitted it). */
+    <T> T call(String what, Deadline deadline, long timeoutMs, Rpc<T> rpc) throws RemoteStorageException {
         StatusRuntimeException first;
         try {
             return rpc.call(channel, deadline);
@@ -120,6 +133,57 @@ final class AgentClient implements AutoCloseable {
         } catch (StatusRuntimeException e) {
             throw translate(what, e, timeoutMs);
         }
+    }
+
+    /**
+     * Watches, in the background, the agent create this component from the config start() handed it, and
+     * logs the outcome on the broker's side: creation can outlast configure() (the rlmm waits for the broker
+     * it is part of) and can then fail (say, a metadata topic replication factor above the broker count).
+     * {@code probe} is any side-effect-free call on the component; the agent answers it FAILED_PRECONDITION
+     * naming the cause when creating the component failed, ABORTED "still starting" while it is being created
+     * (tierlog/agent/components.py).
+     */
+    void watchCreation(Rpc<?> probe) {
+        Thread watcher = new Thread(() -> {
+            long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(settings.startupTimeoutMs);
+            while (System.nanoTime() < until) {
+                try {
+                    probe.call(channel, Deadline.after(HEALTH_TIMEOUT_MS, TimeUnit.MILLISECONDS));
+                    LOG.info("tierlog {} is ready in the agent at {}", component, settings.socketPath);
+                    return;
+                } catch (StatusRuntimeException e) {
+                    switch (e.getStatus().getCode()) {
+                        case FAILED_PRECONDITION:
+                            LOG.error("tierlog {} failed to start in the agent at {}: {} (agent log: {})", component,
+                                settings.socketPath, e.getStatus().getDescription(), settings.logFile);
+                            return;
+                        case ABORTED:
+                            // The component's own "not ready" (an unknown partition) means it exists.
+                            if (!String.valueOf(e.getStatus().getDescription()).contains(STILL_STARTING)) {
+                                LOG.info("tierlog {} is ready in the agent at {}", component, settings.socketPath);
+                                return;
+                            }
+                            break;
+                        case UNAVAILABLE:
+                        case DEADLINE_EXCEEDED:
+                            break; // still being created, or the agent is restarting: ask again
+                        default:
+                            LOG.info("tierlog {} is ready in the agent at {}", component, settings.socketPath);
+                            return;
+                    }
+                }
+                try {
+                    Thread.sleep(500);
+                } catch (InterruptedException e) {
+                    return; // close() interrupts: the broker is shutting down
+                }
+            }
+            LOG.error("tierlog {} was still not created in the agent at {} after {} ms; see the agent log at {}",
+                component, settings.socketPath, settings.startupTimeoutMs, settings.logFile);
+        }, "tierlog-" + component + "-startup");
+        watcher.setDaemon(true);
+        creationWatcher = watcher;
+        watcher.start();
     }
 
     AgentSettings settings() {
@@ -209,8 +273,42 @@ final class AgentClient implements AutoCloseable {
         }
     }
 
+    /** Whether a process accepts connections on the socket, whatever it answers (or not) over gRPC. */
+    static boolean listening(Path socket) {
+        if (!Files.exists(socket)) {
+            return false;
+        }
+        try (SocketChannel probe = SocketChannel.open(StandardProtocolFamily.UNIX)) {
+            probe.connect(UnixDomainSocketAddress.of(socket));
+            return true;
+        } catch (IOException e) {
+            return false;
+        }
+    }
+
+    /**
+     * Starts an agent, unless one is alive: a live agent that answers its health probe slowly is waited for,
+     * never displaced (a second agent would fail on the first one's RocksDB lock). A stale socket is left
+     * for the new agent, which removes it only after checking that nothing listens on it.
+     */
     private void launch() throws IOException, RemoteStorageException {
-        Files.deleteIfExists(settings.socketPath);
+        long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(settings.startupTimeoutMs);
+        if (listening(settings.socketPath)) {
+            while (System.nanoTime() < until) {
+                if (healthy()) {
+                    return;
+                }
+                if (!listening(settings.socketPath)) {
+                    break;
+                }
+                pause();
+            }
+            if (listening(settings.socketPath)) {
+                throw new RemoteStorageException("a process accepts connections on " + settings.socketPath
+                    + " but did not answer the agent's health check within " + settings.startupTimeoutMs
+                    + " ms; not starting a second agent beside it (see " + settings.logFile + ")");
+            }
+        }
         Path parent = settings.socketPath.toAbsolutePath().getParent();
         if (parent != null) {
             Files.createDirectories(parent);
@@ -221,39 +319,55 @@ final class AgentClient implements AutoCloseable {
         command.add("--parent-pid");
         command.add(String.valueOf(ProcessHandle.current().pid()));
         command.add("--exit-when-idle");
+        command.add("--log-file");
+        command.add(settings.logFile.toString());
         settings.metricsPort.ifPresent(port -> {
             command.add("--metrics-port");
             command.add(String.valueOf(port));
         });
         LOG.info("Starting the tierlog agent: {} (log: {})", command, settings.logFile);
+        // The agent rotates its own log; its raw output (a crash before logging starts) goes beside it.
         ProcessBuilder builder = new ProcessBuilder(command)
             .redirectErrorStream(true)
-            .redirectOutput(ProcessBuilder.Redirect.appendTo(settings.logFile.toFile()));
-        Process started = builder.start();
-        long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(settings.startupTimeoutMs);
+            .redirectOutput(ProcessBuilder.Redirect.appendTo(settings.outputFile().toFile()));
+        Process started;
+        try {
+            started = builder.start();
+        } catch (IOException e) {
+            throw new RemoteStorageException("could not run the tierlog agent (" + command + "): " + e.getMessage()
+                + "; set " + AgentSettings.PYTHON + " or " + AgentSettings.COMMAND, e);
+        }
         while (System.nanoTime() < until) {
             if (!started.isAlive()) {
                 throw new RemoteStorageException("the tierlog agent (" + command + ") exited with status "
-                    + started.exitValue() + " at startup; see " + settings.logFile);
+                    + started.exitValue() + " at startup; see " + settings.logFile + " and " + settings.outputFile());
             }
             if (Files.exists(settings.socketPath) && healthy()) {
                 channel.resetConnectBackoff();
                 return;
             }
-            try {
-                Thread.sleep(100);
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-                throw new RemoteStorageException("interrupted while starting the tierlog agent", e);
-            }
+            pause();
         }
         started.destroy();
         throw new RemoteStorageException("the tierlog agent did not answer at " + settings.socketPath + " within "
             + settings.startupTimeoutMs + " ms; see " + settings.logFile);
     }
 
+    private static void pause() throws RemoteStorageException {
+        try {
+            Thread.sleep(100);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new RemoteStorageException("interrupted while starting the tierlog agent", e);
+        }
+    }
+
     @Override
     public void close() {
+        Thread watcher = creationWatcher;
+        if (watcher != null) {
+            watcher.interrupt();
+        }
         try {
             AgentGrpc.newBlockingStub(channel).withDeadlineAfter(settings.callTimeoutMs, TimeUnit.MILLISECONDS)
                 .close(CloseRequest.newBuilder().setComponent(component).build());

@@ -4,8 +4,11 @@
  */
 package dev.tierlog.kafka;
 
+import java.net.URISyntaxException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayList;
+import java.security.CodeSource;
 import java.util.Arrays;
 import java.util.Collections;
 import java.util.List;
@@ -23,6 +26,7 @@ public final class AgentSettings {
     public static final String SOCKET_PATH = "agent.socket.path";
     public static final String START = "agent.start";
     public static final String COMMAND = "agent.command";
+    public static final String PYTHON = "agent.python";
     public static final String LOG_FILE = "agent.log.file";
     public static final String METRICS_PORT = "tierlog.agent.metrics.port";
     public static final String CALL_TIMEOUT_MS = "agent.call.timeout.ms";
@@ -32,10 +36,14 @@ public final class AgentSettings {
 
     /** Every key this class understands; the docker test checks the compose file against this set. */
     public static final Set<String> KEYS = Set.of(
-        SOCKET_PATH, START, COMMAND, LOG_FILE, METRICS_PORT,
+        SOCKET_PATH, START, COMMAND, PYTHON, LOG_FILE, METRICS_PORT,
         CALL_TIMEOUT_MS, COPY_TIMEOUT_MS, FETCH_TIMEOUT_MS, STARTUP_TIMEOUT_MS);
 
-    static final String DEFAULT_COMMAND = "python3 -m tierlog.agent.server";
+    /** The console script the tierlog wheel installs beside its `tierlog` command. */
+    static final String AGENT_SCRIPT = "tierlog-agent";
+    static final String AGENT_MODULE = "tierlog.agent.server";
+    // A Unix socket's path must fit sockaddr_un.sun_path (108 bytes on Linux, NUL included).
+    static final int MAX_SOCKET_PATH_BYTES = 107;
 
     public final Path socketPath;
     public final boolean start;
@@ -49,7 +57,7 @@ public final class AgentSettings {
     /** The configure() map without the agent.* keys, as strings: what the agent's component receives. */
     public final Map<String, String> forwarded;
 
-    private AgentSettings(Map<String, ?> configs) {
+    private AgentSettings(Map<String, ?> configs, Optional<Path> pluginJar) {
         Map<String, String> own = new TreeMap<>();
         Map<String, String> rest = new TreeMap<>();
         for (Map.Entry<String, ?> e : configs.entrySet()) {
@@ -68,14 +76,14 @@ public final class AgentSettings {
             }
         }
         String node = rest.getOrDefault("node.id", rest.getOrDefault("broker.id", "0"));
-        this.socketPath = Path.of(own.getOrDefault(SOCKET_PATH,
-            Path.of(System.getProperty("java.io.tmpdir"), "tierlog-agent-" + node + ".sock").toString()));
-        this.start = parseBool(own, START, true);
-        String cmd = own.getOrDefault(COMMAND, DEFAULT_COMMAND).trim();
-        if (cmd.isEmpty()) {
-            throw new ConfigException(COMMAND + " must not be empty");
+        this.socketPath = own.containsKey(SOCKET_PATH) ? Path.of(own.get(SOCKET_PATH))
+            : stateDir().resolve("agent-" + node + ".sock");
+        if (socketPath.toString().getBytes(StandardCharsets.UTF_8).length > MAX_SOCKET_PATH_BYTES) {
+            throw new ConfigException(SOCKET_PATH, socketPath.toString(), "a Unix socket path may not exceed "
+                + MAX_SOCKET_PATH_BYTES + " bytes; choose a shorter one");
         }
-        this.command = Collections.unmodifiableList(new ArrayList<>(Arrays.asList(cmd.split("\\s+"))));
+        this.start = parseBool(own, START, true);
+        this.command = start ? command(own, pluginJar) : List.of();
         this.logFile = Path.of(own.getOrDefault(LOG_FILE, socketPath + ".log"));
         this.metricsPort = own.containsKey(METRICS_PORT)
             ? Optional.of((int) parseLong(own, METRICS_PORT, 0, 0, 65535)) : Optional.empty();
@@ -87,7 +95,92 @@ public final class AgentSettings {
     }
 
     public static AgentSettings parse(Map<String, ?> configs) {
-        return new AgentSettings(configs);
+        return new AgentSettings(configs, pluginJar());
+    }
+
+    /** As {@link #parse(Map)}, as if the plugin's classes were loaded from {@code pluginJar}. */
+    static AgentSettings parse(Map<String, ?> configs, Optional<Path> pluginJar) {
+        return new AgentSettings(configs, pluginJar);
+    }
+
+    /** Where the started agent's raw output goes (anything written before its own rotated log is set up). */
+    public Path outputFile() {
+        return Path.of(logFile + ".out");
+    }
+
+    /**
+     * The default home of sockets: a per-user state directory ($XDG_STATE_HOME/tierlog, else
+     * ~/.local/state/tierlog), never a temporary directory that cleaners may empty under a running broker.
+     * Both plugins must derive the same path and only the RLMM is told the broker's log.dir, so it is not used.
+     */
+    static Path stateDir() {
+        String xdg = System.getenv("XDG_STATE_HOME");
+        Path base = xdg != null && !xdg.isBlank() ? Path.of(xdg)
+            : Path.of(System.getProperty("user.home"), ".local", "state");
+        return base.resolve("tierlog");
+    }
+
+    /**
+     * How to start the agent: agent.command as given; else agent.python running the agent module; else the
+     * tierlog-agent script of the Python environment whose wheel holds this jar. Never whatever `python3`
+     * happens to be first on the broker's PATH, which may import another checkout's code.
+     */
+    private static List<String> command(Map<String, String> own, Optional<Path> pluginJar) {
+        if (own.containsKey(COMMAND)) {
+            String cmd = own.get(COMMAND).trim();
+            if (cmd.isEmpty()) {
+                throw new ConfigException(COMMAND + " must not be empty");
+            }
+            return List.copyOf(Arrays.asList(cmd.split("\\s+")));
+        }
+        if (own.containsKey(PYTHON)) {
+            String python = own.get(PYTHON).trim();
+            if (python.isEmpty() || !Files.isExecutable(Path.of(python))) {
+                throw new ConfigException(PYTHON, python, "not an executable Python interpreter");
+            }
+            return List.of(python, "-m", AGENT_MODULE);
+        }
+        Optional<Path> script = pluginJar.flatMap(AgentSettings::installedAgent);
+        if (script.isPresent()) {
+            return List.of(script.get().toString());
+        }
+        throw new ConfigException("tierlog cannot tell which Python environment to start its agent from: this "
+            + "plugin jar (" + pluginJar.map(Path::toString).orElse("location unknown") + ") is not the one a "
+            + "tierlog wheel installed (print that one's path with `tierlog plugin-path`). Set " + PYTHON
+            + " to the interpreter of the environment where tierlog is installed, or " + COMMAND);
+    }
+
+    /**
+     * The tierlog-agent script beside the wheel holding {@code jar}: the wheel puts the jar at
+     * {@code <site-packages>/tierlog/jars/}, and the environment's scripts are in {@code <prefix>/bin} with
+     * site-packages at {@code <prefix>/lib/pythonX.Y/site-packages} (or Debian's lib/python3/dist-packages).
+     */
+    static Optional<Path> installedAgent(Path jar) {
+        Path jars = jar.toAbsolutePath().getParent();
+        if (jars == null || !jars.getFileName().toString().equals("jars")) {
+            return Optional.empty();
+        }
+        Path prefix = jars;
+        for (int up = 0; up < 5 && prefix != null; up++) {
+            prefix = prefix.getParent(); // tierlog, site-packages, pythonX.Y, lib, <prefix>
+        }
+        if (prefix == null) {
+            return Optional.empty();
+        }
+        Path script = prefix.resolve("bin").resolve(AGENT_SCRIPT);
+        return Files.isExecutable(script) ? Optional.of(script) : Optional.empty();
+    }
+
+    private static Optional<Path> pluginJar() {
+        try {
+            CodeSource source = AgentSettings.class.getProtectionDomain().getCodeSource();
+            if (source == null || source.getLocation() == null) {
+                return Optional.empty();
+            }
+            return Optional.of(Path.of(source.getLocation().toURI()));
+        } catch (URISyntaxException | IllegalArgumentException | SecurityException e) {
+            return Optional.empty();
+        }
     }
 
     private static boolean parseBool(Map<String, String> own, String key, boolean dflt) {

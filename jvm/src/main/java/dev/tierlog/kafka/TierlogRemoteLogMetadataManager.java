@@ -12,12 +12,10 @@ import java.util.Map;
 import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.CompletionException;
 import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
 
 import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.common.Uuid;
 import org.apache.kafka.server.log.remote.storage.RemoteLogMetadataManager;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadataUpdate;
@@ -47,12 +45,12 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
     // What the broker told us about leadership, replayed into an agent that restarted and forgot it.
     private final Map<TopicIdPartition, Boolean> isLeader = new ConcurrentHashMap<>();
     private volatile AgentClient agent;
-    private volatile ExecutorService writes;
+    private volatile PendingWrites writes;
 
     @Override
     public void configure(Map<String, ?> configs) {
         AgentSettings settings = AgentSettings.parse(configs);
-        writes = Executors.newFixedThreadPool(4, AgentClient.daemonThreads("tierlog-rlmm-write"));
+        writes = new PendingWrites("tierlog RLMM", 4);
         agent = new AgentClient(settings, Component.REMOTE_LOG_METADATA_MANAGER, this::replayLeadership);
         try {
             agent.start();
@@ -60,7 +58,13 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
             throw new org.apache.kafka.common.KafkaException("tierlog RLMM could not reach its agent: "
                 + e.getMessage(), e);
         }
-        LOG.info("tierlog RLMM configured, agent at {}", settings.socketPath);
+        // Not "configured" yet: the agent creates the metadata manager in the background (it may wait for this
+        // very broker), and the watcher reports in this log whether that worked and, if not, why.
+        LOG.info("tierlog RLMM: the agent at {} accepted the configuration and is creating the metadata manager",
+            settings.socketPath);
+        TopicIdPartition probe = new TopicIdPartition(Uuid.randomUuid(), 0, "tierlog-startup-probe");
+        agent.watchCreation((ch, dl) -> RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl).highestOffsetForEpoch(
+            EpochQuery.newBuilder().setTopicIdPartition(ProtoMapping.toProto(probe)).setEpoch(0).build()));
     }
 
     private Void replayLeadership(io.grpc.ManagedChannel channel, io.grpc.Deadline deadline) {
@@ -94,13 +98,8 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
 
     private CompletableFuture<Void> write(String what, AgentClient.Rpc<?> rpc) {
         AgentClient a = agent();
-        return CompletableFuture.runAsync(() -> {
-            try {
-                a.call(what, timeout(), rpc);
-            } catch (RemoteStorageException e) {
-                throw new CompletionException(e);
-            }
-        }, writes);
+        long timeoutMs = timeout();
+        return writes.submit(what, timeoutMs, deadline -> a.call(what, deadline, timeoutMs, rpc));
     }
 
     @Override
@@ -243,13 +242,14 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
 
     @Override
     public void close() throws IOException {
+        // Pending writes fail first, so no broker thread waits on a future while the channel goes away.
+        PendingWrites w = writes;
+        if (w != null) {
+            w.close();
+        }
         AgentClient a = agent;
         if (a != null) {
             a.close();
-        }
-        ExecutorService w = writes;
-        if (w != null) {
-            w.shutdownNow();
         }
     }
 }
