@@ -1,6 +1,6 @@
 """Benchmark of the metadata manager on a real broker: cold materialization, restart, lookups, memory.
 
-Produces N realistic metadata events (segment uploads across many user partitions with lineage checkpoints
+Produces N realistic logical metadata events (segment uploads across many user partitions with lineage checkpoints
 and retention deletes) straight onto a fresh metadata topic, then times a fresh node to ready (rebuild), a
 restart of that caught-up node (resume from stored offsets), and in-process lookup latency; prints JSON.
 
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,13 +57,23 @@ class _History:
     next_offset: int = 0
     epoch: int = 0
     live: list[RemoteLogSegmentMetadata] = field(default_factory=list)
-    highest: dict[int, int] = field(default_factory=dict)
 
 
-def events(total: int, user_partitions: list[TopicIdPartition], rng: random.Random, retention: int
-           ) -> Iterator[tuple[TopicIdPartition, bytes, bytes | None]]:
-    """A broker's metadata history: per user partition, segments uploaded in order (STARTED, FINISHED, then
-    the lineage checkpoint), leader epochs bumping now and then, retention deleting the oldest segments."""
+@dataclass(frozen=True, slots=True)
+class SegmentEvent:
+    """One logical metadata event, as a broker's API call makes it: a segment's add or one state update.
+
+    `metadata` is the segment as it stands after the event; `update` is None for the add."""
+
+    metadata: RemoteLogSegmentMetadata
+    update: RemoteLogSegmentMetadataUpdate | None = None
+
+
+def history(total: int, user_partitions: list[TopicIdPartition], rng: random.Random, retention: int
+            ) -> Iterator[SegmentEvent]:
+    """A broker's metadata history of `total` logical events: per user partition, segments uploaded in order
+    (add, then COPY_SEGMENT_FINISHED), leader epochs bumping now and then, retention deleting the oldest
+    segments (DELETE_SEGMENT_STARTED, then DELETE_SEGMENT_FINISHED)."""
     produced = 0
     state = {tp: _History() for tp in user_partitions}
     now = 1_700_000_000_000
@@ -81,44 +91,69 @@ def events(total: int, user_partitions: list[TopicIdPartition], rng: random.Rand
             event_timestamp_ms=now, segment_size_in_bytes=rng.randint(1 << 20, 1 << 30),
             segment_leader_epochs={st.epoch: start}, txn_idx_empty=rng.random() < 0.9,
         )
-        finished = md.create_with_update(_update(md, S.COPY_SEGMENT_FINISHED, b"\x00" * 24))
-        st.highest[st.epoch] = end
-        checkpoint = EpochCheckpoint(tp, tuple(EpochLineage(e, h) for e, h in sorted(st.highest.items())), now, 0)
-        for event in (md, finished, checkpoint):
-            yield tp, key_of(event).encode(), codec.encode(event)
-        produced += 3
-        st.live.append(finished)
-        if retention and len(st.live) > retention:  # retention: the oldest segment goes
+        yield SegmentEvent(md)
+        yield _updated(md, S.COPY_SEGMENT_FINISHED, b"\x00" * 24)
+        produced += 2
+        st.live.append(md)
+        if retention and len(st.live) > retention and produced < total:  # retention: the oldest segment goes
             oldest = st.live.pop(0)
-            started = oldest.create_with_update(_update(oldest, S.DELETE_SEGMENT_STARTED, None))
-            gone = oldest.create_with_update(_update(oldest, S.DELETE_SEGMENT_FINISHED, None))
-            key = key_of(oldest).encode()
-            yield tp, key, codec.encode(started)
-            yield tp, key, codec.encode(gone)
-            yield tp, key, None
-            produced += 3
+            yield _updated(oldest, S.DELETE_SEGMENT_STARTED, None)
+            yield _updated(oldest, S.DELETE_SEGMENT_FINISHED, None)
+            produced += 2
         now += 1000
 
 
-def _update(md: RemoteLogSegmentMetadata, state: RemoteLogSegmentState, custom: bytes | None
-            ) -> RemoteLogSegmentMetadataUpdate:
-    return RemoteLogSegmentMetadataUpdate(md.remote_log_segment_id, md.event_timestamp_ms + 1, custom, state, 1)
+def _updated(md: RemoteLogSegmentMetadata, state: RemoteLogSegmentState, custom: bytes | None) -> SegmentEvent:
+    update = RemoteLogSegmentMetadataUpdate(md.remote_log_segment_id, md.event_timestamp_ms + 1, custom, state, 1)
+    return SegmentEvent(md.create_with_update(update), update)
 
 
-def produce_history(bootstrap: str, topic: str, partitions: int, total: int, user_partitions: int, seed: int,
+def tierlog_records(events: Iterable[SegmentEvent]) -> Iterator[tuple[TopicIdPartition, bytes, bytes | None]]:
+    """The records tierlog's manager appends for `events`: each segment's full state under its key, the
+    partition's lineage checkpoint after a copy finished, and a tombstone once a segment is deleted."""
+    highest: dict[TopicIdPartition, dict[int, int]] = {}
+    for event in events:
+        md = event.metadata
+        tp = md.topic_id_partition
+        key = key_of(md).encode()
+        yield tp, key, codec.encode(md)
+        if md.state is S.COPY_SEGMENT_FINISHED:
+            epochs = highest.setdefault(tp, {})
+            for epoch in md.segment_leader_epochs:
+                epochs[epoch] = max(epochs.get(epoch, -1), md.end_offset)
+            checkpoint = EpochCheckpoint(tp, tuple(EpochLineage(e, h) for e, h in sorted(epochs.items())),
+                                         md.event_timestamp_ms, 0)
+            yield tp, key_of(checkpoint).encode(), codec.encode(checkpoint)
+        elif md.state is S.DELETE_SEGMENT_FINISHED:
+            yield tp, key, None
+
+
+def user_partitions(count: int, rng: random.Random) -> list[TopicIdPartition]:
+    return [TopicIdPartition(uuid.UUID(int=rng.getrandbits(128)), f"topic{i % 50}", i) for i in range(count)]
+
+
+def produce_history(bootstrap: str, topic: str, partitions: int, total: int, user_partition_count: int, seed: int,
                     retention: int) -> tuple[int, list[TopicIdPartition], float]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1, config={"cleanup.policy": "compact",
                                                                  "min.compaction.lag.ms": str(7 * 86400_000)})]
                         )[topic].result(60)
     rng = random.Random(seed)
-    tps = [TopicIdPartition(uuid.UUID(int=rng.getrandbits(128)), f"topic{i % 50}", i) for i in range(user_partitions)]
+    tps = user_partitions(user_partition_count, rng)
+    count, seconds = produce_records(bootstrap, topic, partitions, tierlog_records(history(total, tps, rng, retention)))
+    return count, tps, seconds
+
+
+def produce_records(bootstrap: str, topic: str, partitions: int,
+                    records: Iterable[tuple[TopicIdPartition, bytes, bytes | None]]) -> tuple[int, float]:
+    """Append tierlog records straight onto `topic`, each to its user partition's metadata partition;
+    returns how many and the seconds it took."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000,
                          "compression.type": "lz4", "acks": "all", "enable.idempotence": True,
                          "queue.buffering.max.messages": 500_000})
     started = time.perf_counter()
     count = 0
-    for tp, key, value in events(total, tps, rng, retention):
+    for tp, key, value in records:
         while True:
             try:
                 producer.produce(topic, key=key, value=value,
@@ -128,8 +163,8 @@ def produce_history(bootstrap: str, topic: str, partitions: int, total: int, use
                 producer.poll(0.05)
         count += 1
     if producer.flush(300) != 0:
-        raise SystemExit("producing the history did not finish")
-    return count, tps, time.perf_counter() - started
+        raise SystemExit(f"producing records to {topic} did not finish")
+    return count, time.perf_counter() - started
 
 
 def rss_mib() -> float:

@@ -1,0 +1,358 @@
+"""Side-by-side benchmark: tierlog's metadata manager against Kafka's own TopicBasedRemoteLogMetadataManager.
+
+Starts its own one-node Kafka (the pinned version), feeds both managers the same logical events (segment adds,
+copy-finished updates, and retention deletes of a share of them, over 2,000 user partitions and 50 metadata
+partitions), then runs each node in a fresh process, interleaved: cold rebuild from the topic (tierlog also from
+a compacted copy), restart, in-process lookup and write latency, RSS, metadata topic bytes. Kafka's manager is
+driven through its public API by the Java harness in bench/tbrlmm. Prints one JSON document on stdout and a
+Markdown table of ratios (tierlog/TBRLMM) on stderr.
+
+Usage: python bench/rlmm_vs_kafka.py [--full] [--events N] [--rounds R] [--markdown FILE]
+(quick: 200k events, the `make bench-kafka` target; --full: 1M events.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from rlmm_materialize import (  # noqa: E402
+    SegmentEvent,
+    history,
+    produce_records,
+    rss_mib,
+    tierlog_records,
+    user_partitions,
+)
+
+from dev.kafka import KafkaCluster, java_executable, kafka_version  # noqa: E402
+from rlmm import (  # noqa: E402
+    RemoteLogMetadataManager,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    TopicIdPartition,
+)
+from rlmm.event_log import TopicSettings  # noqa: E402
+from rlmm.events import RecordKey  # noqa: E402
+
+HARNESS_POM = REPO / "bench" / "tbrlmm" / "pom.xml"
+HARNESS_BUILD = REPO / ".dev" / "bench-tbrlmm"
+HARNESS_MAIN = "dev.tierlog.bench.TbrlmmHarness"
+TBRLMM_TOPIC = "__remote_log_metadata"
+UNCOMPACTED_TOPIC = "bench-tierlog-history"
+COMPACTED_TOPIC = "bench-tierlog-compacted"
+# The compacted copy rolls and cleans quickly so that it reaches its compacted size within the run.
+COMPACTED_SEGMENT_MS = 4000
+NODE_TIMEOUT_S = 3600.0
+COMPACTION_TIMEOUT_S = 180.0
+
+
+# --- the events both managers are fed ----------------------------------------------------------------------
+
+def write_events_file(path: Path, tps: Sequence[TopicIdPartition], events: Iterable[SegmentEvent]) -> None:
+    """The harness's input: the user partitions, then one line per logical event (see TbrlmmHarness)."""
+    index = {tp: i for i, tp in enumerate(tps)}
+    with path.open("w", encoding="ascii") as out:
+        for tp in tps:
+            out.write(f"P {tp.topic_id} {tp.topic} {tp.partition}\n")
+        for event in events:
+            md = event.metadata
+            tp_index = index[md.topic_id_partition]
+            segment = md.remote_log_segment_id.id
+            if event.update is None:
+                (epoch,) = md.segment_leader_epochs
+                out.write(f"A {tp_index} {segment} {md.start_offset} {md.end_offset} {epoch} {md.max_timestamp_ms} "
+                          f"{md.broker_id} {md.event_timestamp_ms} {md.segment_size_in_bytes} "
+                          f"{int(md.txn_idx_empty)}\n")
+            else:
+                u = event.update
+                out.write(f"U {tp_index} {segment} {u.state.value} {u.event_timestamp_ms} {u.broker_id}\n")
+
+
+def read_partitions(path: Path) -> list[TopicIdPartition]:
+    with path.open(encoding="ascii") as lines:
+        return [TopicIdPartition(uuid.UUID(f[1]), f[2], int(f[3]))
+                for f in (line.split() for line in lines) if f[0] == "P"]
+
+
+# --- one tierlog node, in a process of its own -------------------------------------------------------------
+
+def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, events_file: Path, lookups: int,
+                 writes: int, seed: int) -> dict[str, Any]:
+    """Start a manager on `state_dir`, wait until every user partition is ready, then time lookups and writes:
+    the same steps, in the same order, as the harness's `node` command."""
+    tps = read_partitions(events_file)
+    rng = random.Random(seed)
+    write_target = TopicIdPartition(uuid.UUID(int=rng.getrandbits(128)), "bench-writes", 0)
+    config = {"bootstrap.servers": bootstrap, "broker.id": 0, "state.dir": state_dir, "metadata.topic.name": topic,
+              "metadata.topic.num.partitions": partitions, "metadata.topic.create": False,
+              "startup.timeout.ms": int(NODE_TIMEOUT_S * 1000)}
+    started = time.perf_counter()
+    manager = RemoteLogMetadataManager(config)
+    try:
+        everything = {*tps, write_target}
+        manager.on_partition_leadership_changes(everything, set())
+        manager.wait_caught_up(NODE_TIMEOUT_S)
+        deadline = time.monotonic() + NODE_TIMEOUT_S
+        while not all(manager.is_ready(tp) for tp in everything):
+            if time.monotonic() > deadline:
+                raise SystemExit("tierlog node did not get ready in time")
+            time.sleep(0.002)
+        ready_s = time.perf_counter() - started
+        rss_after_ready = rss_mib()
+
+        live = [md for tp in tps for md in manager.list_remote_log_segments(tp)]
+        lookup_ns = [0] * lookups
+        hits = 0
+        for _round in range(2):  # the same warm-up round as the harness
+            hits = 0
+            for i in range(lookups):
+                md = live[rng.randrange(len(live))]
+                epoch = min(md.segment_leader_epochs)
+                offset = md.start_offset + int(rng.random() * (md.end_offset - md.start_offset))
+                t0 = time.perf_counter_ns()
+                found = manager.remote_log_segment_metadata(md.topic_id_partition, epoch, offset)
+                lookup_ns[i] = time.perf_counter_ns() - t0
+                hits += found is not None
+
+        add_ns, finish_ns = [], []
+        for i in range(writes):
+            start = i * 10_000
+            md = RemoteLogSegmentMetadata(
+                remote_log_segment_id=RemoteLogSegmentId(write_target, uuid.UUID(int=rng.getrandbits(128))),
+                start_offset=start, end_offset=start + 9_999, max_timestamp_ms=0, broker_id=0,
+                event_timestamp_ms=int(time.time() * 1000), segment_size_in_bytes=1 << 20,
+                segment_leader_epochs={0: start}, txn_idx_empty=True)
+            t0 = time.perf_counter_ns()
+            manager.add_remote_log_segment_metadata(md).result(60)
+            t1 = time.perf_counter_ns()
+            manager.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+                md.remote_log_segment_id, int(time.time() * 1000), b"\x00" * 24,
+                RemoteLogSegmentState.COPY_SEGMENT_FINISHED, 0)).result(60)
+            add_ns.append(t1 - t0)
+            finish_ns.append(time.perf_counter_ns() - t1)
+    finally:
+        manager.close()
+    return {"ready_s": round(ready_s, 3), "live_segments": len(live), "lookups": lookups, "lookup_hits": hits,
+            "lookup_p50_us": _pct(lookup_ns, 0.5) / 1e3, "lookup_p99_us": _pct(lookup_ns, 0.99) / 1e3,
+            "writes": writes, "add_p50_ms": _pct(add_ns, 0.5) / 1e6, "add_p99_ms": _pct(add_ns, 0.99) / 1e6,
+            "finish_p50_ms": _pct(finish_ns, 0.5) / 1e6, "finish_p99_ms": _pct(finish_ns, 0.99) / 1e6,
+            "rss_mib": round(rss_after_ready, 1)}
+
+
+def _pct(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return float("nan") if not ordered else round(float(ordered[min(len(ordered) - 1, int(len(ordered) * q))]), 2)
+
+
+# --- the runner ---------------------------------------------------------------------------------------------
+
+def build_harness() -> str:
+    """Build the Java harness (Maven, output under .dev/) and return its classpath."""
+    subprocess.run(["mvn", "-q", "-B", "-Dstyle.color=never", "-f", str(HARNESS_POM),
+                    f"-Dkafka.version={kafka_version()}", "package", "-DskipTests"], check=True, timeout=600)
+    return os.pathsep.join([str(HARNESS_BUILD / "classes"), str(HARNESS_BUILD / "lib" / "*")])
+
+
+def run_json(command: Sequence[str], timeout_s: float = NODE_TIMEOUT_S) -> dict[str, Any]:
+    """Run one measurement process and return the JSON object it printed last."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:3])} ... failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def topic_bytes(cluster: KafkaCluster, topic: str) -> int:
+    """Bytes of a topic's log segments on the broker's disk (indexes are preallocated, so left out)."""
+    return sum(f.stat().st_size for f in cluster.log_dir(0).glob(f"{topic}-*/*.log"))
+
+
+def create_tierlog_topics(bootstrap: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # The project's defaults (seven days of uncompacted history), and a copy that compacts at once.
+    history_topic = TopicSettings(UNCOMPACTED_TOPIC, partitions, 1, 1, 7 * 24 * 3600 * 1000, {})
+    compacted = TopicSettings(COMPACTED_TOPIC, partitions, 1, 1, 0,
+                              {"min.cleanable.dirty.ratio": "0.01", "segment.bytes": str(1 << 20)},
+                              delete_retention_ms=0, segment_ms=COMPACTED_SEGMENT_MS)
+    futures = admin.create_topics([NewTopic(s.name, s.partitions, s.replication_factor, config=s.configs())
+                                   for s in (history_topic, compacted)])
+    for future in futures.values():
+        future.result(60)
+
+
+def wait_compacted(cluster: KafkaCluster, partitions: int) -> int:
+    """Let the compacted copy's cleaner finish: roll every partition's active segment (compaction never touches
+    it) with a tombstone for a segment that never existed, then wait until the topic's size stops shrinking."""
+    time.sleep(COMPACTED_SEGMENT_MS / 1000 + 0.5)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for p in range(partitions):
+        key = RecordKey("segment", uuid.UUID(int=0), p, uuid.uuid4()).encode()
+        producer.produce(COMPACTED_TOPIC, key=key, value=None, partition=p)
+    producer.flush(60)
+    deadline = time.monotonic() + COMPACTION_TIMEOUT_S
+    sizes = [topic_bytes(cluster, COMPACTED_TOPIC)]
+    while time.monotonic() < deadline:
+        time.sleep(3)
+        sizes.append(topic_bytes(cluster, COMPACTED_TOPIC))
+        if len(sizes) >= 4 and sizes[-1] == sizes[-2] == sizes[-3]:
+            break
+    return sizes[-1]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="1M events instead of the quick 200k")
+    parser.add_argument("--events", type=int, default=None, help="logical events (overrides --full)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (quick 1, full 2)")
+    parser.add_argument("--user-partitions", type=int, default=2000)
+    parser.add_argument("--partitions", type=int, default=50, help="metadata topic partitions")
+    parser.add_argument("--retention", type=int, default=20,
+                        help="segments kept per user partition before the oldest is deleted")
+    parser.add_argument("--lookups", type=int, default=20_000)
+    parser.add_argument("--writes", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the ratio table to this file")
+    args = parser.parse_args(argv)
+    total = args.events or (1_000_000 if args.full else 200_000)
+    rounds = args.rounds or (2 if args.full else 1)
+
+    classpath = build_harness()
+    work = Path(tempfile.mkdtemp(prefix="bench-rlmm-vs-kafka-"))
+    rng = random.Random(args.seed)
+    tps = user_partitions(args.user_partitions, rng)
+    events = list(history(total, tps, rng, args.retention))
+    events_file = work / "events.txt"
+    write_events_file(events_file, tps, events)
+    records = list(tierlog_records(events))
+    deleted = sum(e.metadata.state is RemoteLogSegmentState.DELETE_SEGMENT_FINISHED for e in events)
+    created = sum(e.update is None for e in events)
+    result: dict[str, Any] = {
+        "benchmark": "rlmm_vs_kafka", "mode": "full" if total >= 1_000_000 else "quick",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "kafka": kafka_version()},
+        "logical_events": len(events), "tierlog_records": len(records), "segments_created": created,
+        "segments_deleted": deleted, "user_partitions": args.user_partitions,
+        "metadata_partitions": args.partitions, "rounds": rounds,
+    }
+    java = [java_executable(), "-Xmx1g", "-XX:+UseSerialGC", "-cp", classpath, HARNESS_MAIN]
+    with KafkaCluster(work / "kafka", heap="768m", properties={"log.cleaner.backoff.ms": 500}) as cluster:
+        bootstrap = cluster.bootstrap
+        create_tierlog_topics(bootstrap, args.partitions)
+        _, produce_s = produce_records(bootstrap, UNCOMPACTED_TOPIC, args.partitions, records)
+        produce_records(bootstrap, COMPACTED_TOPIC, args.partitions, records)
+        kafka_produce = run_json([*java, "produce", str(events_file), bootstrap, str(args.partitions)])
+        result["produce_s"] = {"tierlog": round(produce_s, 2), "tbrlmm": kafka_produce["produce_s"]}
+        result["topic_bytes"] = {"tierlog_uncompacted": topic_bytes(cluster, UNCOMPACTED_TOPIC),
+                                 "tbrlmm": topic_bytes(cluster, TBRLMM_TOPIC)}
+        result["topic_bytes"]["tierlog_compacted"] = wait_compacted(cluster, args.partitions)
+
+        def tierlog(topic: str, state_dir: Path) -> dict[str, Any]:
+            return run_json([sys.executable, __file__, "tierlog-node", bootstrap, topic, str(args.partitions),
+                             str(state_dir), str(events_file), str(args.lookups), str(args.writes), str(args.seed)])
+
+        def tbrlmm(log_dir: Path) -> dict[str, Any]:
+            return run_json([*java, "node", str(events_file), bootstrap, str(args.partitions), str(log_dir),
+                             str(args.lookups), str(args.writes), str(args.seed)])
+
+        runs: list[dict[str, Any]] = []
+        for r in range(rounds):
+            steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                ("tierlog_cold", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
+                ("tierlog_restart", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
+                ("tierlog_cold_compacted", partial(tierlog, COMPACTED_TOPIC, work / f"tierlog-c-{r}")),
+            ]
+            kafka_steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                ("tbrlmm_cold", partial(tbrlmm, work / f"tbrlmm-{r}")),
+                ("tbrlmm_restart", partial(tbrlmm, work / f"tbrlmm-{r}")),
+            ]
+            ordered = [*steps, *kafka_steps] if r % 2 == 0 else [*kafka_steps, *steps]
+            measured: dict[str, Any] = {"round": r}
+            for name, step in ordered:
+                print(f"round {r}: {name}", file=sys.stderr, flush=True)
+                measured[name] = step()
+            runs.append(measured)
+    result["runs"] = runs
+    result["median"] = medians(runs, len(events))
+    table = ratio_table(result)
+    print(json.dumps(result, indent=2))
+    print(table, file=sys.stderr)
+    if args.markdown:
+        args.markdown.write_text(table + "\n", encoding="utf-8")
+
+
+def medians(runs: list[dict[str, Any]], events: int) -> dict[str, dict[str, float]]:
+    """Per step, the median of every numeric figure over the rounds, plus events/s for the ready time."""
+    out: dict[str, dict[str, float]] = {}
+    for step in (k for k in runs[0] if k != "round"):
+        figures = {k for k, v in runs[0][step].items() if isinstance(v, (int, float))}
+        out[step] = {k: round(statistics.median(run[step][k] for run in runs), 3) for k in sorted(figures)}
+        out[step]["events_per_s"] = round(events / out[step]["ready_s"])
+    return out
+
+
+def ratio_table(result: dict[str, Any]) -> str:
+    m = result["median"]
+    t, k, tc = m["tierlog_cold"], m["tbrlmm_cold"], m["tierlog_cold_compacted"]
+    tr, kr = m["tierlog_restart"], m["tbrlmm_restart"]
+    sizes = result["topic_bytes"]
+    rows: list[tuple[str, float, float, str, str]] = [
+        ("cold rebuild, uncompacted topic (events/s)", t["events_per_s"], k["events_per_s"], "higher", "{:,.0f}"),
+        ("cold rebuild, compacted topic (events/s; TBRLMM: its only topic)", tc["events_per_s"],
+         k["events_per_s"], "higher", "{:,.0f}"),
+        ("restart to ready (s)", tr["ready_s"], kr["ready_s"], "lower", "{:.2f}"),
+        ("lookup p50 (µs)", t["lookup_p50_us"], k["lookup_p50_us"], "lower", "{:.1f}"),
+        ("lookup p99 (µs)", t["lookup_p99_us"], k["lookup_p99_us"], "lower", "{:.1f}"),
+        ("write: add p50 (ms)", t["add_p50_ms"], k["add_p50_ms"], "lower", "{:.2f}"),
+        ("write: copy finished p50 (ms)", t["finish_p50_ms"], k["finish_p50_ms"], "lower", "{:.2f}"),
+        ("RSS after cold rebuild (MiB)", t["rss_mib"], k["rss_mib"], "lower", "{:.0f}"),
+        ("RSS after restart (MiB)", tr["rss_mib"], kr["rss_mib"], "lower", "{:.0f}"),
+        ("metadata topic bytes, uncompacted (MB)", sizes["tierlog_uncompacted"] / 1e6, sizes["tbrlmm"] / 1e6,
+         "lower", "{:.1f}"),
+        ("metadata topic bytes, compacted (MB)", sizes["tierlog_compacted"] / 1e6, sizes["tbrlmm"] / 1e6,
+         "lower", "{:.1f}"),
+    ]
+    if "snapshot_bootstrap" in m:
+        s = m["snapshot_bootstrap"]
+        rows.insert(2, ("bootstrap from snapshot + tail (events/s)", s["events_per_s"], k["events_per_s"],
+                        "higher", "{:,.0f}"))
+    machine = result["machine"]
+    lines = [f"{result['logical_events']:,} logical events ({result['segments_created']:,} segments created, "
+             f"{result['segments_deleted']:,} deleted) over {result['user_partitions']:,} user partitions and "
+             f"{result['metadata_partitions']} metadata partitions; Kafka {machine['kafka']}, {machine['cpus']} "
+             f"cores, median of {result['rounds']} interleaved round(s).", "",
+             "| figure | tierlog | TBRLMM | tierlog/TBRLMM | better |", "|---|---|---|---|---|"]
+    for name, ours, theirs, better, fmt in rows:
+        ratio = ours / theirs if theirs else float("nan")
+        lines.append(f"| {name} | {fmt.format(ours)} | {fmt.format(theirs)} | {ratio:.2f} | {better} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "tierlog-node":
+        b, topic, parts, state, events_path, lookups, writes, seed = sys.argv[2:10]
+        print(json.dumps(tierlog_node(b, topic, int(parts), state, Path(events_path), int(lookups), int(writes),
+                                      int(seed))))
+    else:
+        main()
