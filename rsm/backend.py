@@ -28,6 +28,8 @@ Source = Path | bytes
 class ObjectInfo:
     key: str
     size: int
+    # When the store last wrote the object (ms since the epoch); None where a store cannot say.
+    last_modified_ms: int | None = None
 
 
 class StorageBackend(abc.ABC):

@@ -10,6 +10,7 @@ import io
 import logging
 import threading
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from rlmm.config import ConfigKey, parse_bool, parse_config, parse_int, parse_str
@@ -40,12 +41,23 @@ def _non_negative(value: int) -> bool:
     return value >= 0
 
 
+def _parse_log_dirs(value: Any) -> tuple[Path, ...]:
+    """Kafka's `log.dirs` form: a comma-separated list of directories, symlinks resolved once here."""
+    dirs = tuple(Path(part.strip()).resolve() for part in parse_str(value).split(",") if part.strip())
+    if not all(d.is_absolute() for d in dirs):
+        raise ValueError("expected absolute directories")
+    return dirs
+
+
 CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("storage.backend", parse_str, default="filesystem"),
     # Spread keys over the store's key space by a hash of the partition (helps S3 request-rate limits).
     ConfigKey("storage.hash.prefix", parse_bool, default=False),
     ConfigKey("index.cache.max.bytes", parse_int, 64 << 20, check=_non_negative, requirement=">= 0"),
     ConfigKey("index.cache.ttl.ms", parse_int, 600_000, check=lambda v: v > 0, requirement="> 0"),
+    # The broker's log directories: copy_log_segment_data reads segment files only below them, so a caller
+    # naming any other file (/etc/shadow) is refused. Unset (a library user's own files): no restriction.
+    ConfigKey("log.dirs", _parse_log_dirs, default=()),
 )
 
 
@@ -90,6 +102,7 @@ class RemoteStorageManager:
         self._metrics = Metrics()
         self._backend: StorageBackend = available_backends()[name].create(backend_config, self._metrics)
         self._hashed: bool = core["storage.hash.prefix"]
+        self._log_dirs: tuple[Path, ...] = core["log.dirs"]
         self._cache = IndexCache(
             core["index.cache.max.bytes"], core["index.cache.ttl.ms"] / 1000.0, self._metrics
         )
@@ -119,6 +132,7 @@ class RemoteStorageManager:
         _require_metadata(metadata)
         if not isinstance(data, LogSegmentData):
             raise InvalidArgumentError(f"expected rsm.LogSegmentData, got {type(data).__name__}")
+        self._require_in_log_dirs(data)
         keys = keys_for(metadata, self._hashed)
         with self._metrics.time("rsm.copy_log_segment_data") as timer:
             # Read the indexes first: a missing file fails the copy before anything is uploaded.
@@ -130,6 +144,18 @@ class RemoteStorageManager:
         self._cache.invalidate(metadata.remote_log_segment_id.id)
         log.debug("copied segment %s to %s", metadata.remote_log_segment_id, keys.log)
         return custom_metadata.encode(SegmentCustomMetadata(layout, self._hashed))
+
+    def _require_in_log_dirs(self, data: LogSegmentData) -> None:
+        if not self._log_dirs:
+            return
+        for path in data.files():
+            # Resolved first: a symlink inside a log dir must not lead outside it.
+            real = path.resolve()
+            if not any(real.is_relative_to(root) for root in self._log_dirs):
+                raise InvalidArgumentError(
+                    f"refusing to read {path} (resolves to {real}): segment files must lie in the broker's "
+                    f"log directories ({', '.join(map(str, self._log_dirs))}, config key log.dirs)"
+                )
 
     @staticmethod
     def _read_indexes(data: LogSegmentData) -> dict[IndexType, bytes]:

@@ -60,5 +60,10 @@ class LogSegmentData:
                 f"got {type(self.leader_epoch_index).__name__}"
             )
 
+    def files(self) -> tuple[Path, ...]:
+        """Every file the copy reads (the leader-epoch checkpoint travels as bytes)."""
+        optional = () if self.transaction_index is None else (self.transaction_index,)
+        return (self.log_segment, self.offset_index, self.time_index, self.producer_snapshot_index, *optional)
+
 
 __all__ = ["IndexType", "LogSegmentData"]

@@ -146,7 +146,8 @@ class FilesystemBackend(StorageBackend):
                     key = full.relative_to(self._root).as_posix()
                     if key.startswith(prefix):
                         try:
-                            found.append(ObjectInfo(key, full.stat().st_size))
+                            stat = full.stat()
+                            found.append(ObjectInfo(key, stat.st_size, stat.st_mtime_ns // 1_000_000))
                         except FileNotFoundError:
                             continue  # deleted while listing
         return iter(sorted(found, key=lambda info: info.key))

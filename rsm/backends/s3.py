@@ -69,9 +69,21 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
 
 
 def create(config: dict[str, Any], metrics: Metrics) -> StorageBackend:
-    if (config["s3.access.key.id"] is None) != (config["s3.secret.access.key"] is None):
-        raise ConfigError("rsm: config keys s3.access.key.id and s3.secret.access.key must be set together")
+    _require_credentials(config)
     return S3Backend(config, metrics)
+
+
+def _require_credentials(config: dict[str, Any]) -> None:
+    """Refuse at configuration what would otherwise fail on the first upload, hours later."""
+    access_key, secret = config["s3.access.key.id"], config["s3.secret.access.key"]
+    for name, value in (("s3.access.key.id", access_key), ("s3.secret.access.key", secret)):
+        if value is not None and not value.strip():
+            raise ConfigError(f"rsm: config key {name} is empty; set it, or unset both S3 keys to use the "
+                              "AWS default credential chain (environment, profile, instance role)")
+    if (access_key is None) != (secret is None):
+        missing = "s3.secret.access.key" if secret is None else "s3.access.key.id"
+        raise ConfigError(f"rsm: config key {missing} is missing; s3.access.key.id and s3.secret.access.key "
+                          "must be set together (or neither, for the AWS default credential chain)")
 
 
 # One session for every client: building a session reloads botocore's service models (~0.25 s each time).
@@ -398,7 +410,10 @@ class S3Backend(StorageBackend):
                 )
                 for page in pages:
                     contents = page.get("Contents", [])
-                    found.extend(ObjectInfo(o["Key"][strip:], int(o["Size"])) for o in contents)
+                    found.extend(
+                        ObjectInfo(o["Key"][strip:], int(o["Size"]), int(o["LastModified"].timestamp() * 1000))
+                        for o in contents
+                    )
             except (BotoCoreError, ClientError) as exc:
                 raise self._error("ListObjectsV2", prefix, exc) from exc
         return iter(found)

@@ -22,6 +22,9 @@ KAFKA_RLMM_KEYS = frozenset({"node.id", "log.dir", "cluster.id"})
 # And to the RSM's map: broker.id and node.id (tierlog's rsm has no use for either).
 KAFKA_RSM_KEYS = frozenset({"broker.id", "node.id"})
 
+# The broker settings naming its log directories, most specific first (Kafka's own precedence).
+BROKER_LOG_DIR_KEYS = ("log.dirs", "log.dir")
+
 # tierlog's rlmm passes keys with this prefix to its Kafka clients (rlmm/manager.py).
 RLMM_CLIENT_PREFIX = "kafka."
 STATE_DIR_NAME = "tierlog-rlmm-state"
@@ -75,5 +78,18 @@ def rlmm_config(broker: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def rsm_config(broker: Mapping[str, Any]) -> dict[str, Any]:
-    """The rsm config for a broker's RSM configure() map: rsm.config.* as given, Kafka's additions removed."""
-    return {k: v for k, v in broker.items() if k not in KAFKA_RSM_KEYS}
+    """The rsm config for a broker's RSM configure() map: rsm.config.* as given, Kafka's additions removed.
+
+    The broker's log directories (`log.dirs`, or `log.dir`, as the adapter forwards them) become the rsm's
+    `log.dirs`: the only directories a copy request may read from.
+    """
+    config = {k: v for k, v in broker.items() if k not in KAFKA_RSM_KEYS and k not in BROKER_LOG_DIR_KEYS}
+    log_dirs = next((broker[k] for k in BROKER_LOG_DIR_KEYS if broker.get(k)), None)
+    if log_dirs is None:
+        log.warning(
+            "the broker passed no log.dirs to the RSM: copy requests may name any file this agent can read; "
+            "set rsm.config.log.dirs to the broker's log.dirs"
+        )
+    else:
+        config["log.dirs"] = log_dirs
+    return config
