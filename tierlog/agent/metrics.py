@@ -1,15 +1,36 @@
-"""The agent's Prometheus metrics: every call by service, method and status, streamed bytes, and the
-rsm's own per-operation counters (S3 requests, bytes, errors), served as text on a loopback port.
+"""The agent's Prometheus metrics: every call by service, method and status, streamed bytes, metadata write
+latency and failures, build info and component readiness, plus the rsm's own per-operation counters and
+latency histograms and the rlmm's state (see rlmm_metrics.py), served as text on a configurable address
+(loopback unless told otherwise).
 """
 
 from __future__ import annotations
 
+import platform
+import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import metadata
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from rsm.metrics import ABSENT_INDEX_COUNTER, LATENCY_BUCKETS_S
+
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
+# From a write acknowledged and applied in milliseconds to one that hits write.timeout.ms (30 s by default).
+WRITE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_CACHE_COUNTERS = {"hits": "index_cache.hits", "misses": "index_cache.misses",
+                   "evictions": "index_cache.evictions", "expirations": "index_cache.expirations"}
+
+
+def _version() -> str:
+    try:
+        return metadata.version("tierlog")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class _RsmCollector(Collector):
@@ -26,19 +47,50 @@ class _RsmCollector(Collector):
             "tierlog_rsm_operation_requests", "rsm and storage-backend requests", labels=["operation"]
         )
         errors = CounterMetricFamily("tierlog_rsm_operation_errors", "failed requests", labels=["operation"])
-        moved = CounterMetricFamily("tierlog_rsm_operation_bytes", "bytes moved", labels=["operation"])
+        moved = CounterMetricFamily(
+            "tierlog_rsm_operation_bytes",
+            "bytes moved (a fetched stream's bytes are counted as the broker reads them)",
+            labels=["operation"],
+        )
+        latency = HistogramMetricFamily(
+            "tierlog_rsm_operation_seconds",
+            "request latency (a fetch: until its stream is returned, not read)",
+            labels=["operation"],
+        )
+        bounds = [f"{b:g}" for b in LATENCY_BUCKETS_S] + ["+Inf"]
         for name, counters in snap.get("operations", {}).items():
-            requests.add_metric([name], counters.get("requests", 0))
-            errors.add_metric([name], counters.get("errors", 0))
-            moved.add_metric([name], counters.get("bytes", 0))
-        yield from (requests, errors, moved)
+            requests.add_metric([name], counters["requests"])
+            errors.add_metric([name], counters["errors"])
+            moved.add_metric([name], counters["bytes"])
+            latency.add_metric(
+                [name],
+                list(zip(bounds, counters["latency_buckets"], strict=True)),
+                counters["latency_ms_total"] / 1000.0,
+            )
+        yield from (requests, errors, moved, latency)
         events = CounterMetricFamily("tierlog_rsm_events", "rsm event counters", labels=["counter"])
-        for name, value in snap.get("counters", {}).items():
-            events.add_metric([name], value)
-        yield events
-        cache = GaugeMetricFamily("tierlog_rsm_index_cache_bytes", "bytes held by the packed-index cache")
-        cache.add_metric([], snap.get("index_cache", {}).get("bytes", 0))
-        yield cache
+        absent = CounterMetricFamily(
+            "tierlog_rsm_index_absent",
+            "fetch_index calls for an index the segment does not have (normal for TRANSACTION; not an error)",
+            labels=["index_type"],
+        )
+        cache = CounterMetricFamily(
+            "tierlog_rsm_index_cache_requests",
+            "packed-index cache lookups by result (hits, misses) and entries dropped (evictions, expirations)",
+            labels=["result"],
+        )
+        counters = snap.get("counters", {})
+        for name, value in counters.items():
+            if name.startswith(ABSENT_INDEX_COUNTER):
+                absent.add_metric([name[len(ABSENT_INDEX_COUNTER) :]], value)
+            elif name not in _CACHE_COUNTERS.values():
+                events.add_metric([name], value)
+        for result, name in _CACHE_COUNTERS.items():
+            cache.add_metric([result], counters.get(name, 0))
+        yield from (events, absent, cache)
+        size = GaugeMetricFamily("tierlog_rsm_index_cache_bytes", "bytes held by the packed-index cache")
+        size.add_metric([], snap.get("index_cache", {}).get("bytes", 0))
+        yield size
 
 
 class AgentMetrics:
@@ -65,18 +117,64 @@ class AgentMetrics:
             ["method"],
             registry=self.registry,
         )
+        self.write_latency = Histogram(
+            "tierlog_rlmm_write_seconds",
+            "metadata writes: time until Kafka acknowledged the event and this node's view applied it",
+            ["operation"],
+            registry=self.registry,
+            buckets=WRITE_BUCKETS_S,
+        )
+        self.write_failures = Counter(
+            "tierlog_rlmm_write_failures",
+            "metadata writes that failed or timed out, by operation and error type",
+            ["operation", "error"],
+            registry=self.registry,
+        )
+        Info("tierlog_build", "the agent's version", registry=self.registry).info(
+            {"version": _version(), "python": platform.python_version()}
+        )
+        Gauge("tierlog_agent_start_time_seconds", "when the agent started (Unix time)",
+              registry=self.registry).set(time.time())
+        self.up = Gauge("tierlog_agent_up", "1 while the agent serves calls", registry=self.registry)
+        self.ready = Gauge(
+            "tierlog_agent_component_ready",
+            "1 if the component (rlmm, rsm) is configured and created, 0 if starting or failed",
+            ["component"],
+            registry=self.registry,
+        )
         self._server: Any = None
 
     def observe(self, service: str, method: str, code: str, seconds: float) -> None:
         self.calls.labels(service, method, code).inc()
         self.latency.labels(service, method).observe(seconds)
 
+    @contextmanager
+    def metadata_write(self, operation: str) -> Iterator[None]:
+        """Time one metadata write until it is applied; count it as failed if it raises."""
+        started = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:
+            self.write_failures.labels(operation, type(exc).__name__).inc()
+            raise
+        finally:
+            self.write_latency.labels(operation).observe(time.perf_counter() - started)
+
     def watch_rsm(self, snapshot: Callable[[], dict[str, Any] | None]) -> None:
         self.registry.register(_RsmCollector(snapshot))
 
-    def serve(self, port: int) -> int:
-        """Serve the text format on 127.0.0.1:`port` (0 picks a free port); return the bound port."""
-        server, _thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+    def watch_archiver(self, running: Callable[[], bool]) -> None:
+        """Export whether the audit archiver beside the agent runs; an agent without one exports nothing."""
+        Gauge(
+            "tierlog_archiver_running", "1 while the audit archiver beside this agent runs", registry=self.registry
+        ).set_function(lambda: 1.0 if running() else 0.0)
+
+    def watch(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def serve(self, port: int, address: str = DEFAULT_METRICS_ADDRESS) -> int:
+        """Serve the text format on `address`:`port` (0 picks a free port); return the bound port."""
+        server, _thread = start_http_server(port, addr=address, registry=self.registry)
         self._server = server
         return int(server.server_port)
 

@@ -3,14 +3,15 @@ classes (jvm/) over gRPC on a Unix domain socket (mode 0600), with an optional P
 
 Entry point for `tierlog agent` and for the JVM adapter (which runs `python3 -m tierlog.agent.server`):
 
-    serve(config: dict, socket_path: str, metrics_port: int | None) -> None
+    serve(config: dict, socket_path: str, metrics_port: int | None, *, metrics_address: str = "127.0.0.1") -> None
 
 blocks until SIGTERM or SIGINT, then stops taking calls, lets running ones finish (10 s grace), closes the
 rlmm and rsm and removes the socket. `config` holds the agent's own component configs, flat, with keys
 prefixed `rlmm.` or `rsm.` (e.g. `rlmm.bootstrap.servers`, `rsm.storage.backend`); a component given here
 is created at once and a broker's Configure for it is ignored. A component absent here is created when the
 broker's plugin configures it (its `rlmm.config.*` / `rsm.config.*`, see agent/broker_config.py).
-`metrics_port` serves Prometheus text on 127.0.0.1 (0 picks a free port; None disables it).
+`metrics_port` serves Prometheus text on `metrics_address` (default 127.0.0.1, loopback only; 0.0.0.0 or a
+host address lets a Prometheus server on another host scrape it), 0 picks a free port, None disables it.
 Keyword-only extras used by the JVM adapter: `parent_pid` (exit when that process is gone) and
 `exit_when_idle` (exit once the broker has closed every component it configured).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -36,7 +38,8 @@ import grpc
 
 from rlmm.errors import ConfigError
 from tierlog.agent.components import ComponentName, Components, NotConfiguredError
-from tierlog.agent.metrics import AgentMetrics
+from tierlog.agent.metrics import DEFAULT_METRICS_ADDRESS, AgentMetrics
+from tierlog.agent.rlmm_metrics import RlmmCollector, kafka_end_offsets
 from tierlog.agent.servicers import build_services
 
 log = logging.getLogger("agent")
@@ -84,6 +87,8 @@ class AgentServer:
         metrics_port: int | None = None,
         *,
         exit_when_idle: bool = False,
+        metrics_address: str = DEFAULT_METRICS_ADDRESS,
+        archiver: threading.Thread | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
         self.stopped = threading.Event()
@@ -97,6 +102,9 @@ class AgentServer:
         )
         self._split = split_config(config)
         self.metrics_port = metrics_port
+        self.metrics_address = metrics_address
+        self._archiver = archiver
+        self._end_offsets: Any = None
         self._server: grpc.Server | None = None
 
     def _rsm_snapshot(self) -> dict[str, Any] | None:
@@ -106,6 +114,37 @@ class AgentServer:
             return None
         rsm = slot.get_nowait()
         return rsm.metrics() if rsm is not None and hasattr(rsm, "metrics") else None
+
+    def _rlmm(self) -> Any | None:
+        try:
+            slot = self.components.slot(ComponentName.REMOTE_LOG_METADATA_MANAGER)
+        except NotConfiguredError:
+            return None
+        return slot.get_nowait()
+
+    def _rlmm_end_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        # One admin client for the agent's life, from the config of the rlmm that exists at the first scrape.
+        if self._end_offsets is None:
+            self._end_offsets = kafka_end_offsets(
+                self.components.slot(ComponentName.REMOTE_LOG_METADATA_MANAGER).config
+            )
+        return dict(self._end_offsets(topic, partitions))
+
+    def _ready(self, name: ComponentName) -> float:
+        try:
+            return 0.0 if self.components.slot(name).get_nowait() is None else 1.0
+        except NotConfiguredError:
+            return 0.0
+
+    def _watch(self) -> None:
+        metrics = self.metrics
+        metrics.watch_rsm(self._rsm_snapshot)
+        metrics.watch(RlmmCollector(self._rlmm, self._rlmm_end_offsets))
+        for name in ComponentName:
+            metrics.ready.labels(name.short).set_function(functools.partial(self._ready, name))
+        if self._archiver is not None:
+            metrics.watch_archiver(self._archiver.is_alive)
+        metrics.up.set(1)
 
     def start(self) -> AgentServer:
         _claim_socket_path(self.socket_path)
@@ -130,9 +169,9 @@ class AgentServer:
         for name, component_config in self._split.items():
             self.components.preset(name, component_config)
         if self.metrics_port is not None:
-            self.metrics.watch_rsm(self._rsm_snapshot)
-            self.metrics_port = self.metrics.serve(self.metrics_port)
-            log.info("metrics on http://127.0.0.1:%d/metrics", self.metrics_port)
+            self._watch()
+            self.metrics_port = self.metrics.serve(self.metrics_port, self.metrics_address)
+            log.info("metrics on http://%s:%d/metrics", self.metrics_address, self.metrics_port)
         log.info("tierlog agent (pid %d) serving on %s", os.getpid(), self.socket_path)
         return self
 
@@ -185,9 +224,16 @@ def serve(
     *,
     parent_pid: int | None = None,
     exit_when_idle: bool = False,
+    metrics_address: str = DEFAULT_METRICS_ADDRESS,
+    archiver: threading.Thread | None = None,
 ) -> None:
-    """Run the agent until SIGTERM/SIGINT (or its parent's exit / idleness, if asked); see the module doc."""
-    agent = AgentServer(config, socket_path, metrics_port, exit_when_idle=exit_when_idle).start()
+    """Run the agent until SIGTERM/SIGINT (or its parent's exit / idleness, if asked); see the module doc.
+
+    `archiver`: the audit archiver thread running beside the agent, exported as tierlog_archiver_running."""
+    agent = AgentServer(
+        config, socket_path, metrics_port, exit_when_idle=exit_when_idle, metrics_address=metrics_address,
+        archiver=archiver,
+    ).start()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: shutting down", signum)
@@ -208,7 +254,9 @@ def serve(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tierlog.agent.server", description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True, help="Unix domain socket path to serve on")
-    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus port on 127.0.0.1")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS,
+                        help="address the metrics port binds to (default 127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     parser.add_argument("--exit-when-idle", action="store_true", help="exit once every component is closed")
     parser.add_argument(
@@ -229,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--config takes KEY=VALUE, got {entry!r}")
         config[key] = value
     serve(
-        config, args.socket, args.metrics_port, parent_pid=args.parent_pid, exit_when_idle=args.exit_when_idle
+        config, args.socket, args.metrics_port, parent_pid=args.parent_pid, exit_when_idle=args.exit_when_idle,
+        metrics_address=args.metrics_address,
     )
     return 0
 

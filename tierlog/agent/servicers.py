@@ -175,19 +175,25 @@ class RemoteLogMetadataServicer(Servicer):
     @unary
     def AddRemoteLogSegmentMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         segment = messages.segment_metadata(request)
-        self.rlmm(context).add_remote_log_segment_metadata(segment).result(timeout=_wait_budget(context))
+        manager = self.rlmm(context)
+        with self.metrics.metadata_write("add_segment"):
+            manager.add_remote_log_segment_metadata(segment).result(timeout=_wait_budget(context))
         return EMPTY
 
     @unary
     def UpdateRemoteLogSegmentMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         update = messages.segment_update(request)
-        self.rlmm(context).update_remote_log_segment_metadata(update).result(timeout=_wait_budget(context))
+        manager = self.rlmm(context)
+        with self.metrics.metadata_write("update_segment"):
+            manager.update_remote_log_segment_metadata(update).result(timeout=_wait_budget(context))
         return EMPTY
 
     @unary
     def PutRemotePartitionDeleteMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         delete = messages.partition_delete(request)
-        self.rlmm(context).put_remote_partition_delete_metadata(delete).result(timeout=_wait_budget(context))
+        manager = self.rlmm(context)
+        with self.metrics.metadata_write("delete_partition"):
+            manager.put_remote_partition_delete_metadata(delete).result(timeout=_wait_budget(context))
         return EMPTY
 
     @unary

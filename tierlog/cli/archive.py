@@ -69,7 +69,7 @@ def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
         thread = ArchiverThread(lambda: Archiver(open_location(location, settings), archive))
         thread.start()
     try:
-        serve(config, args.socket, args.metrics_port)
+        serve(config, args.socket, args.metrics_port, metrics_address=args.metrics_address, archiver=thread)
     finally:
         if thread is not None:
             thread.stop()

@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("agent", parents=[common], help="run the agent (rlmm + rsm over gRPC) for a broker")
     p.add_argument("--socket", required=True, help="Unix domain socket path to serve on")
-    p.add_argument("--metrics-port", type=int, help="Prometheus port on 127.0.0.1 (0 picks one)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port (0 picks one)")
+    p.add_argument("--metrics-address", default="127.0.0.1", help="address the metrics port binds to (0.0.0.0: all)")
     p.add_argument("--archive", action="store_true",
                    help="also run the audit archiver (or archive.enable=true)")
     p.set_defaults(run=cmd_agent)

@@ -1,0 +1,181 @@
+"""Prometheus metrics of the agent's metadata manager (rlmm), read from its public state at scrape time.
+
+Applied offsets and halted partitions are cheap reads of the manager. Lag needs the metadata partitions' end
+offsets (one ListOffsets round trip to Kafka) and the view's segment count and bytes need a scan of the
+view's segments, so both are cached: a scrape reuses values younger than END_OFFSETS_TTL_S / VIEW_TTL_S, and a
+big view is scanned at most once per VIEW_TTL_S however often Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+END_OFFSETS_TTL_S = 10.0
+END_OFFSETS_TIMEOUT_S = 2.0
+VIEW_TTL_S = 30.0
+# The rlmm's own prefix for Kafka client settings (security etc.), which the end-offset client needs too.
+CLIENT_PREFIX = "kafka."
+
+
+@dataclass(frozen=True)
+class ViewTotals:
+    """Segments in the view and their bytes, by segment state name; and the user partitions it knows."""
+
+    segments: Mapping[str, int]
+    segment_bytes: Mapping[str, int]
+    user_partitions: int
+
+
+def view_totals(view: Any) -> ViewTotals:
+    """One scan of the view's segments (costly on a big view: callers cache it)."""
+    segments: dict[str, int] = {}
+    segment_bytes: dict[str, int] = {}
+    for segment in view.segments():
+        state = segment.state.name
+        segments[state] = segments.get(state, 0) + 1
+        segment_bytes[state] = segment_bytes.get(state, 0) + segment.segment_size_in_bytes
+    return ViewTotals(segments, segment_bytes, len(view.user_partitions()))
+
+
+class _Cached(Generic[T]):
+    """A value recomputed at most every `ttl_s` seconds; a failed computation is cached too (as None), so a
+    Kafka outage costs one timeout per TTL instead of one per scrape."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float]) -> None:
+        self._ttl = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        self._at: float | None = None
+        self._key: object = None
+
+    def get(self, key: object, compute: Callable[[], T]) -> T | None:
+        """The cached value for `key` (a new key, e.g. a new manager instance, recomputes at once)."""
+        with self._lock:
+            now = self._clock()
+            if self._at is None or key is not self._key or now - self._at >= self._ttl:
+                try:
+                    self._value = compute()
+                except Exception as exc:  # one failed read must not fail the whole scrape
+                    log.info("metrics: %s", exc)
+                    self._value = None
+                self._at, self._key = now, key
+            return self._value
+
+
+def kafka_end_offsets(config: Mapping[str, Any]) -> Callable[[str, list[int]], dict[int, int]]:
+    """End offsets of the metadata partitions, read with the rlmm's own bootstrap servers and client settings."""
+    client = {"bootstrap.servers": config["bootstrap.servers"]}
+    client |= {k[len(CLIENT_PREFIX) :]: v for k, v in config.items() if k.startswith(CLIENT_PREFIX)}
+    admin = AdminClient(client)
+
+    def end_offsets(topic: str, partitions: list[int]) -> dict[int, int]:
+        futures = admin.list_offsets(
+            {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+            request_timeout=END_OFFSETS_TIMEOUT_S,
+        )
+        return {tp.partition: f.result(timeout=END_OFFSETS_TIMEOUT_S).offset for tp, f in futures.items()}
+
+    return end_offsets
+
+
+class RlmmCollector(Collector):
+    """Exports the manager that `manager()` returns (None: not created yet, or closed: nothing exported)."""
+
+    def __init__(
+        self,
+        manager: Callable[[], Any | None],
+        end_offsets: Callable[[str, list[int]], dict[int, int]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._manager = manager
+        self._end_offsets = end_offsets
+        self._ends: _Cached[dict[int, int]] = _Cached(END_OFFSETS_TTL_S, clock)
+        self._totals: _Cached[ViewTotals] = _Cached(VIEW_TTL_S, clock)
+
+    def collect(self) -> Iterator[Any]:
+        manager = self._manager()
+        if manager is None:
+            return
+        partitions = list(range(manager.num_partitions))
+        applied = manager.applied_offsets()
+        halted = manager.metadata_errors()
+        ends = self._ends.get(manager, lambda: self._end_offsets(manager.metadata_topic, partitions))
+
+        applied_family = GaugeMetricFamily(
+            "tierlog_rlmm_applied_offset",
+            "next offset of each metadata partition this node's view will apply (its rate is records applied/s)",
+            labels=["partition"],
+        )
+        halted_family = GaugeMetricFamily(
+            "tierlog_rlmm_partition_halted",
+            "1 if this node stopped applying the metadata partition (an unreadable record; see the log)",
+            labels=["partition"],
+        )
+        for p in partitions:
+            applied_family.add_metric([str(p)], applied.get(p, 0))
+            halted_family.add_metric([str(p)], 1 if p in halted else 0)
+        yield applied_family
+        yield halted_family
+        yield GaugeMetricFamily(
+            "tierlog_rlmm_halted_partitions", "metadata partitions this node stopped applying", value=len(halted)
+        )
+        if ends is not None:
+            end_family = GaugeMetricFamily(
+                "tierlog_rlmm_end_offset", "end offset of each metadata partition in Kafka", labels=["partition"]
+            )
+            lag_family = GaugeMetricFamily(
+                "tierlog_rlmm_lag_records",
+                "records of each metadata partition in Kafka that this node's view has not applied yet",
+                labels=["partition"],
+            )
+            for p in partitions:
+                if p in ends:
+                    end_family.add_metric([str(p)], ends[p])
+                    lag_family.add_metric([str(p)], max(ends[p] - applied.get(p, 0), 0))
+            yield end_family
+            yield lag_family
+        yield GaugeMetricFamily(
+            "tierlog_rlmm_end_offsets_available",
+            f"1 if the metadata partitions' end offsets (cached {END_OFFSETS_TTL_S:g} s) could be read from Kafka",
+            value=0 if ends is None else 1,
+        )
+        totals = self._totals.get(manager, lambda: view_totals(manager.view))
+        if totals is not None:
+            segments = GaugeMetricFamily(
+                "tierlog_rlmm_view_segments",
+                f"remote log segments in this node's view by state (scanned every {VIEW_TTL_S:g} s)",
+                labels=["state"],
+            )
+            segment_bytes = GaugeMetricFamily(
+                "tierlog_rlmm_view_segment_bytes",
+                f"bytes of the remote log segments in this node's view by state (scanned every {VIEW_TTL_S:g} s)",
+                labels=["state"],
+            )
+            for state in sorted(totals.segments):
+                segments.add_metric([state], totals.segments[state])
+                segment_bytes.add_metric([state], totals.segment_bytes[state])
+            yield segments
+            yield segment_bytes
+            yield GaugeMetricFamily(
+                "tierlog_rlmm_view_user_partitions",
+                "user topic partitions with remote log metadata in this node's view",
+                value=totals.user_partitions,
+            )
+
+
+__all__ = ["END_OFFSETS_TTL_S", "VIEW_TTL_S", "RlmmCollector", "ViewTotals", "kafka_end_offsets", "view_totals"]
