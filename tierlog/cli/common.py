@@ -1,13 +1,16 @@
 """What every `tierlog` command shares: exit codes, the error a person can act on, and the settings
-(config file, `-o` overrides, the services environment) with the stores and Spark session they open.
+(a properties file, a broker's `server.properties` included, `-o` overrides, and in development only the
+services environment) with where each came from, and the stores, Kafka clients and Spark session they open.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,28 @@ EXIT_UNAVAILABLE = 3
 DEFAULT_METADATA_TOPIC = "__tierlog_metadata"
 
 
+# How long a command waits on a service that does not answer (a wrong address, a dead broker).
+DEFAULT_TIMEOUT_S = 30.0
+
+
 SERVICES_ENV = Path(".dev") / "services.env"
+
+
+# Development mode (reading .dev/services.env and KAFKA_*/S3_* variables) is on with --dev or this set to 1.
+DEV_ENV_VAR = "TIERLOG_DEV"
+
+
+# A broker hands its plugins the keys under these prefixes; server.properties may rename them.
+RLMM_PREFIX_KEY = "remote.log.metadata.manager.impl.prefix"
+RSM_PREFIX_KEY = "remote.log.storage.manager.impl.prefix"
+DEFAULT_RLMM_PREFIX = "rlmm.config."
+DEFAULT_RSM_PREFIX = "rsm.config."
+# tierlog's own short prefixes, accepted in tierlog properties files.
+SHORT_PREFIXES = ("rlmm.", "rsm.")
+
+
+# librdkafka's own log lines go to this logger: hidden unless -v (main.py sets its level).
+KAFKA_LOGGER = "tierlog.librdkafka"
 
 
 class CommandError(Exception):
@@ -37,108 +61,208 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting's value and where it came from (file and key, `-o`, or a development variable)."""
+
+    value: str
+    source: str
+
+
 def read_properties(path: Path) -> dict[str, str]:
-    """A Kafka-style properties file: `key=value` lines, `#` and `!` comments."""
+    """A Java properties file, as Kafka reads server.properties (`key=value`, `key: value`, `\\`
+    continuations, escapes, `\\uXXXX`, `#` and `!` comments)."""
+    import javaproperties
+
     try:
-        text = path.read_text()
+        with path.open(encoding="latin-1") as handle:  # java.util.Properties.load(InputStream) reads ISO 8859-1
+            return dict(javaproperties.load(handle))
     except OSError as exc:
         raise CommandError(f"cannot read config file {path}: {exc.strerror}", EXIT_USAGE) from exc
-    config: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped[0] in "#!":
-            continue
-        key, sep, value = stripped.partition("=")
-        if not sep:
-            raise CommandError(f"{path}:{number}: expected key=value, got {stripped!r}", EXIT_USAGE)
-        config[key.strip()] = value.strip()
-    return config
+    except ValueError as exc:  # javaproperties rejects a malformed \\u escape
+        raise CommandError(f"config file {path} is not a valid properties file: {exc}", EXIT_USAGE) from exc
 
 
-def services_env() -> dict[str, str]:
-    """KAFKA_BOOTSTRAP / S3_* from the environment, else from .dev/services.env (written by dev/services)."""
-    found: dict[str, str] = {}
+def dev_mode(flag: bool) -> bool:
+    return flag or os.environ.get(DEV_ENV_VAR) == "1"
+
+
+def services_env() -> dict[str, Setting]:
+    """Development only: KAFKA_BOOTSTRAP / S3_* from the environment, else from .dev/services.env."""
+    found: dict[str, Setting] = {}
     if SERVICES_ENV.is_file():
         for line in SERVICES_ENV.read_text().splitlines():
             key, sep, value = line.partition("=")
             if sep:
-                found[key.strip()] = value.strip()
-    found.update({k: v for k, v in os.environ.items() if k.startswith(("KAFKA_", "S3_"))})
+                found[key.strip()] = Setting(value.strip(), f"{SERVICES_ENV.resolve()}: {key.strip()}")
+    found.update({k: Setting(v, f"environment: {k}") for k, v in os.environ.items()
+                  if k.startswith(("KAFKA_", "S3_"))})
     return found
 
 
 class Settings:
-    """Every command's view of the config: the file, `-o` overrides, then the services environment."""
+    """Every command's view of the config: `-o` overrides, then the file (a component's prefixed key before
+    the plain one), then, in development only, the services environment."""
 
-    def __init__(self, config: Mapping[str, str]) -> None:
-        self.config = dict(config)
-        self.env = services_env()
+    def __init__(
+        self,
+        config: Mapping[str, str],
+        overrides: Mapping[str, str] | None = None,
+        config_file: Path | None = None,
+        dev: bool = False,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.file_config = dict(config)
+        self.overrides = dict(overrides or {})
+        self.config = {**self.file_config, **self.overrides}
+        self.config_file = config_file
+        self.dev = dev
+        self.env = services_env() if dev else {}
+        self.timeout_s = timeout_s
+        self._defaults: dict[str, Setting] = {}
+
+    def _prefixes(self) -> tuple[str, ...]:
+        rlmm = self.config.get(RLMM_PREFIX_KEY) or DEFAULT_RLMM_PREFIX
+        rsm = self.config.get(RSM_PREFIX_KEY) or DEFAULT_RSM_PREFIX
+        return tuple(dict.fromkeys((rlmm, rsm, *SHORT_PREFIXES)))
+
+    def lookup(self, name: str) -> Setting | None:
+        for source, config in (("-o", self.overrides), (str(self.config_file), self.file_config)):
+            for key in (*(p + name for p in self._prefixes()), name):
+                if config.get(key):
+                    return Setting(config[key], f"{source}: {key}" if source != "-o" else f"-o {key}")
+        return self._defaults.get(name)
 
     def get(self, name: str) -> str | None:
-        # A broker-style file may prefix the component: accept rlmm.<name> and rsm.<name> too.
-        for key in (name, f"rlmm.{name}", f"rsm.{name}"):
-            if self.config.get(key):
-                return self.config[key]
-        return None
+        found = self.lookup(name)
+        return found.value if found else None
 
-    def bootstrap(self) -> str:
-        value = self.get("bootstrap.servers") or self.env.get("KAFKA_BOOTSTRAP")
-        if not value:
+    def set_default(self, name: str, value: str, source: str) -> None:
+        """A value found along the way (e.g. a snapshot's topic) that the config may still override."""
+        self._defaults[name] = Setting(value, source)
+
+    def _dev(self, variable: str) -> Setting | None:
+        return self.env.get(variable)
+
+    def _lookup_or_dev(self, name: str, variable: str) -> Setting | None:
+        return self.lookup(name) or self._dev(variable)
+
+    def bootstrap_setting(self) -> Setting:
+        found = self._lookup_or_dev("bootstrap.servers", "KAFKA_BOOTSTRAP")
+        if found is None:
             raise CommandError(
-                "no Kafka to talk to: pass -o bootstrap.servers=HOST:PORT (or a --config file with it), "
-                "or set KAFKA_BOOTSTRAP (`dev/services up` writes it to .dev/services.env)",
+                "no Kafka to talk to: pass -o bootstrap.servers=HOST:PORT or --config FILE (a broker's "
+                "server.properties with rlmm.config.bootstrap.servers works); in development, --dev "
+                "reads KAFKA_BOOTSTRAP (`dev/services up` writes it to .dev/services.env)",
                 EXIT_USAGE,
             )
-        return value
+        return found
+
+    def bootstrap(self) -> str:
+        return self.bootstrap_setting().value
+
+    def metadata_topic_setting(self) -> Setting:
+        return self.lookup("metadata.topic.name") or Setting(DEFAULT_METADATA_TOPIC, "default")
 
     def metadata_topic(self) -> str:
-        return self.get("metadata.topic.name") or DEFAULT_METADATA_TOPIC
+        return self.metadata_topic_setting().value
+
+    def state_dir_setting(self) -> Setting | None:
+        found = self.lookup("state.dir")
+        if found is not None:
+            return found
+        # A broker's server.properties: the agent puts the state beside the broker's first log dir.
+        log_dirs = self.file_config.get("log.dirs") or self.file_config.get("log.dir")
+        node = self.file_config.get("node.id") or self.file_config.get("broker.id")
+        if log_dirs and node:
+            from tierlog.agent.broker_config import rlmm_config
+
+            first = log_dirs.split(",")[0].strip()
+            derived = rlmm_config({"bootstrap.servers": "-", "broker.id": node, "log.dir": first})["state.dir"]
+            return Setting(derived, f"{self.config_file}: log.dirs and node.id (the agent's default)")
+        return None
 
     def state_dir(self, given: str | None) -> Path:
-        value = given or self.get("state.dir")
-        if not value:
+        if given:
+            return Path(given)
+        found = self.state_dir_setting()
+        if found is None:
             raise CommandError("no state dir: pass --state-dir DIR or -o state.dir=DIR", EXIT_USAGE)
-        return Path(value)
+        return Path(found.value)
+
+    def s3_settings(self) -> dict[str, Setting | None]:
+        return {
+            "s3.endpoint.url": self._lookup_or_dev("s3.endpoint.url", "S3_ENDPOINT"),
+            "s3.access.key.id": self._lookup_or_dev("s3.access.key.id", "S3_ACCESS_KEY"),
+            "s3.secret.access.key": self._lookup_or_dev("s3.secret.access.key", "S3_SECRET_KEY"),
+            "s3.region": self._lookup_or_dev("s3.region", "S3_REGION"),
+        }
 
     def s3(self) -> Any:
         from tierlog.pipeline.session import S3Settings
 
+        found = {k: (v.value if v else None) for k, v in self.s3_settings().items()}
         return S3Settings(
-            endpoint=self.get("s3.endpoint.url") or self.env.get("S3_ENDPOINT"),
-            access_key=self.get("s3.access.key.id") or self.env.get("S3_ACCESS_KEY"),
-            secret_key=self.get("s3.secret.access.key") or self.env.get("S3_SECRET_KEY"),
-            region=self.get("s3.region") or self.env.get("S3_REGION") or "us-east-1",
+            endpoint=found["s3.endpoint.url"],
+            access_key=found["s3.access.key.id"],
+            secret_key=found["s3.secret.access.key"],
+            region=found["s3.region"] or "us-east-1",
         )
 
-    def bucket_location(self, given: str | None) -> str:
-        """Where segments live: --bucket, else the rsm storage config, else the dev services' bucket."""
+    def bucket_setting(self, given: str | None) -> Setting:
+        """Where segments live: --bucket, else the rsm storage config, else (development) the services' bucket."""
         if given:
-            return given
-        if self.get("storage.backend") == "filesystem" and self.get("filesystem.root"):
-            return str(self.get("filesystem.root"))
-        bucket = self.get("s3.bucket") or self.env.get("S3_BUCKET")
+            return Setting(given, "--bucket")
+        backend, root = self.lookup("storage.backend"), self.lookup("filesystem.root")
+        if backend and backend.value == "filesystem" and root:
+            return root
+        bucket = self._lookup_or_dev("s3.bucket", "S3_BUCKET")
         if not bucket:
             raise CommandError(
                 "no bucket: pass --bucket s3://BUCKET[/PREFIX] (or a directory), or -o s3.bucket=BUCKET",
                 EXIT_USAGE,
             )
         prefix = (self.get("s3.prefix") or "").strip("/")
-        return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        return Setting(f"s3://{bucket.value}/{prefix}" if prefix else f"s3://{bucket.value}", bucket.source)
+
+    def bucket_location(self, given: str | None) -> str:
+        return self.bucket_setting(given).value
 
     def archive_location(self, given: str | None) -> str:
         """Where the audit archive lives: --archive, archive.location, else the segments' bucket."""
         return given or self.get("archive.location") or self.bucket_location(None)
 
     def node_config(self, state_dir: Path) -> dict[str, Any]:
-        """An RLMM config for a node working on `state_dir`, from the rlmm keys of the config."""
-        config: dict[str, Any] = {
-            k.removeprefix("rlmm."): v for k, v in self.config.items()
-            if not k.startswith(("rsm.", "archive.", "s3.", "storage.", "filesystem."))
-        }
+        """An RLMM config for a node working on `state_dir`: the config's rlmm keys, prefixes removed."""
+        from rlmm.manager import CLIENT_PREFIX, CONFIG_KEYS
+
+        names = {key.name for key in CONFIG_KEYS}
+        rlmm_prefixes = (self.config.get(RLMM_PREFIX_KEY) or DEFAULT_RLMM_PREFIX, "rlmm.")
+        rsm_prefixes = (self.config.get(RSM_PREFIX_KEY) or DEFAULT_RSM_PREFIX, "rsm.")
+        config: dict[str, Any] = {}
+        for source in (self.file_config, self.overrides):
+            for key, value in source.items():
+                if key.startswith(rsm_prefixes):
+                    continue
+                name = next((key.removeprefix(p) for p in rlmm_prefixes if key.startswith(p)), key)
+                # A broker's file holds many keys of its own; only the rlmm's go to the node.
+                if name in names or name.startswith(CLIENT_PREFIX):
+                    config[name] = value
         config.update({"bootstrap.servers": self.bootstrap(), "state.dir": str(state_dir)})
         config.setdefault("broker.id", "-1")
-        config.setdefault("metadata.topic.name", self.metadata_topic())
+        config["metadata.topic.name"] = self.metadata_topic()
+        config["kafka.logger"] = logging.getLogger(KAFKA_LOGGER)
         return config
+
+    def kafka_client(self, **extra: Any) -> dict[str, Any]:
+        """A confluent_kafka client config: its log lines through KAFKA_LOGGER, its waits bounded."""
+        timeout_ms = int(self.timeout_s * 1000)
+        return {
+            "bootstrap.servers": self.bootstrap(),
+            "logger": logging.getLogger(KAFKA_LOGGER),
+            "socket.connection.setup.timeout.ms": timeout_ms,
+            **extra,
+        }
 
 
 def open_location(location: str, settings: Settings) -> Any:
@@ -156,9 +280,8 @@ def spark_session(settings: Settings, args: argparse.Namespace, *locations: str)
     from tierlog.pipeline.session import get_spark
 
     needs_s3 = any(is_s3(location) for location in locations)
-    spark = get_spark("tierlog-cli", master=args.master, s3=settings.s3() if needs_s3 else None)
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return get_spark("tierlog-cli", master=args.master, s3=settings.s3() if needs_s3 else None,
+                     quiet=not args.verbose)
 
 
 @contextmanager

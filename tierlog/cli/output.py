@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
@@ -46,31 +46,55 @@ def emit(args: argparse.Namespace, payload: Any, human: Callable[[], None]) -> N
         human()
 
 
+def format_id(value: uuid.UUID | str, uuid_format: str) -> str:
+    """A topic or segment id as the user asked: Kafka's base64 form (what broker logs print) or hex."""
+    from rlmm.types import kafka_uuid_text
+
+    parsed = value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+    return str(parsed) if uuid_format == "hex" else kafka_uuid_text(parsed)
+
+
 class ProgressBar:
-    """A one-line progress bar on stderr; silent when stderr is not a terminal unless forced."""
+    """A progress bar with rate and ETA on stderr, drawn by rich; silent unless stderr is a terminal."""
 
     def __init__(self, label: str, total: int | None, enabled: bool | None = None) -> None:
-        self.label = label
-        self.total = total
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.started = time.monotonic()
-        self._last_draw = 0.0
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-    def update(self, done: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self._last_draw < 0.2):
-            return
-        self._last_draw = now
-        rate = done / max(now - self.started, 1e-6)
-        if self.total:
-            fraction = min(done / self.total, 1.0)
-            bar = "#" * int(fraction * 30)
-            line = f"{self.label} [{bar:<30}] {done}/{self.total} ({fraction:.0%}, {rate:,.0f}/s)"
-        else:
-            line = f"{self.label} {done} records ({rate:,.0f}/s)"
-        print("\r" + line, end="", file=sys.stderr, flush=True)
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._progress: Progress | None = None
+        if self.enabled:
+            console = Console(file=sys.stderr, force_terminal=True)
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("eta"),
+                TimeRemainingColumn(), console=console, transient=False,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(label, total=total)
+
+    def update(self, done: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done)
 
     def finish(self, done: int) -> None:
-        self.update(done, force=True)
-        if self.enabled:
-            print(file=sys.stderr)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done)
+            self._progress.stop()
+            self._progress = None
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        # A failing command still gives the terminal its cursor back.
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

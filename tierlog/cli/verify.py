@@ -15,36 +15,64 @@ from tierlog.cli.inspect import opened_view
 from tierlog.cli.output import ProgressBar, emit, print_table
 
 
-def fold_topic(bootstrap: str, topic: str, up_to: Mapping[int, int], progress: ProgressBar | None) -> Any:
-    """Fold the metadata topic, below `up_to` per partition, through the pure state machine."""
+def topic_partitions(consumer: Any, settings: Settings, topic: str) -> list[int]:
+    """The partitions of `topic`, or one clear CommandError when Kafka does not answer within the timeout."""
+    from confluent_kafka import KafkaException
+
+    bootstrap = settings.bootstrap_setting()
+    try:
+        described = consumer.list_topics(topic, timeout=settings.timeout_s).topics.get(topic)
+    except KafkaException as exc:
+        reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        raise CommandError(
+            f"cannot reach Kafka at {bootstrap.value} (bootstrap.servers from {bootstrap.source}) within "
+            f"{settings.timeout_s:g} s: {reason}; check the address, or raise --timeout"
+        ) from exc
+    if described is None or described.error is not None:
+        raise CommandError(
+            f"metadata topic {topic} does not exist on {bootstrap.value}; pass -o metadata.topic.name=NAME"
+        )
+    return sorted(described.partitions)
+
+
+def fold_topic(settings: Settings, topic: str, up_to: Mapping[int, int], progress: ProgressBar | None) -> Any:
+    """Fold the metadata topic, below `up_to` per partition, through the pure state machine.
+
+    Fails when no record arrives for the settings' timeout: the broker went away or the topic shrank.
+    """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from rlmm import codec, state
     from rlmm.events import RecordKey
 
     folded = state.InMemoryState()
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"tierlog-verify-{uuid.uuid4().hex[:8]}",
+    consumer = Consumer(settings.kafka_client(**{
+        "group.id": f"tierlog-verify-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True,
-    })
+    }))
     try:
+        topic_partitions(consumer, settings, topic)
         wanted = {p: end for p, end in up_to.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in wanted])
         buffered: dict[int, list[Any]] = {p: [] for p in wanted}
         done: set[int] = set()
         seen = 0
-        deadline = time.monotonic() + 600
+        stalled_after = time.monotonic() + settings.timeout_s
         while len(done) < len(wanted):
-            if time.monotonic() > deadline:
-                raise CommandError(f"reading {topic} took longer than 600 s; is the broker healthy?")
-            for message in consumer.consume(1000, timeout=1.0):
+            if time.monotonic() > stalled_after:
+                raise CommandError(
+                    f"reading {topic} stalled: nothing arrived for {settings.timeout_s:g} s after {seen} "
+                    "records; is the broker healthy? (raise --timeout to wait longer)"
+                )
+            for message in consumer.consume(1000, timeout=min(1.0, settings.timeout_s)):
+                stalled_after = time.monotonic() + settings.timeout_s
                 partition = message.partition() or 0
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
                         done.add(partition)
                         continue
-                    raise CommandError(f"reading {topic}-{partition} failed: {error}")
+                    raise CommandError(f"reading {topic}-{partition} failed: {error.str()}")
                 offset = message.offset() or 0
                 if partition in done or offset >= wanted[partition]:
                     done.add(partition)
@@ -81,7 +109,8 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
                 "pass -o metadata.topic.name=NAME", EXIT_USAGE
             )
         total = sum(applied.values())
-        folded = fold_topic(settings.bootstrap(), topic, applied, ProgressBar("reading topic", total))
+        with ProgressBar("reading topic", total) as bar:
+            folded = fold_topic(settings, topic, applied, bar)
         topic_digest = folded.digest()
         results.append({
             "check": "view against topic", "ok": topic_digest == view_digest,
@@ -124,22 +153,14 @@ def _require_empty(state_dir: Path) -> None:
         )
 
 
-def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+def _end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tierlog-cli-offsets"})
+    consumer = Consumer(settings.kafka_client(**{"group.id": "tierlog-cli-offsets"}))
     try:
-        try:
-            described = consumer.list_topics(topic, timeout=15).topics.get(topic)
-        except KafkaException as exc:
-            raise CommandError(f"cannot reach Kafka at {bootstrap}: {exc}; is the broker up?") from exc
-        if described is None or described.error is not None:
-            raise CommandError(
-                f"metadata topic {topic} does not exist on {bootstrap}; pass -o metadata.topic.name=NAME"
-            )
         return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
-            for p in described.partitions
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.timeout_s)[1]
+            for p in topic_partitions(consumer, settings, topic)
         }
     finally:
         consumer.close()
@@ -149,19 +170,26 @@ def _catch_up(settings: Settings, state_dir: Path, label: str, show: bool | None
     from rlmm import RemoteLogMetadataManager
 
     config = settings.node_config(state_dir)
-    ends = _end_offsets(settings.bootstrap(), config["metadata.topic.name"])
+    ends = _end_offsets(settings, config["metadata.topic.name"])
     config.setdefault("metadata.topic.num.partitions", str(len(ends)))
     config["metadata.topic.create"] = "false"
     total = sum(ends.values())
-    bar = ProgressBar(label, total, show)
     started = time.monotonic()
-    with RemoteLogMetadataManager(config) as manager:
+    with ProgressBar(label, total, show) as bar, RemoteLogMetadataManager(config) as manager:
+        done, last_progress, stalled_after = -1, 0, time.monotonic() + settings.timeout_s
         while True:
             applied = manager.applied_offsets()
             done = sum(min(applied.get(p, 0), end) for p, end in ends.items())
             bar.update(done)
             if done >= total or manager.metadata_errors():
                 break
+            if done > last_progress:
+                last_progress, stalled_after = done, time.monotonic() + settings.timeout_s
+            elif time.monotonic() > stalled_after:
+                raise CommandError(
+                    f"rebuilding stalled: nothing applied for {settings.timeout_s:g} s at {done} of {total} "
+                    "records; is the broker healthy? (raise --timeout to wait longer)"
+                )
             time.sleep(0.1)
         bar.finish(done)
         errors = manager.metadata_errors()
@@ -186,21 +214,21 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
         snapshot = Path(args.snapshot)
         if not snapshot.is_file():
             raise CommandError(f"snapshot {snapshot} does not exist; build one with `tierlog snapshot`")
-        bar = ProgressBar("loading snapshot", _snapshot_records(snapshot), args.progress)
         loaded = [0]
+        with ProgressBar("loading snapshot", _snapshot_records(snapshot), args.progress) as bar:
 
-        def progress(count: int) -> None:
-            loaded[0] = count
-            bar.update(count)
+            def progress(count: int) -> None:
+                loaded[0] = count
+                bar.update(count)
 
-        try:
-            topic, ends = load_snapshot(snapshot, state_dir, progress=progress)
-        except SnapshotError as exc:
-            raise CommandError(str(exc), EXIT_USAGE) from exc
-        bar.finish(loaded[0])
+            try:
+                topic, ends = load_snapshot(snapshot, state_dir, progress=progress)
+            except SnapshotError as exc:
+                raise CommandError(str(exc), EXIT_USAGE) from exc
+            bar.finish(loaded[0])
         result.update({"source": "snapshot", "snapshot": str(snapshot), "records": loaded[0],
                        "snapshot_end_offsets": {str(k): v for k, v in ends.items()}})
-        settings.config.setdefault("metadata.topic.name", topic)
+        settings.set_default("metadata.topic.name", topic, f"snapshot {snapshot}")
         if args.no_catch_up:
             from rlmm.view import MetadataView
 

@@ -1,12 +1,18 @@
 """Building the SparkSession every pipeline job runs in: local[*] by default, a cluster under spark-submit.
 
-Spark's own Avro reader and the s3a filesystem come from Maven Central through Ivy, cached per user in
-~/.cache/tierlog/ivy (over a gigabyte with the AWS SDK bundle, so every checkout shares one copy).
+Spark's own Avro reader and the s3a filesystem come either from a local directory of jars
+(TIERLOG_SPARK_JARS_DIR: an air-gapped host copies them there once, see `spark_packages`) or from Maven
+Central through Ivy, cached per user in ~/.cache/tierlog/ivy (over a gigabyte with the AWS SDK bundle, so
+every checkout shares one copy). A quiet session sends the JVM's output (Ivy's resolution report, log4j)
+to ~/.cache/tierlog/spark.log instead of the terminal.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -18,6 +24,8 @@ from pyspark.sql import SparkSession
 # bundled Spark loads.
 DEFAULT_SPARK_AVRO_VERSION = "4.1.1"
 DEFAULT_IVY_DIR = Path.home() / ".cache" / "tierlog" / "ivy"
+DEFAULT_SPARK_LOG = Path.home() / ".cache" / "tierlog" / "spark.log"
+JARS_DIR_ENV = "TIERLOG_SPARK_JARS_DIR"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +70,13 @@ def get_spark(
     master: str | None = None,
     s3: S3Settings | None = None,
     ivy_dir: Path | None = None,
+    quiet: bool = False,
 ) -> SparkSession:
     """The active session if one exists (spark-submit, tests), else a new one.
 
     Under spark-submit the master and packages come from the submit command; run directly, the job
-    gets `local[*]` (or `master`) and fetches its packages itself.
+    gets `local[*]` (or `master`) and its packages from TIERLOG_SPARK_JARS_DIR, else fetches them itself.
+    `quiet` keeps the JVM's output out of the terminal (in DEFAULT_SPARK_LOG).
     """
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -78,11 +88,15 @@ def get_spark(
         builder = builder.master(master or os.environ.get("TIERLOG_SPARK_MASTER", "local[*]"))
     if not under_submit:
         # Under spark-submit the JVM is already running: packages must come from its --packages.
-        ivy = ivy_dir or Path(os.environ.get("TIERLOG_IVY_DIR", DEFAULT_IVY_DIR))
-        ivy.mkdir(parents=True, exist_ok=True)
-        builder = builder.config(
-            "spark.jars.packages", ",".join(spark_packages(with_s3=s3 is not None))
-        ).config("spark.jars.ivy", str(ivy))
+        jars_dir = os.environ.get(JARS_DIR_ENV)
+        if jars_dir:
+            builder = builder.config("spark.jars", ",".join(local_jars(Path(jars_dir), with_s3=s3 is not None)))
+        else:
+            ivy = ivy_dir or Path(os.environ.get("TIERLOG_IVY_DIR", DEFAULT_IVY_DIR))
+            ivy.mkdir(parents=True, exist_ok=True)
+            builder = builder.config(
+                "spark.jars.packages", ",".join(spark_packages(with_s3=s3 is not None))
+            ).config("spark.jars.ivy", str(ivy))
         # Small jobs on a small box: the default 200 shuffle partitions cost more than they give.
         builder = builder.config(
             "spark.sql.shuffle.partitions", os.environ.get("TIERLOG_SHUFFLE_PARTITIONS", "8")
@@ -94,36 +108,45 @@ def get_spark(
     )
     if s3 is not None:
         builder = _with_s3a(builder, s3)
-    return builder.getOrCreate()
+    if not quiet:
+        return builder.getOrCreate()
+    with _jvm_output_to(DEFAULT_SPARK_LOG):
+        session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
-def _with_s3a(builder: SparkSession.Builder, s3: S3Settings) -> SparkSession.Builder:
-    prefix = "spark.hadoop.fs.s3a."
-    builder = builder.config(prefix + "impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
-    builder = builder.config(prefix + "endpoint.region", s3.region)
-    if s3.endpoint:
-        parsed = urlparse(s3.endpoint)
-        builder = (
-            builder.config(prefix + "endpoint", s3.endpoint)
-            .config(prefix + "path.style.access", "true")
-            .config(prefix + "connection.ssl.enabled", str(parsed.scheme == "https").lower())
-        )
-    if s3.access_key and s3.secret_key:
-        builder = (
-            builder.config(prefix + "access.key", s3.access_key)
-            .config(prefix + "secret.key", s3.secret_key)
-            .config(
-                prefix + "aws.credentials.provider",
-                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+def local_jars(directory: Path, with_s3: bool) -> list[str]:
+    """The jars of `spark_packages` found in `directory` (named artifact-version.jar, as Maven names them)."""
+    found = []
+    for package in spark_packages(with_s3):
+        _group, artifact, version = package.split(":")
+        jar = directory / f"{artifact}-{version}.jar"
+        if not jar.is_file():
+            raise FileNotFoundError(
+                f"{JARS_DIR_ENV}={directory} holds no {jar.name}; copy {package} (and its dependencies) there"
             )
-        )
-    return builder
+        found.append(str(jar))
+    if with_s3:
+        # hadoop-aws needs the AWS SDK bundle beside it, whatever its version.
+        found.extend(str(p) for p in sorted(directory.glob("bundle-*.jar")))
+    return found
 
 
-def spark_path(location: str) -> str:
-    """A location as Spark's Hadoop filesystems spell it: s3:// becomes s3a://, a bare path absolute."""
-    if location.startswith("s3://"):
-        return "s3a://" + location.removeprefix("s3://")
-    if "://" in location:
-        return location
-    return Path(location).resolve().as_uri()
+@contextmanager
+def _jvm_output_to(log: Path) -> Iterator[None]:
+    """Spark's JVM inherits file descriptors 1 and 2 when it starts: point them at `log` for that moment,
+    so the JVM writes there for its whole life while Python's stdout and stderr stay where they were."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    try:
+        with log.open("ab") as handle:
+            for fd in saved:
+                os.dup2(handle.fileno(), fd)
+        yield
+    finally:
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
