@@ -20,6 +20,9 @@ from support.topics import create_topic, unique_topic_name
 from dev.s3 import S3Endpoint
 from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, produce_history
 
+# The CLI reads the dev services' KAFKA_BOOTSTRAP / S3_* only in development; these tests are development.
+os.environ.setdefault("TIERLOG_DEV", "1")
+
 
 @pytest.fixture(scope="session")
 def cli_spark(s3_endpoint: S3Endpoint) -> Iterator[SparkSession]:

@@ -1,10 +1,12 @@
-"""How `tierlog` reads its configuration: properties files, -o overrides, and the services environment.
+"""How `tierlog` reads its configuration: properties files (a broker's server.properties too), -o overrides,
+and the services environment (only in development), and how `tierlog config --explain` reports them.
 
 No services needed.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,13 +21,28 @@ def test_a_properties_file_gives_keys_and_values_and_skips_comments(tmp_path: Pa
     assert read_properties(path) == {"bootstrap.servers": "127.0.0.1:9092", "state.dir": "/var/tierlog"}
 
 
-def test_a_properties_line_without_equals_is_rejected_naming_file_and_line(tmp_path: Path) -> None:
-    path = tmp_path / "bad.properties"
-    path.write_text("bootstrap.servers=x\nstate.dir\n")
+def test_java_properties_syntax_is_read_as_kafka_reads_it(tmp_path: Path) -> None:
+    # key:value, a key with whitespace separator, \ continuations, escapes and \uXXXX: what a broker accepts.
+    path = tmp_path / "server.properties"
+    path.write_text(
+        "bootstrap.servers: 10.0.0.1:9092,\\\n    10.0.0.2:9092\n"
+        "s3.bucket tiered\\u002dsegments\n"
+        "s3.prefix=a\\=b\n"
+        "state.dir\n"
+    )
+    assert read_properties(path) == {
+        "bootstrap.servers": "10.0.0.1:9092,10.0.0.2:9092",
+        "s3.bucket": "tiered-segments",
+        "s3.prefix": "a=b",
+        "state.dir": "",
+    }
+
+
+def test_a_missing_config_file_exits_2_naming_it(tmp_path: Path) -> None:
     with pytest.raises(CommandError) as raised:
-        read_properties(path)
+        read_properties(tmp_path / "nope.properties")
     assert raised.value.exit_code == EXIT_USAGE
-    assert f"{path}:2" in str(raised.value)
+    assert "nope.properties" in str(raised.value)
 
 
 def test_broker_style_prefixed_keys_are_found_by_their_plain_name() -> None:
@@ -37,3 +54,68 @@ def test_broker_style_prefixed_keys_are_found_by_their_plain_name() -> None:
 def test_an_option_without_equals_exits_2_and_says_what_it_expects(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["segments", "--state-dir", "/nowhere", "-o", "state.dir"]) == EXIT_USAGE
     assert "-o expects KEY=VALUE" in capsys.readouterr().err
+
+
+SERVER_PROPERTIES = """\
+# a KRaft broker's server.properties
+process.roles=broker,controller
+node.id=3
+log.dirs=/var/lib/kafka/data,/var/lib/kafka/data2
+remote.log.storage.system.enable=true
+remote.log.metadata.manager.impl.prefix=meta.
+meta.bootstrap.servers = 10.0.0.1:9092,\\
+    10.0.0.2:9092
+rsm.config.s3.bucket: segments
+rsm.config.s3.prefix=prod/
+rsm.config.s3.secret.access.key=hunter2
+"""
+
+
+def test_a_brokers_server_properties_gives_the_cli_its_settings(tmp_path: Path) -> None:
+    path = tmp_path / "server.properties"
+    path.write_text(SERVER_PROPERTIES)
+    settings = Settings(read_properties(path), config_file=path)
+    assert settings.bootstrap() == "10.0.0.1:9092,10.0.0.2:9092"
+    assert settings.bucket_location(None) == "s3://segments/prod"
+    # The agent's default: beside the broker's first log dir, named by node id.
+    assert settings.state_dir(None) == Path("/var/lib/kafka/tierlog-rlmm-state-3")
+    node = settings.node_config(tmp_path / "state")
+    assert "process.roles" not in node and "log.dirs" not in node and "s3.bucket" not in node
+    assert node["bootstrap.servers"] == "10.0.0.1:9092,10.0.0.2:9092"
+
+
+def test_an_override_beats_the_files_prefixed_key() -> None:
+    settings = Settings({"rlmm.config.bootstrap.servers": "file:1"}, {"bootstrap.servers": "cli:2"})
+    assert settings.bootstrap() == "cli:2"
+
+
+def test_config_explain_names_the_file_and_key_of_each_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TIERLOG_DEV", raising=False)
+    path = tmp_path / "server.properties"
+    path.write_text(SERVER_PROPERTIES)
+    assert main(["config", "--explain", "--config", str(path)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert lines["bootstrap.servers"].endswith(f"{path}: meta.bootstrap.servers")
+    assert lines["bucket"].endswith(f"{path}: rsm.config.s3.bucket")
+    assert "hunter2" not in lines["s3.secret.access.key"] and "(set)" in lines["s3.secret.access.key"]
+    assert "log.dirs and node.id" in lines["state.dir"]
+
+
+def test_outside_development_neither_services_env_nor_variables_are_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / ".dev").mkdir()
+    (tmp_path / ".dev" / "services.env").write_text("KAFKA_BOOTSTRAP=10.9.9.9:9\nS3_BUCKET=devbucket\n")
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith(("KAFKA_", "S3_", "TIERLOG_DEV"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("S3_ENDPOINT", "http://10.8.8.8:9")
+    assert main(["config", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "10.9.9.9" not in out and "devbucket" not in out and "10.8.8.8" not in out
+    assert main(["config", "--explain", "--dev"]) == 0
+    out = capsys.readouterr().out
+    assert "10.9.9.9:9" in out and "services.env: KAFKA_BOOTSTRAP" in out
+    assert "10.8.8.8:9" in out and "environment: S3_ENDPOINT" in out

@@ -150,3 +150,35 @@ def _jvm_output_to(log: Path) -> Iterator[None]:
         for fd, copy in saved.items():
             os.dup2(copy, fd)
             os.close(copy)
+
+
+def _with_s3a(builder: SparkSession.Builder, s3: S3Settings) -> SparkSession.Builder:
+    prefix = "spark.hadoop.fs.s3a."
+    builder = builder.config(prefix + "impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
+    builder = builder.config(prefix + "endpoint.region", s3.region)
+    if s3.endpoint:
+        parsed = urlparse(s3.endpoint)
+        builder = (
+            builder.config(prefix + "endpoint", s3.endpoint)
+            .config(prefix + "path.style.access", "true")
+            .config(prefix + "connection.ssl.enabled", str(parsed.scheme == "https").lower())
+        )
+    if s3.access_key and s3.secret_key:
+        builder = (
+            builder.config(prefix + "access.key", s3.access_key)
+            .config(prefix + "secret.key", s3.secret_key)
+            .config(
+                prefix + "aws.credentials.provider",
+                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+            )
+        )
+    return builder
+
+
+def spark_path(location: str) -> str:
+    """A location as Spark's Hadoop filesystems spell it: s3:// becomes s3a://, a bare path absolute."""
+    if location.startswith("s3://"):
+        return "s3a://" + location.removeprefix("s3://")
+    if "://" in location:
+        return location
+    return Path(location).resolve().as_uri()
