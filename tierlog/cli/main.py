@@ -14,7 +14,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tierlog.cli.archive import cmd_agent, cmd_archive
-from tierlog.cli.common import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CommandError, Settings, read_properties
+from tierlog.cli.common import (
+    DEFAULT_TIMEOUT_S,
+    DEV_ENV_VAR,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    KAFKA_LOGGER,
+    CommandError,
+    Settings,
+    dev_mode,
+    read_properties,
+)
+from tierlog.cli.explain import cmd_config
 from tierlog.cli.inspect import cmd_describe, cmd_segments
 from tierlog.cli.jobs import cmd_reconcile, cmd_replay, cmd_snapshot, cmd_usage
 from tierlog.cli.plugin import cmd_plugin_path
@@ -26,18 +38,32 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tierlog",
         description="Kafka tiered storage: run the agent, inspect and verify metadata, run pipeline jobs.",
         epilog="exit codes: 0 ok, 1 a check found a problem, 2 bad usage or config, 3 something needed "
-               "is missing or unreachable. Kafka and S3 default to KAFKA_BOOTSTRAP / S3_* "
-               "(or .dev/services.env).",
+               "is missing or unreachable. Settings come from --config (a tierlog properties file or a "
+               "broker's server.properties) and -o; `tierlog config --explain` shows where each came from.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path,
-                        help="properties file (bootstrap.servers, state.dir, s3.bucket, ...)")
+    common.add_argument("--config", type=Path, metavar="FILE",
+                        help="properties file: tierlog keys (bootstrap.servers, state.dir, s3.bucket, ...) or a "
+                             "broker's server.properties (its rlmm.config.* / rsm.config.* keys)")
     common.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a config entry overriding the file (repeatable)")
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="log progress details, Kafka client and Spark logs included")
+    common.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help=f"give up on a service that does not answer after this long "
+                             f"(default {DEFAULT_TIMEOUT_S:.0f})")
+    common.add_argument("--uuid-format", choices=["kafka", "hex"], default="kafka",
+                        help="how topic and segment ids are printed: kafka (base64, as broker logs print "
+                             "them; the default) or hex; both forms are accepted as input")
+    common.add_argument("--dev", action="store_true",
+                        help=f"development: also read KAFKA_BOOTSTRAP / S3_* and .dev/services.env "
+                             f"(or set {DEV_ENV_VAR}=1)")
     spark_opts = argparse.ArgumentParser(add_help=False)
-    spark_opts.add_argument("--master", help="Spark master (default local[*], or spark-submit's)")
+    spark_opts.add_argument("--master", help="Spark master (default local[*], or spark-submit's); implies --spark")
+    spark_opts.add_argument("--spark", action="store_true",
+                            help="run on Spark even for a small input (large inputs always do)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("agent", parents=[common], help="run the agent (rlmm + rsm over gRPC) for a broker")
@@ -56,16 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_describe)
 
     p = sub.add_parser("segments", parents=[common], help="list remote segments")
-    p.add_argument("--topic")
-    p.add_argument("--partition", type=int)
-    p.add_argument("--state",
+    p.add_argument("--topic", help="only this topic (name or id, Kafka or hex form)")
+    p.add_argument("--partition", type=int, help="only this partition")
+    p.add_argument("--state", help="only segments in this state",
                    choices=["COPY_SEGMENT_STARTED", "COPY_SEGMENT_FINISHED", "DELETE_SEGMENT_STARTED"])
     p.add_argument("--state-dir", help="a node's state.dir (read-only)")
     p.set_defaults(run=cmd_segments)
 
     p = sub.add_parser("verify", parents=[common, spark_opts],
                        help="check a view against the topic or the bucket")
-    p.add_argument("against", choices=["topic", "bucket", "all"], nargs="?", default="topic")
+    p.add_argument("against", choices=["topic", "bucket", "all"], nargs="?", default="topic",
+                   help="what to check the view against (default topic)")
     p.add_argument("--state-dir", help="a node's state.dir (read-only)")
     p.add_argument("--bucket", help="s3://BUCKET[/PREFIX] or a directory (default: the rsm config's)")
     p.add_argument("--hashed-keys", action="store_true", help="objects use storage.hash.prefix=true")
@@ -117,26 +144,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-id", help="static group membership id (restarts take over at once)")
     p.set_defaults(run=cmd_archive)
 
+    p = sub.add_parser("config", parents=[common],
+                       help="the settings tierlog would use; with --explain, which file and key each came from")
+    p.add_argument("--explain", action="store_true", help="also say where each setting came from")
+    p.set_defaults(run=cmd_config)
+
     p = sub.add_parser("plugin-path", help="print the Kafka plugin jar's path (for remote.log.*.class.path)")
     p.set_defaults(run=cmd_plugin_path)
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tierlog")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    verbose = getattr(args, "verbose", False)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
     )
+    # librdkafka retries a refused connection for ever, logging each attempt; the command reports the
+    # failure itself in one line, so those lines are shown only with -v.
+    logging.getLogger(KAFKA_LOGGER).setLevel(logging.DEBUG if verbose else logging.CRITICAL + 1)
     try:
-        config = read_properties(args.config) if args.config else {}
-        for option in args.option:
+        config_file = getattr(args, "config", None)
+        config = read_properties(config_file) if config_file else {}
+        overrides: dict[str, str] = {}
+        for option in getattr(args, "option", []):
             key, sep, value = option.partition("=")
             if not sep or not key:
                 raise CommandError(f"-o expects KEY=VALUE, got {option!r}", EXIT_USAGE)
-            config[key.strip()] = value.strip()
-        return int(args.run(args, Settings(config)))
+            overrides[key.strip()] = value.strip()
+        settings = Settings(config, overrides, config_file=config_file, dev=dev_mode(getattr(args, "dev", False)),
+                            timeout_s=getattr(args, "timeout", DEFAULT_TIMEOUT_S))
+        return int(args.run(args, settings))
     except CommandError as exc:
         print(f"tierlog {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
