@@ -6,6 +6,7 @@ view afterwards, and the same manager resumes within seconds. Each test prints i
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -63,7 +64,7 @@ class WriteLoad:
                 self.stop.wait(0.05)
                 continue
             self._note(write)
-            future.add_done_callback(lambda f, w=write: self._done(w, f))
+            future.add_done_callback(functools.partial(self._done, write))
             # One write per user partition at a time: wait for this one (it completes by its deadline).
             wait_until(future.done, timeout=WRITE_TIMEOUT_S + 5, interval=0.01, description="a write's future")
             offset += 10
