@@ -61,9 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"development: also read KAFKA_BOOTSTRAP / S3_* and .dev/services.env "
                              f"(or set {DEV_ENV_VAR}=1)")
     spark_opts = argparse.ArgumentParser(add_help=False)
-    spark_opts.add_argument("--master", help="Spark master (default local[*], or spark-submit's); implies --spark")
-    spark_opts.add_argument("--spark", action="store_true",
-                            help="run on Spark even for a small input (large inputs always do)")
+    spark_opts.add_argument("--master", help="Spark master (default local[*], or spark-submit's)")
+    # replay and usage run in-process on a small archive; verify bucket and reconcile have their own --spark.
+    spark_choice = argparse.ArgumentParser(add_help=False)
+    spark_choice.add_argument("--spark", action="store_true",
+                              help="run on Spark even for a small archive (large ones, or --master, always do)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("agent", parents=[common], help="run the agent (rlmm + rsm over gRPC) for a broker")
@@ -110,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     archive_opt.add_argument("--archive", help="archive location: s3://BUCKET[/PREFIX] or a directory "
                                                "(default: archive.location, else the segments' bucket)")
 
-    p = sub.add_parser("replay", parents=[common, spark_opts, archive_opt],
+    p = sub.add_parser("replay", parents=[common, spark_opts, spark_choice, archive_opt],
                        help="fold the audit archive; with --state-dir, diff it against that view")
     p.add_argument("--state-dir", help="a node's state.dir to compare with")
     p.add_argument("--partitions", action="store_true", help="also list each user partition's state")
@@ -125,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hashed-keys", action="store_true", help="objects use storage.hash.prefix=true")
     p.set_defaults(run=cmd_reconcile)
 
-    p = sub.add_parser("usage", parents=[common, spark_opts, archive_opt],
+    p = sub.add_parser("usage", parents=[common, spark_opts, spark_choice, archive_opt],
                        help="remote bytes and segments per topic and partition over time")
     p.add_argument("--out", required=True, help="directory for usage.csv and usage.png")
     p.add_argument("--bucket-minutes", type=int, default=60, help="time bucket width (default 60)")
