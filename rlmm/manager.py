@@ -16,7 +16,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from rlmm import state
+from rlmm import bootstrap, state
 from rlmm.applier import ApplierSettings, MetadataApplier
 from rlmm.config import ConfigKey, parse_bool, parse_config, parse_int, parse_str
 from rlmm.errors import (
@@ -78,13 +78,14 @@ CONFIG_KEYS = (
     ConfigKey("write.timeout.ms", parse_int, 30_000, check=_positive, requirement="> 0"),
     ConfigKey("startup.timeout.ms", parse_int, 60_000, check=_positive, requirement="> 0"),
     ConfigKey("apply.batch.max.records", parse_int, 2000, check=_positive, requirement="> 0"),
+    *bootstrap.CONFIG_KEYS,  # snapshot.* (issue 11: snapshot bootstrap)
 )
 
 
 class RemoteLogMetadataManager:
     """Kafka's RemoteLogMetadataManager, event-sourced on a compacted topic and materialized in RocksDB."""
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], snapshot_source: bootstrap.SnapshotSource | None = None) -> None:
         self._cfg = parse_config(config, CONFIG_KEYS, "RemoteLogMetadataManager", ignore_prefixes=(CLIENT_PREFIX,))
         self.broker_id: int = self._cfg["broker.id"]
         self.metadata_topic: str = self._cfg["metadata.topic.name"]
@@ -106,6 +107,8 @@ class RemoteLogMetadataManager:
             ), startup_s)
         else:
             topic = check_topic(admin, self.metadata_topic, self.num_partitions, startup_s)
+        # Hook (issue 11, rlmm.bootstrap): an empty state dir first loads the newest verified snapshot.
+        bootstrap.maybe_bootstrap(self._cfg, snapshot_source, topic, offsets, _now_ms(), startup_s)
         self._view = _open_view(self._cfg["state.dir"], self.metadata_topic, topic, offsets, startup_s)
         try:
             producer = EventProducer(self.metadata_topic, client)

@@ -1,0 +1,170 @@
+"""Snapshot bootstrap: a node with an empty state dir loads the newest verified snapshot, then tails the topic.
+
+Snapshots live at `<snapshot.location>/<metadata topic>/<topic id>/<created ms:020d>-<sha256>.avro` (the format
+is `rlmm.archive`'s); rlmm reads them through `SnapshotSource`, so it never imports a storage client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlmm.config import ConfigKey, parse_int, parse_str
+from rlmm.errors import DecodeError, SnapshotError
+from rlmm.event_log import OffsetReader, TopicInfo
+from rlmm.snapshot import load_snapshot
+from rlmm.view import MetadataView
+
+log = logging.getLogger(__name__)
+
+LOCATION_KEY = "snapshot.location"
+MAX_AGE_KEY = "snapshot.max.age.ms"
+CONFIG_KEYS = (
+    # Prefix in the bucket the agent's storage backend serves; empty: a new node rebuilds from the topic.
+    ConfigKey(LOCATION_KEY, parse_str, ""),
+    # Oldest snapshot a node may start from. By default the topic's delete.retention.ms: past it, compaction may
+    # have dropped tombstones the snapshot's records still need to see.
+    ConfigKey(MAX_AGE_KEY, parse_int, None, check=lambda v: v >= 0, requirement=">= 0"),
+)
+_NAME = re.compile(r"^(?P<created>\d{20})-(?P<sha256>[0-9a-f]{64})\.avro$")
+
+
+class SnapshotSource(Protocol):
+    """Read access to the snapshots in the bucket: list keys under a prefix, read one object."""
+
+    def list_keys(self, prefix: str) -> Iterable[str]: ...
+
+    def read(self, key: str) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRef:
+    """One snapshot object, as its key names it."""
+
+    key: str
+    created_ms: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPosition:
+    """What decides whether a snapshot of the metadata topic is still usable."""
+
+    topic_id: str
+    delete_retention_ms: int
+    log_start_offsets: Mapping[int, int]
+
+
+def snapshot_prefix(location: str, metadata_topic: str, topic_id: str) -> str:
+    return f"{location.strip('/')}/{metadata_topic}/{topic_id}/"
+
+
+def snapshot_key(location: str, metadata_topic: str, topic_id: str, created_ms: int, data: bytes) -> str:
+    """The key a snapshot's bytes are stored under: newest sorts last, and the name carries the digest."""
+    return f"{snapshot_prefix(location, metadata_topic, topic_id)}{created_ms:020d}-{sha256_hex(data)}.avro"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def list_snapshots(source: SnapshotSource, location: str, metadata_topic: str, topic_id: str) -> list[SnapshotRef]:
+    """The snapshots of one metadata topic (this incarnation of it: its topic id), newest first."""
+    refs = []
+    for key in source.list_keys(snapshot_prefix(location, metadata_topic, topic_id)):
+        match = _NAME.match(key.rsplit("/", 1)[-1])
+        if match is not None:
+            refs.append(SnapshotRef(key, int(match["created"]), match["sha256"]))
+    return sorted(refs, key=lambda r: r.created_ms, reverse=True)
+
+
+def read_verified(source: SnapshotSource, ref: SnapshotRef) -> bytes:
+    """The snapshot's bytes, or SnapshotError when they do not match the digest its name carries."""
+    data = source.read(ref.key)
+    if sha256_hex(data) != ref.sha256:
+        raise SnapshotError(f"snapshot {ref.key} is corrupt: its sha256 is {sha256_hex(data)}, its name says "
+                            f"{ref.sha256}")
+    return data
+
+
+def bootstrap_from_snapshot(
+    state_dir: str | Path, source: SnapshotSource, location: str, metadata_topic: str, position: TopicPosition,
+    now_ms: int, max_age_ms: int | None = None,
+) -> SnapshotRef | None:
+    """Load the newest usable snapshot into an empty state dir; None (with a log line saying why) means the
+    node rebuilds from the topic. A state dir that already holds a view is left alone: it resumes from it."""
+    if has_view(state_dir):
+        return None
+    max_age = position.delete_retention_ms if max_age_ms is None else max_age_ms
+    refs = list_snapshots(source, location, metadata_topic, position.topic_id)
+    if not refs:
+        log.info("no snapshot of %s under %s; rebuilding from the topic", metadata_topic, location)
+    for ref in refs:
+        if now_ms - ref.created_ms > max_age:
+            # Older ones are older still: compaction may have removed tombstones they would need.
+            log.warning("snapshot %s is stale (%d ms old, more than %d ms); rebuilding from the topic",
+                        ref.key, now_ms - ref.created_ms, max_age)
+            return None
+        try:
+            if _load(ref, source, Path(state_dir), metadata_topic, position):
+                return ref
+            return None
+        except (SnapshotError, DecodeError, ValueError, OSError) as exc:
+            shutil.rmtree(Path(state_dir) / "view", ignore_errors=True)
+            log.warning("snapshot %s is unusable (%s); trying an older one, else rebuilding from the topic",
+                        ref.key, exc)
+    return None
+
+
+def has_view(state_dir: str | Path) -> bool:
+    view_dir = Path(state_dir) / "view"
+    return view_dir.exists() and any(view_dir.iterdir())
+
+
+def _load(ref: SnapshotRef, source: SnapshotSource, state_dir: Path, metadata_topic: str,
+          position: TopicPosition) -> bool:
+    data = read_verified(source, ref)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    local = state_dir / "bootstrap-snapshot.avro"
+    local.write_bytes(data)
+    try:
+        topic, ends = load_snapshot(local, state_dir)
+    finally:
+        local.unlink(missing_ok=True)
+    if topic != metadata_topic:
+        raise SnapshotError(f"it holds topic {topic}, not {metadata_topic}")
+    view = MetadataView.open(state_dir)
+    try:
+        # The view resumes as if it had last applied a batch when the snapshot was taken: the manager's
+        # staleness rules (tombstone window, topic id) then hold for it as for any other view.
+        view.set_source(metadata_topic, position.topic_id, ref.created_ms)
+    finally:
+        view.close()
+    behind = {p: e for p, e in ends.items() if position.log_start_offsets.get(p, 0) > e}
+    if behind:
+        shutil.rmtree(state_dir / "view", ignore_errors=True)
+        log.warning("snapshot %s is stale: the topic no longer holds the records after its end offsets %s; "
+                    "rebuilding from the topic", ref.key, behind)
+        return False
+    log.info("bootstrapped %s from snapshot %s; tailing the topic from its end offsets", state_dir, ref.key)
+    return True
+
+
+def maybe_bootstrap(config: Mapping[str, Any], source: SnapshotSource | None, topic: TopicInfo,
+                    offsets: OffsetReader, now_ms: int, timeout_s: float) -> SnapshotRef | None:
+    """The manager's hook, before it opens its view: with a source and a `snapshot.location`, bootstrap an
+    empty state dir from the newest usable snapshot."""
+    location = config[LOCATION_KEY]
+    if source is None or not location or has_view(config["state.dir"]):
+        return None
+    metadata_topic = config["metadata.topic.name"]
+    starts = offsets.start_offsets(list(range(config["metadata.topic.num.partitions"])), timeout_s)
+    position = TopicPosition(topic.topic_id, topic.delete_retention_ms, starts)
+    return bootstrap_from_snapshot(config["state.dir"], source, location, metadata_topic, position, now_ms,
+                                   config[MAX_AGE_KEY])
