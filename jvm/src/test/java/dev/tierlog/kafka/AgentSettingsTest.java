@@ -9,11 +9,16 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 
 import org.apache.kafka.common.config.ConfigException;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
 
 class AgentSettingsTest {
 
@@ -28,7 +33,7 @@ class AgentSettingsTest {
 
     @Test
     void defaultSocketPathNamesTheNode() {
-        AgentSettings s = AgentSettings.parse(Map.of("node.id", 7));
+        AgentSettings s = AgentSettings.parse(Map.of("node.id", 7, "agent.start", "false"));
         assertTrue(s.socketPath.getFileName().toString().contains("7"), s.socketPath.toString());
     }
 
@@ -44,5 +49,59 @@ class AgentSettingsTest {
         ConfigException e = assertThrows(ConfigException.class,
             () -> AgentSettings.parse(Map.of("agent.call.timeout.ms", "soon")));
         assertTrue(e.getMessage().contains("agent.call.timeout.ms"), e.getMessage());
+    }
+
+    @Test
+    void defaultSocketIsInAStateDirNotTheTempDir() {
+        AgentSettings s = AgentSettings.parse(Map.of("node.id", 7, "agent.start", "false"));
+        assertFalse(s.socketPath.startsWith(System.getProperty("java.io.tmpdir")), s.socketPath.toString());
+        assertEquals(AgentSettings.stateDir().resolve("agent-7.sock"), s.socketPath);
+    }
+
+    @Test
+    void tooLongSocketPathIsRejectedByName() {
+        ConfigException e = assertThrows(ConfigException.class, () -> AgentSettings.parse(Map.of(
+            "agent.socket.path", "/" + "d".repeat(120) + "/a.sock", "agent.start", "false")));
+        assertTrue(e.getMessage().contains("agent.socket.path"), e.getMessage());
+    }
+
+    private static Path executable(Path path) throws Exception {
+        Files.createDirectories(path.getParent());
+        Files.writeString(path, "#!/bin/sh\n");
+        Files.setPosixFilePermissions(path, PosixFilePermissions.fromString("rwxr-xr-x"));
+        return path;
+    }
+
+    @Test
+    void defaultCommandIsTheAgentScriptOfTheEnvironmentHoldingTheJar(@TempDir Path venv) throws Exception {
+        Path jar = venv.resolve("lib/python3.11/site-packages/tierlog/jars/tierlog-kafka-plugin.jar");
+        Files.createDirectories(jar.getParent());
+        Files.createFile(jar);
+        Path script = executable(venv.resolve("bin/tierlog-agent"));
+        AgentSettings s = AgentSettings.parse(Map.of(), Optional.of(jar));
+        assertEquals(List.of(script.toString()), s.command);
+    }
+
+    @Test
+    void agentPythonRunsTheAgentModule(@TempDir Path dir) throws Exception {
+        Path python = executable(dir.resolve("bin/python3"));
+        AgentSettings s = AgentSettings.parse(Map.of("agent.python", python.toString()), Optional.empty());
+        assertEquals(List.of(python.toString(), "-m", "tierlog.agent.server"), s.command);
+    }
+
+    @Test
+    void withoutAnInstalledJarOrAgentPythonTheErrorNamesTheProperty(@TempDir Path dir) {
+        // A jar built in a checkout (jvm/target) has no environment of its own; never fall back to PATH's python3.
+        ConfigException e = assertThrows(ConfigException.class, () ->
+            AgentSettings.parse(Map.of(), Optional.of(dir.resolve("jvm/target/tierlog-kafka-plugin-0.1.0.jar"))));
+        assertTrue(e.getMessage().contains("agent.python"), e.getMessage());
+        assertTrue(e.getMessage().contains("agent.command"), e.getMessage());
+    }
+
+    @Test
+    void agentPythonThatIsNotAnInterpreterIsRejectedByName() {
+        ConfigException e = assertThrows(ConfigException.class, () ->
+            AgentSettings.parse(Map.of("agent.python", "/nonexistent/python3"), Optional.empty()));
+        assertTrue(e.getMessage().contains("agent.python"), e.getMessage());
     }
 }
