@@ -83,7 +83,6 @@ public final class AgentSettings {
                 + MAX_SOCKET_PATH_BYTES + " bytes; choose a shorter one");
         }
         this.start = parseBool(own, START, true);
-        this.command = start ? command(own, pluginJar) : List.of();
         this.logFile = Path.of(own.getOrDefault(LOG_FILE, socketPath + ".log"));
         this.metricsPort = own.containsKey(METRICS_PORT)
             ? Optional.of((int) parseLong(own, METRICS_PORT, 0, 0, 65535)) : Optional.empty();
@@ -92,6 +91,7 @@ public final class AgentSettings {
         this.fetchTimeoutMs = parseLong(own, FETCH_TIMEOUT_MS, 120_000, 1, Long.MAX_VALUE);
         this.startupTimeoutMs = parseLong(own, STARTUP_TIMEOUT_MS, 60_000, 1, Long.MAX_VALUE);
         this.forwarded = Collections.unmodifiableMap(rest);
+        this.command = start ? command(own, pluginJar) : List.of();
     }
 
     public static AgentSettings parse(Map<String, ?> configs) {
