@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,7 @@ from pyspark.sql import SparkSession
 from dev.s3 import S3Endpoint
 from rlmm import codec
 from rlmm.events import RecordKey
+from rlmm.types import kafka_uuid_text
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
 from tierlog.cli import main
 from tierlog.pipeline.generate import fold
@@ -65,8 +68,9 @@ def test_segments_lists_every_segment_of_the_view(
     run = tierlog("segments", "--state-dir", str(state_dir), "--json")
     assert run.returncode == 0, run.stderr
     folded = fold(metadata_topic.records)
+    # Ids as Kafka prints them (base64), the default.
     expected = {
-        (str(md.remote_log_segment_id.id), md.state.name)
+        (kafka_uuid_text(md.remote_log_segment_id.id), md.state.name)
         for tp in folded.user_partitions() for md in folded.segments_of(tp)
     }
     listed: Any = run.json()
@@ -84,7 +88,46 @@ def test_describe_of_a_partition_shows_its_segments_and_leader_epochs(
     assert f"leader epochs of {tp.topic}-{tp.partition}:" in run.stdout
     assert "HIGHEST_LOG_OFFSET" in run.stdout
     for md in folded.segments_of(tp):
-        assert str(md.remote_log_segment_id.id) in run.stdout
+        assert kafka_uuid_text(md.remote_log_segment_id.id) in run.stdout
+
+
+def test_describe_prints_kafka_ids_accepts_either_form_and_hex_on_request(
+    rebuilt_node: tuple[Path, Run], metadata_topic: MetadataTopic, tierlog: Tierlog
+) -> None:
+    state_dir, _ = rebuilt_node
+    folded = fold(metadata_topic.records)
+    tp = next(tp for tp in folded.user_partitions() if any(True for _ in folded.segments_of(tp)))
+    segment = next(iter(folded.segments_of(tp))).remote_log_segment_id.id
+    by_kafka_id = tierlog("describe", kafka_uuid_text(tp.topic_id), str(tp.partition), "--state-dir", str(state_dir))
+    assert by_kafka_id.returncode == 0, by_kafka_id.stderr
+    header, row = by_kafka_id.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["TOPIC", "PARTITION", "TOPIC_ID"]
+    assert row.split()[:3] == [tp.topic, str(tp.partition), kafka_uuid_text(tp.topic_id)]
+    assert kafka_uuid_text(segment) in by_kafka_id.stdout and str(segment) not in by_kafka_id.stdout
+    by_hex_id = tierlog("describe", tp.topic_id.hex, str(tp.partition), "--state-dir", str(state_dir),
+                        "--uuid-format", "hex")
+    assert by_hex_id.returncode == 0, by_hex_id.stderr
+    assert str(segment) in by_hex_id.stdout and str(tp.topic_id) in by_hex_id.stdout
+
+
+def test_verify_with_a_closed_port_fails_within_the_timeout_in_one_line(
+    rebuilt_node: tuple[Path, Run], metadata_topic: MetadataTopic, tierlog: Tierlog
+) -> None:
+    state_dir, _ = rebuilt_node
+    with socket.socket() as probe:  # a port nobody listens on: bound, then released
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    started = time.monotonic()
+    run = tierlog("verify", "topic", "--state-dir", str(state_dir), "--timeout", "5",
+                  "-o", f"bootstrap.servers=127.0.0.1:{closed}", "-o", f"metadata.topic.name={metadata_topic.name}",
+                  timeout=60)
+    elapsed = time.monotonic() - started
+    assert run.returncode == 3
+    assert elapsed < 5 + 10  # the timeout, plus the interpreter's start and shutdown
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"tierlog verify: cannot reach Kafka at 127.0.0.1:{closed}")
+    assert "within 5 s" in lines[0] and "Connection refused" not in run.stderr
 
 
 def test_describe_of_an_unknown_topic_exits_1_and_says_how_to_see_what_exists(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from tierlog.cli.common import EXIT_OK, CommandError, Settings
-from tierlog.cli.output import emit, human_bytes, print_table
+from tierlog.cli.output import emit, format_id, human_bytes, print_table
 
 
 @contextmanager
@@ -31,12 +31,12 @@ def opened_view(state_dir: Path) -> Iterator[Any]:
         view.close()
 
 
-def segment_row(md: Any) -> dict[str, Any]:
+def segment_row(md: Any, uuid_format: str) -> dict[str, Any]:
     return {
         "topic": md.topic_id_partition.topic,
         "partition": md.topic_id_partition.partition,
-        "topic_id": str(md.topic_id_partition.topic_id),
-        "segment_id": str(md.remote_log_segment_id.id),
+        "topic_id": format_id(md.topic_id_partition.topic_id, uuid_format),
+        "segment_id": format_id(md.remote_log_segment_id.id, uuid_format),
         "state": md.state.name,
         "start_offset": md.start_offset,
         "end_offset": md.end_offset,
@@ -48,9 +48,17 @@ def segment_row(md: Any) -> dict[str, Any]:
 
 
 def matching_partitions(view: Any, topic: str | None, partition: int | None) -> list[Any]:
+    """The view's user partitions of `topic` (a name, or an id in Kafka's or the hex form)."""
+    from rlmm.errors import InvalidArgumentError
+    from rlmm.types import parse_uuid
+
+    topic_id = None
+    if topic is not None:
+        with suppress(InvalidArgumentError):  # not an id: a topic name
+            topic_id = parse_uuid(topic)
     found = [
         tp for tp in view.user_partitions()
-        if (topic is None or tp.topic == topic or str(tp.topic_id) == topic)
+        if (topic is None or tp.topic == topic or tp.topic_id == topic_id)
         and (partition is None or tp.partition == partition)
     ]
     return sorted(found, key=lambda tp: (tp.topic, tp.partition))
@@ -74,7 +82,7 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
             for md in segments:
                 states[md.state.name] = states.get(md.state.name, 0) + 1
             described.append({
-                "topic": tp.topic, "partition": tp.partition, "topic_id": str(tp.topic_id),
+                "topic": tp.topic, "partition": tp.partition, "topic_id": format_id(tp.topic_id, args.uuid_format),
                 "segments": len(segments),
                 "states": states,
                 "remote_bytes": sum(md.segment_size_in_bytes for md in segments
@@ -87,7 +95,8 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
                      "displaced_segments": len(lin.displaced_segment_ids)}
                     for lin in view.lineages_of(tp)
                 ],
-                "segment_list": [segment_row(md) for md in segments] if args.partition is not None else None,
+                "segment_list": ([segment_row(md, args.uuid_format) for md in segments]
+                                 if args.partition is not None else None),
             })
 
     def human() -> None:
@@ -95,8 +104,8 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
             [{**d, "remote": human_bytes(d["remote_bytes"]),
               "states": ", ".join(f"{k}={v}" for k, v in sorted(d["states"].items())),
               "epochs": len(d["epochs"])} for d in described],
-            ["topic", "partition", "segments", "remote", "start_offset", "end_offset", "delete_state",
-             "epochs", "states"],
+            ["topic", "partition", "topic_id", "segments", "remote", "start_offset", "end_offset",
+             "delete_state", "epochs", "states"],
         )
         for d in described:
             if d["segment_list"] is None:
@@ -118,7 +127,7 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_segments(args: argparse.Namespace, settings: Settings) -> int:
     with opened_view(settings.state_dir(args.state_dir)) as view:
         rows = [
-            segment_row(md)
+            segment_row(md, args.uuid_format)
             for tp in matching_partitions(view, args.topic, args.partition)
             for md in view.segments(tp)
             if args.state is None or md.state.name == args.state
