@@ -1,9 +1,11 @@
 """Prometheus metrics of the agent's metadata manager (rlmm), read from its public state at scrape time.
 
 Applied offsets and halted partitions are cheap reads of the manager. Lag needs the metadata partitions' end
-offsets (one ListOffsets round trip to Kafka) and the view's segment count and bytes need a scan of the
-view's segments, so both are cached: a scrape reuses values younger than END_OFFSETS_TTL_S / VIEW_TTL_S, and a
-big view is scanned at most once per VIEW_TTL_S however often Prometheus scrapes.
+offsets (one ListOffsets round trip to Kafka), cached for END_OFFSETS_TTL_S. The view's segment count and bytes
+need a scan of the view's segments: it is rescanned only when the view changed (its applied offsets moved), and
+no sooner than SCAN_SPACING times the last scan's duration after it, so scanning takes at most ~1/SCAN_SPACING of
+one core however big the view and however often Prometheus scrapes (a small view is fresh at every scrape; a
+view that takes 1 s to scan is rescanned at most every 100 s).
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rlmm.types import RemoteLogSegmentState
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 END_OFFSETS_TTL_S = 10.0
 END_OFFSETS_TIMEOUT_S = 2.0
-VIEW_TTL_S = 30.0
+SCAN_SPACING = 100.0
 # The rlmm's own prefix for Kafka client settings (security etc.), which the end-offset client needs too.
 CLIENT_PREFIX = "kafka."
 
@@ -41,9 +45,9 @@ class ViewTotals:
 
 
 def view_totals(view: Any) -> ViewTotals:
-    """One scan of the view's segments (costly on a big view: callers cache it)."""
-    segments: dict[str, int] = {}
-    segment_bytes: dict[str, int] = {}
+    """One scan of the view's segments (costly on a big view: callers cache it). Every state is present."""
+    segments = {state.name: 0 for state in RemoteLogSegmentState}
+    segment_bytes = dict(segments)
     for segment in view.segments():
         state = segment.state.name
         segments[state] = segments.get(state, 0) + 1
@@ -77,6 +81,32 @@ class _Cached(Generic[T]):
             return self._value
 
 
+class _ViewScan:
+    """The view's totals, rescanned when the view changed and the last scan is SCAN_SPACING durations old."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._totals: ViewTotals | None = None
+        self._seen: tuple[object, dict[int, int]] | None = None  # (manager, its applied offsets) scanned
+        self._next_at = 0.0
+
+    def get(self, manager: Any, applied: dict[int, int]) -> ViewTotals | None:
+        with self._lock:
+            changed = self._seen is None or self._seen[0] is not manager or self._seen[1] != applied
+            if changed and self._clock() >= self._next_at:
+                started = self._clock()
+                try:
+                    self._totals = view_totals(manager.view)
+                except Exception as exc:  # a closing manager's view: skip this scrape's totals
+                    log.info("metrics: scanning the view failed: %s", exc)
+                    self._totals = None
+                finished = self._clock()
+                self._seen = (manager, applied)
+                self._next_at = finished + SCAN_SPACING * (finished - started)
+            return self._totals
+
+
 def kafka_end_offsets(config: Mapping[str, Any]) -> Callable[[str, list[int]], dict[int, int]]:
     """End offsets of the metadata partitions, read with the rlmm's own bootstrap servers and client settings."""
     client = {"bootstrap.servers": config["bootstrap.servers"]}
@@ -105,7 +135,7 @@ class RlmmCollector(Collector):
         self._manager = manager
         self._end_offsets = end_offsets
         self._ends: _Cached[dict[int, int]] = _Cached(END_OFFSETS_TTL_S, clock)
-        self._totals: _Cached[ViewTotals] = _Cached(VIEW_TTL_S, clock)
+        self._totals = _ViewScan(clock)
 
     def collect(self) -> Iterator[Any]:
         manager = self._manager()
@@ -154,16 +184,16 @@ class RlmmCollector(Collector):
             f"1 if the metadata partitions' end offsets (cached {END_OFFSETS_TTL_S:g} s) could be read from Kafka",
             value=0 if ends is None else 1,
         )
-        totals = self._totals.get(manager, lambda: view_totals(manager.view))
+        totals = self._totals.get(manager, applied)
         if totals is not None:
             segments = GaugeMetricFamily(
                 "tierlog_rlmm_view_segments",
-                f"remote log segments in this node's view by state (scanned every {VIEW_TTL_S:g} s)",
+                "remote log segments in this node's view by state",
                 labels=["state"],
             )
             segment_bytes = GaugeMetricFamily(
                 "tierlog_rlmm_view_segment_bytes",
-                f"bytes of the remote log segments in this node's view by state (scanned every {VIEW_TTL_S:g} s)",
+                "bytes of the remote log segments in this node's view by state",
                 labels=["state"],
             )
             for state in sorted(totals.segments):
@@ -178,4 +208,4 @@ class RlmmCollector(Collector):
             )
 
 
-__all__ = ["END_OFFSETS_TTL_S", "VIEW_TTL_S", "RlmmCollector", "ViewTotals", "kafka_end_offsets", "view_totals"]
+__all__ = ["END_OFFSETS_TTL_S", "SCAN_SPACING", "RlmmCollector", "ViewTotals", "kafka_end_offsets", "view_totals"]
