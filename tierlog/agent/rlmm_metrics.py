@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rlmm.event_log import OffsetReader
+from rlmm.manager import CLIENT_PREFIX
 from rlmm.types import RemoteLogSegmentState
 
 log = logging.getLogger(__name__)
@@ -31,8 +31,6 @@ T = TypeVar("T")
 END_OFFSETS_TTL_S = 10.0
 END_OFFSETS_TIMEOUT_S = 2.0
 SCAN_SPACING = 100.0
-# The rlmm's own prefix for Kafka client settings (security etc.), which the end-offset client needs too.
-CLIENT_PREFIX = "kafka."
 
 
 @dataclass(frozen=True)
@@ -108,17 +106,15 @@ class _ViewScan:
 
 
 def kafka_end_offsets(config: Mapping[str, Any]) -> Callable[[str, list[int]], dict[int, int]]:
-    """End offsets of the metadata partitions, read with the rlmm's own bootstrap servers and client settings."""
+    """End offsets of the metadata partitions, read as the rlmm reads them (its OffsetReader) with the rlmm's
+    bootstrap servers and Kafka client settings (`kafka.*` keys), on a client of the metrics' own."""
     client = {"bootstrap.servers": config["bootstrap.servers"]}
     client |= {k[len(CLIENT_PREFIX) :]: v for k, v in config.items() if k.startswith(CLIENT_PREFIX)}
-    admin = AdminClient(client)
+    readers: dict[str, OffsetReader] = {}
 
     def end_offsets(topic: str, partitions: list[int]) -> dict[int, int]:
-        futures = admin.list_offsets(
-            {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
-            request_timeout=END_OFFSETS_TIMEOUT_S,
-        )
-        return {tp.partition: f.result(timeout=END_OFFSETS_TIMEOUT_S).offset for tp, f in futures.items()}
+        reader = readers.setdefault(topic, OffsetReader(topic, client))
+        return reader.end_offsets(partitions, END_OFFSETS_TIMEOUT_S)
 
     return end_offsets
 
