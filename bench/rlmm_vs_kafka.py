@@ -141,7 +141,8 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
         for i in range(writes):
             start = i * 10_000
             md = RemoteLogSegmentMetadata(
-                remote_log_segment_id=RemoteLogSegmentId(write_target, uuid.UUID(int=rng.getrandbits(128))),
+                # A fresh id per upload, as a broker makes (a restarted node writes again).
+                remote_log_segment_id=RemoteLogSegmentId(write_target, uuid.uuid4()),
                 start_offset=start, end_offset=start + 9_999, max_timestamp_ms=0, broker_id=0,
                 event_timestamp_ms=int(time.time() * 1000), segment_size_in_bytes=1 << 20,
                 segment_leader_epochs={0: start}, txn_idx_empty=True)

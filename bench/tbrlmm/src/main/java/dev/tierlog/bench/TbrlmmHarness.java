@@ -214,7 +214,7 @@ public final class TbrlmmHarness {
         for (int i = 0; i < writes; i++) {
             long start = i * 10_000L;
             RemoteLogSegmentMetadata md = new RemoteLogSegmentMetadata(
-                new RemoteLogSegmentId(writeTarget, new Uuid(random.nextLong(), random.nextLong())), start,
+                new RemoteLogSegmentId(writeTarget, Uuid.randomUuid()), start,
                 start + 9_999, 0L, 0, System.currentTimeMillis(), 1 << 20, Map.of(0, start), true);
             long t0 = System.nanoTime();
             manager.addRemoteLogSegmentMetadata(md).get(60, TimeUnit.SECONDS);

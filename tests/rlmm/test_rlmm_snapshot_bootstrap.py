@@ -1,0 +1,130 @@
+"""Snapshot bootstrap: a node with an empty state dir starts from the newest snapshot in the bucket, then tails
+the topic, and ends equal to a node that rebuilt from the topic; a bad snapshot falls back to the topic."""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from rlmm_testkit import drive, make_tp, manager_config, register, wait_digest, workload
+from support.spark import s3_settings
+
+from dev.s3 import S3Endpoint
+from rlmm import RemoteLogMetadataManager
+from rlmm.bootstrap import list_snapshots
+from rlmm.event_log import check_topic
+from rsm.backend import StorageBackend
+from tierlog.audit.archiver import Archiver, ArchiverSettings
+from tierlog.audit.snapshots import BucketSnapshotSource, SnapshotSettings, write_snapshot_now
+from tierlog.pipeline.locations import open_store
+
+PARTITIONS = 2
+LOCATION = "snapshots"
+
+
+@pytest.fixture
+def store(s3_endpoint: S3Endpoint) -> StorageBackend:
+    return open_store(f"s3://{s3_endpoint.bucket}/bootstrap-{uuid.uuid4().hex[:10]}", s3_settings(s3_endpoint))
+
+
+def _node(kafka_bootstrap: str, metadata_topic: str, state_dir: Path, source: BucketSnapshotSource,
+          **extra: Any) -> RemoteLogMetadataManager:
+    """A new node whose state dir is empty, configured with the snapshot location."""
+    config = manager_config(kafka_bootstrap, state_dir, metadata_topic, partitions=PARTITIONS,
+                            **{"snapshot.location": LOCATION, **extra})
+    return RemoteLogMetadataManager(config, snapshot_source=source)
+
+
+def _history(manager: RemoteLogMetadataManager, seed: int, partitions: int) -> None:
+    rng = random.Random(seed)
+    tps = [make_tp(f"bootstrap-{seed}", p) for p in range(partitions)]
+    register(manager, *tps)
+    drive(manager, {tp: workload(rng, tp, uploads=12) for tp in tps})
+
+
+def _snapshot(kafka_bootstrap: str, metadata_topic: str, store: StorageBackend) -> str:
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
+    topic_id = check_topic(AdminClient({"bootstrap.servers": kafka_bootstrap}), metadata_topic, PARTITIONS,
+                           30).topic_id
+    key = write_snapshot_now(store, SnapshotSettings(LOCATION, metadata_topic), topic_id)
+    assert key is not None
+    return key
+
+
+def test_a_node_bootstrapped_from_a_snapshot_and_the_topic_tail_equals_a_full_rebuild(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=1, partitions=4)
+    _snapshot(kafka_bootstrap, metadata_topic, store)
+    _history(writer, seed=2, partitions=3)  # after the snapshot: only the topic has these
+    expected = writer.view_digest()
+
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "from-snapshot", BucketSnapshotSource(store)) as node:
+        assert any("bootstrapped" in r.getMessage() for r in caplog.records)
+        rebuilt = make_manager(partitions=PARTITIONS, state_dir=tmp_path / "from-topic")
+        wait_digest(rebuilt, expected)
+        wait_digest(node, expected)
+
+
+def test_a_corrupt_snapshot_falls_back_to_the_topic_with_a_log_line(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=3, partitions=3)
+    key = _snapshot(kafka_bootstrap, metadata_topic, store)
+    source = BucketSnapshotSource(store)
+    data = bytearray(source.read(key))
+    data[len(data) // 2] ^= 0xFF
+    store.put(key, bytes(data))
+    expected = writer.view_digest()
+
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", source) as node:
+        assert any("corrupt" in r.getMessage() and key in r.getMessage() for r in caplog.records)
+        assert not any("bootstrapped" in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)
+
+
+def test_a_snapshot_older_than_the_allowed_age_falls_back_to_the_topic_with_a_log_line(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=4, partitions=2)
+    _snapshot(kafka_bootstrap, metadata_topic, store)
+    expected = writer.view_digest()
+
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store),
+                  **{"snapshot.max.age.ms": 0}) as node:
+        assert any("stale" in r.getMessage() for r in caplog.records)
+        assert not any("bootstrapped" in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)
+
+
+def test_a_new_snapshot_is_written_only_when_the_archive_moved_on(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=5, partitions=2)
+    first = _snapshot(kafka_bootstrap, metadata_topic, store)
+    topic_id = first.split("/")[-2]
+    settings = SnapshotSettings(LOCATION, metadata_topic)
+    assert write_snapshot_now(store, settings, topic_id) is None
+    _history(writer, seed=6, partitions=1)
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
+    second = write_snapshot_now(store, settings, topic_id)
+    assert second is not None
+    refs = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)
+    assert refs[0].key == second

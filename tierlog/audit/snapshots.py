@@ -1,0 +1,164 @@
+"""Periodic bootstrap snapshots: folds the audit archive, on top of the newest snapshot, into a new snapshot.
+
+Each file is `rlmm.archive`'s snapshot format stored under `rlmm.bootstrap`'s key layout (creation time and
+sha256 in the name), so new nodes verify it before use. `SnapshotWriterThread` runs beside the archiver.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlmm.archive import read_archive_file, read_snapshot, write_snapshot
+from rlmm.bootstrap import SnapshotRef, list_snapshots, read_verified, snapshot_key
+from rlmm.errors import RemoteStorageError, SnapshotError
+from rsm.backend import StorageBackend, read_all
+from tierlog.audit.archiver import list_archive_files
+
+log = logging.getLogger(__name__)
+
+_EVENT_FIELDS = ("segment", "partition_delete", "epoch_checkpoint")
+
+
+class BucketSnapshotSource:
+    """rlmm's `SnapshotSource` over a storage backend (the agent's bucket)."""
+
+    def __init__(self, store: StorageBackend) -> None:
+        self._store = store
+
+    def list_keys(self, prefix: str) -> Iterable[str]:
+        return [info.key for info in self._store.list(prefix)]
+
+    def read(self, key: str) -> bytes:
+        return read_all(self._store.get_range(key, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSettings:
+    location: str  # the key prefix in the bucket: rlmm's `snapshot.location`
+    metadata_topic: str
+    interval_s: float = 3600.0
+    keep: int = 3  # snapshots kept per topic; older ones are deleted after a new one is written
+
+    def __post_init__(self) -> None:
+        if not self.location.strip("/"):
+            raise ValueError("snapshot location must not be empty")
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        if self.keep < 1:
+            raise ValueError(f"keep must be >= 1, got {self.keep}")
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """The newest record of every live key (archive datums, in metadata partition and offset order) and the
+    offset each metadata partition is folded up to."""
+
+    records: list[dict[str, Any]]
+    end_offsets: dict[int, int]
+
+
+def fold(base: Folded, archived: Iterable[dict[str, Any]]) -> Folded:
+    """Apply archive datums past `base`'s end offsets: a record replaces its key's, a tombstone drops it."""
+    latest = {datum["key"]: datum for datum in base.records}
+    ends = dict(base.end_offsets)
+    for datum in archived:
+        partition, offset = datum["metadata_partition"], datum["offset"]
+        if offset < ends.get(partition, 0):
+            continue
+        if all(datum[name] is None for name in _EVENT_FIELDS):
+            latest.pop(datum["key"], None)
+        else:
+            latest[datum["key"]] = datum
+        ends[partition] = offset + 1
+    ordered = sorted(latest.values(), key=lambda d: (d["metadata_partition"], d["offset"]))
+    return Folded(ordered, ends)
+
+
+def archived_records(store: StorageBackend, metadata_topic: str, after: dict[int, int]) -> Iterator[dict[str, Any]]:
+    """Every archived datum of the topic at or past `after` (per partition), file by file, in offset order."""
+    for archive_file in list_archive_files(store, metadata_topic):
+        if archive_file.last_offset < after.get(archive_file.metadata_partition, 0):
+            continue
+        yield from read_archive_file(read_all(store.get_range(archive_file.key, 0)))
+
+
+def newest_snapshot(store: StorageBackend, settings: SnapshotSettings, topic_id: str) -> Folded | None:
+    """The content of the newest snapshot that verifies, or None when there is none."""
+    source = BucketSnapshotSource(store)
+    for ref in list_snapshots(source, settings.location, settings.metadata_topic, topic_id):
+        try:
+            return _read_folded(read_verified(source, ref))
+        except (SnapshotError, ValueError) as exc:
+            log.warning("snapshot %s is unusable as a base (%s); trying an older one", ref.key, exc)
+    return None
+
+
+def _read_folded(data: bytes) -> Folded:
+    with tempfile.TemporaryDirectory(prefix="tierlog-snapshot-") as tmp:
+        path = Path(tmp) / "base.avro"
+        path.write_bytes(data)
+        _topic, ends, records = read_snapshot(path)
+        return Folded(list(records), ends)
+
+
+def write_snapshot_now(store: StorageBackend, settings: SnapshotSettings, topic_id: str,
+                       now_ms: int | None = None) -> str | None:
+    """Write a snapshot of everything archived so far; the new key, or None when nothing changed since the
+    newest snapshot (or nothing is archived yet)."""
+    base = newest_snapshot(store, settings, topic_id) or Folded([], {})
+    folded = fold(base, archived_records(store, settings.metadata_topic, base.end_offsets))
+    if not folded.end_offsets or folded.end_offsets == base.end_offsets:
+        return None
+    buffer = io.BytesIO()
+    write_snapshot(buffer, settings.metadata_topic, folded.records, folded.end_offsets)
+    data = buffer.getvalue()
+    created = int(time.time() * 1000) if now_ms is None else now_ms
+    key = snapshot_key(settings.location, settings.metadata_topic, topic_id, created, data)
+    store.put(key, data)
+    log.info("wrote snapshot %s: %d records up to offsets %s", key, len(folded.records), folded.end_offsets)
+    _prune(store, settings, topic_id)
+    return key
+
+
+def _prune(store: StorageBackend, settings: SnapshotSettings, topic_id: str) -> None:
+    refs: list[SnapshotRef] = list_snapshots(BucketSnapshotSource(store), settings.location,
+                                             settings.metadata_topic, topic_id)
+    old = [ref.key for ref in refs[settings.keep:]]
+    if old:
+        store.delete(old)
+
+
+class SnapshotWriterThread(threading.Thread):
+    """Writes a snapshot every `interval_s` (the first one at once) until stopped; failures are logged and
+    retried at the next interval, since an older snapshot, or the topic, still serves new nodes."""
+
+    def __init__(self, store: StorageBackend, settings: SnapshotSettings, topic_id: Callable[[], str]) -> None:
+        super().__init__(name="tierlog-snapshot-writer", daemon=True)
+        self._store = store
+        self._settings = settings
+        self._topic_id = topic_id
+        self._stop_event = threading.Event()
+        self.written: list[str] = []
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                key = write_snapshot_now(self._store, self._settings, self._topic_id())
+                if key is not None:
+                    self.written.append(key)
+            except (RemoteStorageError, OSError, ValueError):
+                log.exception("writing a bootstrap snapshot of %s failed; retrying in %.0f s",
+                              self._settings.metadata_topic, self._settings.interval_s)
+            self._stop_event.wait(self._settings.interval_s)
+
+    def stop(self, timeout_s: float = 30) -> None:
+        self._stop_event.set()
+        self.join(timeout_s)
