@@ -1,7 +1,8 @@
 """The tierlog agent: one process per broker hosting tierlog's rlmm and rsm, serving the Kafka plugin
 classes (jvm/) over gRPC on a Unix domain socket (mode 0600), with an optional Prometheus endpoint.
 
-Entry point for `tierlog agent` and for the JVM adapter (which runs `python3 -m tierlog.agent.server`):
+Entry point for `tierlog agent` and for the JVM adapter (which runs the `tierlog-agent` script of the
+environment its jar was installed with, or `agent.python -m tierlog.agent.server`):
 
     serve(config: dict, socket_path: str, metrics_port: int | None, *, metrics_address: str = "127.0.0.1") -> None
 
@@ -14,6 +15,9 @@ broker's plugin configures it (its `rlmm.config.*` / `rsm.config.*`, see agent/b
 host address lets a Prometheus server on another host scrape it), 0 picks a free port, None disables it.
 Keyword-only extras used by the JVM adapter: `parent_pid` (exit when that process is gone) and
 `exit_when_idle` (exit once the broker has closed every component it configured).
+
+Logs: `--log-file` is rotated (64 MiB, 5 old files by default); librdkafka's lines go through Python logging,
+quiet while the broker's listener is still coming up and rate-limited after that (QuietClientLog).
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ import argparse
 import contextlib
 import functools
 import logging
+import logging.handlers
 import os
+import re
 import signal
 import socket
 import stat
 import sys
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from pathlib import Path
 from types import FrameType
@@ -44,6 +51,81 @@ from tierlog.agent.servicers import build_services
 
 log = logging.getLogger("agent")
 
+# librdkafka's own log, routed through Python logging (the rlmm's clients get it as their `logger`).
+CLIENT_LOG = "tierlog.rdkafka"
+# The agent usually starts before its broker's listener is up: connection failures are expected that long.
+CLIENT_STARTUP_QUIET_S = 120.0
+# After that, one line per kind of client message per interval, saying how many like it were held back.
+CLIENT_REPEAT_INTERVAL_S = 60.0
+LOG_MAX_BYTES = 64 * 1024 * 1024
+LOG_BACKUPS = 5
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_CONNECTION_FAILURES = ("Connection refused", "Connect to ", "brokers are down", "Broker transport failure")
+_DIGITS = re.compile(r"\d+")
+
+
+class QuietClientLog(logging.Filter):
+    """Keeps librdkafka from flooding the agent's log.
+
+    Connection failures during the startup window are counted, not written (the broker is still starting);
+    afterwards each kind of line (its text with numbers masked) is written at most once per interval, with the
+    count of those held back, so a real, lasting problem still shows as one clear line a minute.
+    """
+
+    def __init__(
+        self,
+        startup_quiet_s: float = CLIENT_STARTUP_QUIET_S,
+        interval_s: float = CLIENT_REPEAT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self._clock = clock
+        self._quiet_until = clock() + startup_quiet_s
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        kind = _DIGITS.sub("N", message)
+        now = self._clock()
+        with self._lock:
+            if now < self._quiet_until and any(f in message for f in _CONNECTION_FAILURES):
+                self._held[kind] = self._held.get(kind, 0) + 1
+                return False
+            last = self._last.get(kind)
+            if last is not None and now - last < self._interval_s:
+                self._held[kind] = self._held.get(kind, 0) + 1
+                return False
+            self._last[kind] = now
+            held = self._held.pop(kind, 0)
+        if held:
+            record.msg, record.args = f"{message} ({held} similar lines held back)", None
+        return True
+
+
+def client_logger() -> logging.Logger:
+    """The logger the rlmm's Kafka clients write through (quietened once per process)."""
+    logger = logging.getLogger(CLIENT_LOG)
+    if not any(isinstance(f, QuietClientLog) for f in logger.filters):
+        logger.addFilter(QuietClientLog())
+    return logger
+
+
+def setup_logging(log_file: str | Path | None, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS) -> None:
+    """The agent's log: rotated at `max_bytes`, keeping `backups` old files, or stderr without a file."""
+    handler: logging.Handler
+    if log_file is None:
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backups)
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
 GRACE_S = 10.0
 WORKERS = 32
 PARENT_POLL_S = 1.0
@@ -55,7 +137,8 @@ _PREFIXES = {"rlmm.": ComponentName.REMOTE_LOG_METADATA_MANAGER, "rsm.": Compone
 def _create_rlmm(config: Mapping[str, Any]) -> Any:
     from rlmm import RemoteLogMetadataManager
 
-    return RemoteLogMetadataManager(dict(config))
+    # Without a logger librdkafka writes straight to stderr, unfiltered and unrotated.
+    return RemoteLogMetadataManager({"kafka.logger": client_logger(), **config})
 
 
 def _create_rsm(config: Mapping[str, Any]) -> Any:
@@ -266,10 +349,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a component config entry, rlmm.* or rsm.* (repeatable)",
     )
+    parser.add_argument("--log-file", help="write the log here, rotated (default: stderr)")
+    parser.add_argument("--log-max-bytes", type=int, default=LOG_MAX_BYTES, help="rotate the log at this size")
+    parser.add_argument("--log-backups", type=int, default=LOG_BACKUPS, help="rotated log files to keep")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    if args.log_max_bytes <= 0 or args.log_backups < 1:
+        parser.error("--log-max-bytes must be positive and --log-backups at least 1")
+    setup_logging(args.log_file, args.log_max_bytes, args.log_backups)
     config: dict[str, Any] = {}
     for entry in args.config:
         key, sep, value = entry.partition("=")
