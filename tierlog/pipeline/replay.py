@@ -2,13 +2,15 @@
 
 Spark reads and compacts the archive and groups it by user partition; each group goes through the pure
 state machine (rlmm.state.apply_record), so the rules live in one place, and the result is view entries.
+A small archive (SMALL_ARCHIVE_BYTES) is folded in this process instead (`replay_in_process`): the same
+compaction and the same state machine over the archive files read with rlmm.archive, no JVM.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,21 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 
 from rlmm import state
 from rlmm import view_format as vf
+from rlmm.archive import ARCHIVE_ROOT, ArchiveFile, from_archived, parse_archive_key, read_archive_file
+from rlmm.events import RecordKey
 from rlmm.view import MetadataView
-from tierlog.pipeline.archive import latest_per_key, read_archive, record_of, without_tombstones
+from rsm.backend import StorageBackend, read_all
+from tierlog.pipeline.archive import (
+    ArchiveNotFoundError,
+    latest_per_key,
+    read_archive,
+    record_of,
+    without_tombstones,
+)
+
+# Below this many archive bytes (Avro, deflated) a job runs in-process: starting Spark costs more than
+# folding some hundred thousand records here.
+SMALL_ARCHIVE_BYTES = 32 * 2**20
 
 # One row per entry of the materialized view; segment rows also carry the segment's fields in columns,
 # so reconcile can join on them without decoding values again.
@@ -269,3 +284,112 @@ def _uuid_text(key: Any) -> Any:
     h = F.lower(F.hex(key.substr(1, 16)))
     groups = [h.substr(1, 8), h.substr(9, 4), h.substr(13, 4), h.substr(17, 4), h.substr(21, 12)]
     return F.concat_ws("-", *groups)
+
+
+# -- in-process: the same jobs without Spark, for small archives ------------------------------------------
+
+
+def archive_files(store: StorageBackend, metadata_topic: str) -> list[ArchiveFile]:
+    """The archive files of `metadata_topic`, by metadata partition and offset; none is an error."""
+    prefix = f"{ARCHIVE_ROOT}/{metadata_topic}/"
+    found = [f for f in (parse_archive_key(o.key, o.size) for o in store.list(prefix)) if f is not None]
+    if not found:
+        raise ArchiveNotFoundError(
+            f"no audit archive of metadata topic {metadata_topic!r} under {store.describe(prefix)}; "
+            "run `tierlog archive` first, or check --archive and metadata.topic.name"
+        )
+    return sorted(found, key=lambda f: (f.metadata_partition, f.first_offset))
+
+
+def read_archive_datums(
+    store: StorageBackend, files: list[ArchiveFile], progress: Callable[[int], None] | None = None
+) -> list[dict[str, Any]]:
+    """Every archived record (an archive datum) of `files`, in (metadata partition, offset) order."""
+    datums: list[dict[str, Any]] = []
+    read = 0
+    for f in files:
+        datums.extend(read_archive_file(read_all(store.get_range(f.key, 0))))
+        read += f.size
+        if progress:
+            progress(read)
+    return datums
+
+
+def compact_datums(datums: Iterable[dict[str, Any]], up_to: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """As `compacted`: the newest non-tombstone record of every key (below `up_to` per metadata partition),
+    in (metadata partition, offset) order."""
+    newest: dict[str, dict[str, Any]] = {}
+    for datum in datums:
+        if up_to is not None and datum["offset"] >= up_to.get(datum["metadata_partition"], 0):
+            continue
+        held = newest.get(datum["key"])
+        if held is None or datum["offset"] > held["offset"]:
+            newest[datum["key"]] = datum
+    kept = [d for d in newest.values() if from_archived(d) is not None]
+    return sorted(kept, key=lambda d: (d["metadata_partition"], d["offset"]))
+
+
+def fold_datums(datums: Iterable[dict[str, Any]]) -> state.InMemoryState:
+    """Apply archive datums, in order, to one state. One user partition's records all sit in one metadata
+    partition, so the (metadata partition, offset) order is each user partition's topic order."""
+    folded = state.InMemoryState()
+    for datum in datums:
+        state.apply_record(folded, RecordKey.decode(datum["key"].encode()), from_archived(datum))
+    return folded
+
+
+def replay_in_process(
+    store: StorageBackend,
+    metadata_topic: str,
+    state_dir: Path | None = None,
+    max_differences: int = 100,
+    progress: Callable[[int], None] | None = None,
+) -> ReplayReport:
+    """`replay` without Spark: the same report, for an archive that fits in this process."""
+    archived = read_archive_datums(store, archive_files(store, metadata_topic), progress)
+    up_to: dict[int, int] | None = None
+    view_digest: str | None = None
+    view_entries: dict[tuple[str, bytes], bytes] = {}
+    if state_dir is not None:
+        view = open_view(state_dir)
+        try:
+            up_to = view.applied_offsets(metadata_topic)
+            view_digest = view.digest()
+            view_entries = {(f, bytes(k)): bytes(v) for f, k, v in view.entries()}
+        finally:
+            view.close()
+    records = compact_datums(archived, up_to)
+    folded = fold_datums(records)
+    archive_digest = folded.digest()
+    entries = {(f, k): v for f, k, v in folded.entries()}
+    differences: list[Difference] = []
+    if state_dir is not None and view_digest != archive_digest:
+        for family, key in sorted(entries.keys() | view_entries.keys(), key=lambda fk: (fk[1][:vf.TP_KEY_LEN], fk)):
+            ours, theirs = entries.get((family, key)), view_entries.get((family, key))
+            kind = ("only_in_view" if ours is None else "only_in_archive" if theirs is None
+                    else "value_differs" if ours != theirs else None)
+            if kind is not None:
+                topic_id, partition = _tp_of(key)
+                differences.append(Difference(topic_id, partition, family, key.hex(), kind))
+    summary = []
+    for tp in sorted(folded.user_partitions(), key=lambda tp: (tp.topic, tp.partition)):
+        segments = list(folded.segments_of(tp))
+        if segments:
+            summary.append({
+                "topic": tp.topic, "topic_id": str(tp.topic_id), "partition": tp.partition,
+                "segments": len(segments),
+                "remote_bytes": sum(md.segment_size_in_bytes for md in segments
+                                    if md.state.name == "COPY_SEGMENT_FINISHED"),
+            })
+    return ReplayReport(
+        metadata_topic=metadata_topic,
+        archived_records=len(archived),
+        replayed_records=len(records),
+        user_partitions=len({_tp_of(key) for _family, key in entries}),
+        archive_digest=archive_digest,
+        view_digest=view_digest,
+        replayed_up_to=up_to,
+        differences=tuple(differences[:max_differences]),
+        difference_count=len(differences),
+        partitions=tuple(summary),
+    )
