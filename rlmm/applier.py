@@ -89,6 +89,7 @@ class MetadataApplier:
         backoff_s = RETRY_MIN_S
         max_records = self._settings.batch_max_records
         while not self._stop.is_set():
+            reopen: bool | None = None  # set when this round failed: whether the view must be reopened
             try:
                 # Wait briefly for one record, then take whatever else has arrived without waiting: a batch
                 # consume would sit out its whole timeout on a quiet topic and delay every write.
@@ -103,24 +104,31 @@ class MetadataApplier:
                 with self._lock:
                     self.storage_problem = str(exc)
                 log.warning("metadata topic %s: cannot write the view at %s (%s); retrying in %.1f s",
-                            self._settings.metadata_topic, self._view.path, exc, backoff_s)
-                backoff_s = self._recover(backoff_s, reopen=True)
+                            self._settings.metadata_topic, self._view.path, str(exc), backoff_s)
+                reopen = True
             except Exception:  # a bug or a client failure: keep the applier alive, but not in a tight loop
                 log.exception("tierlog metadata applier on broker %s failed; retrying in %.1f s",
                               self._settings.broker_id, backoff_s)
-                backoff_s = self._recover(backoff_s, reopen=False)
+                reopen = False
+            # Outside the except block: its traceback refers to the failed batch, which would keep RocksDB's lock.
+            if reopen is not None:
+                backoff_s = self._recover(backoff_s, reopen)
 
     def _recover(self, backoff_s: float, reopen: bool) -> float:
-        self._stop.wait(backoff_s)
-        if reopen:
+        next_backoff_s = min(backoff_s * 2, RETRY_MAX_S)
+        while not self._stop.wait(backoff_s):
+            if not reopen:
+                break
             try:
                 # RocksDB refuses every write after a failed one until reopened; reopening keeps what committed.
                 self._view.reopen()
+                break
             except Exception as exc:
-                log.warning("reopening the view at %s failed: %s", self._view.path, exc)
-                return min(backoff_s * 2, RETRY_MAX_S)
+                log.warning("reopening the view at %s failed (%s); retrying in %.1f s", self._view.path, str(exc),
+                            next_backoff_s)
+                backoff_s, next_backoff_s = next_backoff_s, min(next_backoff_s * 2, RETRY_MAX_S)
         self.rewind()
-        return min(backoff_s * 2, RETRY_MAX_S)
+        return next_backoff_s
 
     def rewind(self) -> None:
         """Read again from the view's stored offsets: a batch consumed but not committed is re-applied."""
@@ -188,7 +196,8 @@ class MetadataApplier:
         try:
             batch.commit(self._settings.metadata_topic, next_offsets)
         except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
-            raise _CommitFailure(str(exc)) from exc
+            # Not chained: the cause's traceback refers to the database and would keep RocksDB's lock.
+            raise _CommitFailure(str(exc)) from None
         self._stamp()
         return outcomes
 
@@ -196,7 +205,7 @@ class MetadataApplier:
         try:
             self._view.set_source(self._settings.metadata_topic, self._settings.topic_id, int(time.time() * 1000))
         except Exception as exc:
-            raise _CommitFailure(str(exc)) from exc
+            raise _CommitFailure(str(exc)) from None
         self._stamped_at = time.monotonic()
 
     def _after_commit(

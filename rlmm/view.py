@@ -6,6 +6,7 @@ commits it, with the metadata-topic offsets it reaches, as ONE WriteBatch.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import uuid
@@ -86,13 +87,15 @@ class MetadataView:
         return cls(Path(state_dir) / "view", read_only=read_only)
 
     def close(self) -> None:
+        if not hasattr(self, "_db"):  # closed already, or a reopen failed to open it again
+            return
         # RocksDB's lock is released only once no column-family object refers to the database any more.
         self._cf.clear()
         self._handles.clear()
         try:
             self._db.close()
         except Exception as exc:  # rocksdict raises bare Exception; a failed write (disk full) resurfaces here
-            log.warning("closing the view at %s: %s (what was committed before is kept)", self.path, exc)
+            log.warning("closing the view at %s: %s (what was committed before is kept)", self.path, str(exc))
         del self._db
         gc.collect()
 
@@ -154,9 +157,17 @@ class MetadataView:
     def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]:
         return (vf.decode_lineage(v) for _, v in self._scan(vf.EPOCH_STATE, vf.tp_key_of(tp)))
 
-    def checkpointed_lineage(self, tp: TopicIdPartition) -> bytes | None:
+    def _partition_meta(self, tp: TopicIdPartition) -> vf.PartitionMeta | None:
         raw = self._get(vf.PARTITION_META, vf.tp_key_of(tp))
-        return None if raw is None else vf.decode_partition_meta(raw)[1]
+        return None if raw is None else vf.decode_partition_meta(raw)
+
+    def checkpointed_lineage(self, tp: TopicIdPartition) -> bytes | None:
+        meta = self._partition_meta(tp)
+        return None if meta is None else meta.checkpointed
+
+    def lineage_position(self, tp: TopicIdPartition) -> int | None:
+        meta = self._partition_meta(tp)
+        return None if meta is None else meta.lineage_position
 
     def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None:
         raw = self._get(vf.EPOCH_INDEX, vf.index_key(tp, epoch, start_offset))
@@ -168,7 +179,7 @@ class MetadataView:
 
     def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None:
         raw = self._get(vf.PARTITION_META, vf.tp_key(topic_id, partition))
-        return None if raw is None else TopicIdPartition(topic_id, vf.decode_partition_meta(raw)[0], partition)
+        return None if raw is None else TopicIdPartition(topic_id, vf.decode_partition_meta(raw).topic, partition)
 
     # --- whole-view reads ----------------------------------------------------------------------------------
 
@@ -177,7 +188,7 @@ class MetadataView:
         for key, value in self._cf[vf.PARTITION_META].items():
             topic_id = uuid.UUID(bytes=bytes(key[:16]))
             partition = int.from_bytes(key[16:20], "big")
-            found.append(TopicIdPartition(topic_id, vf.decode_partition_meta(bytes(value))[0], partition))
+            found.append(TopicIdPartition(topic_id, vf.decode_partition_meta(bytes(value)).topic, partition))
         return found
 
     def segments(self, tp: TopicIdPartition | None = None) -> Iterator[RemoteLogSegmentMetadata]:
@@ -273,7 +284,7 @@ class ViewBatch(MetadataView):
     def _touch(self, tp: TopicIdPartition) -> None:
         key = vf.tp_key_of(tp)
         if self._get(vf.PARTITION_META, key) is None:
-            self._put(vf.PARTITION_META, key, vf.encode_partition_meta(tp.topic, None))
+            self._put(vf.PARTITION_META, key, vf.encode_partition_meta(vf.PartitionMeta(tp.topic)))
 
     def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None:
         key = vf.segment_key(segment_id)
@@ -315,7 +326,15 @@ class ViewBatch(MetadataView):
         self._put(vf.EPOCH_STATE, vf.lineage_key(tp, epoch), _DELETED)
 
     def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None:
-        self._put(vf.PARTITION_META, vf.tp_key_of(tp), vf.encode_partition_meta(tp.topic, lineage_digest))
+        meta = self._partition_meta(tp) or vf.PartitionMeta(tp.topic)
+        self._put_partition_meta(tp, dataclasses.replace(meta, checkpointed=lineage_digest))
+
+    def set_lineage_position(self, tp: TopicIdPartition, offset: int) -> None:
+        meta = self._partition_meta(tp) or vf.PartitionMeta(tp.topic)
+        self._put_partition_meta(tp, dataclasses.replace(meta, lineage_position=offset))
+
+    def _put_partition_meta(self, tp: TopicIdPartition, meta: vf.PartitionMeta) -> None:
+        self._put(vf.PARTITION_META, vf.tp_key_of(tp), vf.encode_partition_meta(meta))
 
     def index_put(self, tp: TopicIdPartition, epoch: int, start_offset: int, segment: uuid.UUID) -> None:
         self._touch(tp)
@@ -342,7 +361,7 @@ class ViewBatch(MetadataView):
     # --- applying and committing -------------------------------------------------------------------------
 
     def apply(self, record: ConsumedRecord) -> Outcome:
-        return state.apply_record(self, record.key, record.event)
+        return state.apply_record(self, record.key, record.event, record.offset)
 
     def commit(self, metadata_topic: str, next_offsets: dict[int, int]) -> None:
         batch = WriteBatch(raw_mode=True)

@@ -1,0 +1,111 @@
+"""A full state.dir: writes fail by their deadline with a clear error, the view is never corrupted, the same
+manager recovers once space returns, and close() never raises RocksDB's errors. Runs on a small tmpfs."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rlmm_testkit import make_tp, register, segment
+from support import wait_until
+
+from rlmm import RemoteLogMetadataManager, RemoteStorageError, TopicIdPartition
+from rlmm.errors import MetadataTimeoutError
+
+MakeManager = Callable[..., RemoteLogMetadataManager]
+WRITE_TIMEOUT_S = 3.0
+RECOVERY_LIMIT_S = 40.0
+MAX_WRITES_TO_FILL_A_PAGE = 100
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MiB tmpfs, unmounted afterwards; skipped where this process may not mount."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount)],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {result.stderr.strip() or result.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def disk_filled(mount: Path) -> Iterator[None]:
+    """Fill the file system down to its last byte, so not even a small append fits; free it on exit."""
+    filler = mount / "filler"
+    with filler.open("wb", buffering=0) as out:
+        for chunk in (1 << 20, 1 << 12, 1):
+            try:
+                while True:
+                    out.write(b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    try:
+        yield
+    finally:
+        filler.unlink()
+
+
+def _write_succeeds(manager: RemoteLogMetadataManager, tp: TopicIdPartition, starts: Iterator[int]) -> bool:
+    start = next(starts)
+    future = manager.add_remote_log_segment_metadata(segment(tp, start, start + 9, {0: start}))
+    try:
+        future.result(timeout=WRITE_TIMEOUT_S + 5)
+    except RemoteStorageError:
+        return False
+    return True
+
+
+def test_writes_on_a_full_disk_fail_by_their_deadline_and_the_same_manager_recovers_when_space_returns(
+    make_manager: MakeManager, small_disk: Path
+) -> None:
+    manager = make_manager(state_dir=small_disk / "state", **{"write.timeout.ms": int(WRITE_TIMEOUT_S * 1000)})
+    tp = make_tp("disk")
+    register(manager, tp)
+    manager.add_remote_log_segment_metadata(segment(tp, 0, 9, {0: 0})).result(timeout=WRITE_TIMEOUT_S)
+
+    starts = itertools.count(10, 10)
+    with disk_filled(small_disk):
+        # The WAL's last page still has a little room: write until the first write finds none.
+        for _ in range(MAX_WRITES_TO_FILL_A_PAGE):
+            start = next(starts)
+            started = time.monotonic()
+            future = manager.add_remote_log_segment_metadata(segment(tp, start, start + 9, {0: start}))
+            error = future.exception(timeout=WRITE_TIMEOUT_S + 5)
+            if error is not None:
+                break
+        assert isinstance(error, MetadataTimeoutError) and "No space left on device" in str(error), error
+        assert time.monotonic() - started <= WRITE_TIMEOUT_S + 1.0
+    unapplied = start
+
+    freed = time.monotonic()
+    wait_until(lambda: _write_succeeds(manager, tp, starts), timeout=RECOVERY_LIMIT_S,
+               description="a write after space returns")
+    print(f"\ndisk full: recovered {time.monotonic() - freed:.2f}s after space returned")
+    manager.wait_caught_up(30)
+    # The record Kafka acknowledged while the disk was full is applied now, and the view equals a fresh rebuild.
+    assert unapplied in [md.start_offset for md in manager.list_remote_log_segments(tp)]
+    fresh = make_manager(broker_id=9)
+    fresh.wait_caught_up(30)
+    assert manager.view_digest() == fresh.view_digest()
+
+
+def test_close_on_a_full_disk_raises_nothing(make_manager: MakeManager, small_disk: Path) -> None:
+    manager = make_manager(state_dir=small_disk / "state", **{"write.timeout.ms": int(WRITE_TIMEOUT_S * 1000)})
+    tp = make_tp("disk-close")
+    register(manager, tp)
+    with disk_filled(small_disk):
+        starts = itertools.count(0, 10)
+        wait_until(lambda: not _write_succeeds(manager, tp, starts), timeout=MAX_WRITES_TO_FILL_A_PAGE,
+                   description="a write failing on the full disk")
+        manager.close()
