@@ -5,7 +5,8 @@ offsets (one ListOffsets round trip to Kafka), cached for END_OFFSETS_TTL_S. The
 need a scan of the view's segments: it is rescanned only when the view changed (its applied offsets moved), and
 no sooner than SCAN_SPACING times the last scan's duration after it, so scanning takes at most ~1/SCAN_SPACING of
 one core however big the view and however often Prometheus scrapes (a small view is fresh at every scrape; a
-view that takes 1 s to scan is rescanned at most every 100 s).
+view that takes 5 s to scan, ~100k segments, is rescanned at most every 500 s). The scan runs beside the scrape,
+which waits for it at most SCAN_WAIT_S.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ T = TypeVar("T")
 END_OFFSETS_TTL_S = 10.0
 END_OFFSETS_TIMEOUT_S = 2.0
 SCAN_SPACING = 100.0
+SCAN_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -80,29 +82,46 @@ class _Cached(Generic[T]):
 
 
 class _ViewScan:
-    """The view's totals, rescanned when the view changed and the last scan is SCAN_SPACING durations old."""
+    """The view's totals, rescanned when the view changed and the last scan is SCAN_SPACING durations old.
+
+    The scan runs on its own thread: a scrape waits at most SCAN_WAIT_S for a scan it started (a small view is
+    fresh at once), then answers with the previous totals, so a big view never makes a scrape time out.
+    """
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        self._lock = threading.Lock()
+        self._done = threading.Condition()
         self._totals: ViewTotals | None = None
-        self._seen: tuple[object, dict[int, int]] | None = None  # (manager, its applied offsets) scanned
+        self._seen: tuple[object, dict[int, int]] | None = None  # (manager, its applied offsets) last scanned
         self._next_at = 0.0
+        self._running = False
 
     def get(self, manager: Any, applied: dict[int, int]) -> ViewTotals | None:
-        with self._lock:
+        with self._done:
             changed = self._seen is None or self._seen[0] is not manager or self._seen[1] != applied
-            if changed and self._clock() >= self._next_at:
-                started = self._clock()
-                try:
-                    self._totals = view_totals(manager.view)
-                except Exception as exc:  # a closing manager's view: skip this scrape's totals
-                    log.info("metrics: scanning the view failed: %s", exc)
-                    self._totals = None
-                finished = self._clock()
-                self._seen = (manager, applied)
-                self._next_at = finished + SCAN_SPACING * (finished - started)
+            if changed and not self._running and self._clock() >= self._next_at:
+                self._running = True
+                threading.Thread(
+                    target=self._scan, args=(manager, applied), name="tierlog-metrics-view-scan", daemon=True
+                ).start()
+            if self._running:
+                self._done.wait_for(lambda: not self._running, timeout=SCAN_WAIT_S)
             return self._totals
+
+    def _scan(self, manager: Any, applied: dict[int, int]) -> None:
+        started = self._clock()
+        totals: ViewTotals | None
+        try:
+            totals = view_totals(manager.view)
+        except Exception as exc:  # a closing manager's view: no totals until the next scan
+            log.info("metrics: scanning the view failed: %s", exc)
+            totals = None
+        finished = self._clock()
+        with self._done:
+            self._totals, self._seen = totals, (manager, applied)
+            self._next_at = finished + SCAN_SPACING * (finished - started)
+            self._running = False
+            self._done.notify_all()
 
 
 def kafka_end_offsets(config: Mapping[str, Any]) -> Callable[[str, list[int]], dict[int, int]]:
