@@ -81,7 +81,7 @@ class _Cached(Generic[T]):
             return self._value
 
 
-class _ViewScan:
+class ViewScan:
     """The view's totals, rescanned when the view changed and the last scan is SCAN_SPACING durations old.
 
     The scan runs on its own thread: a scrape waits at most SCAN_WAIT_S for a scan it started (a small view is
@@ -150,7 +150,7 @@ class RlmmCollector(Collector):
         self._manager = manager
         self._end_offsets = end_offsets
         self._ends: _Cached[dict[int, int]] = _Cached(END_OFFSETS_TTL_S, clock)
-        self._totals = _ViewScan(clock)
+        self._totals = ViewScan(clock)
 
     def collect(self) -> Iterator[Any]:
         manager = self._manager()
@@ -223,4 +223,6 @@ class RlmmCollector(Collector):
             )
 
 
-__all__ = ["END_OFFSETS_TTL_S", "SCAN_SPACING", "RlmmCollector", "ViewTotals", "kafka_end_offsets", "view_totals"]
+__all__ = [
+    "END_OFFSETS_TTL_S", "SCAN_SPACING", "RlmmCollector", "ViewScan", "ViewTotals", "kafka_end_offsets", "view_totals",
+]
