@@ -1,7 +1,9 @@
 """The audit archiver: copies every metadata-topic record, before compaction can drop it, into Avro files.
 
 Files live under `audit/<metadata topic>/<partition>/<first offset:020d>-<last offset:020d>.avro`; the
-resume point is the highest last offset found there, so a crash loses nothing and repeats nothing.
+resume point is the highest last offset found there, so a crash loses nothing and repeats nothing. A gap
+(records compacted away before they were archived) is logged and counted; inside the agent the archiver
+restarts after any failure.
 """
 
 from __future__ import annotations
@@ -74,12 +76,22 @@ class ArchiverSettings:
             raise ValueError("metadata_topic must not be empty")
 
 
+@dataclass(frozen=True)
+class AuditGap:
+    """Offsets first..last of a metadata partition left the topic before they were archived."""
+
+    metadata_partition: int
+    first_offset: int
+    last_offset: int
+
+
 @dataclass
 class ArchiverStats:
     files_written: int = 0
     records_archived: int = 0
     files_skipped_as_already_archived: int = 0
     per_partition_next_offset: dict[int, int] = field(default_factory=dict)
+    gaps: list[AuditGap] = field(default_factory=list)
 
 
 @dataclass
@@ -98,6 +110,8 @@ class Archiver:
         self._next_offset: dict[int, int] = {}
         # Offset after the last record seen in each partition, whether archived or only passed over.
         self._consumed_end: dict[int, int] = {}
+        # Partitions (re)assigned but not read yet: the offset the first record read should have.
+        self._expected_first: dict[int, int] = {}
         self.stats = ArchiverStats()
         self._consumer = Consumer(self._consumer_config())
 
@@ -143,13 +157,8 @@ class Archiver:
             resume = next_offset_to_archive(list_archive_files(self._store, topic, p))
             self._next_offset[p] = resume if resume is not None else 0
             self._buffers[p] = _PartitionBuffer()
-            low, _high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if resume is not None and low > resume:
-                log.warning(
-                    "audit gap in %s-%d: offsets %d..%d were removed from the topic before they were "
-                    "archived; raise min.compaction.lag.ms or run the archiver more often",
-                    topic, p, resume, low - 1,
-                )
+            # Compaction never moves the low watermark, so only the first offset actually read shows a gap.
+            self._expected_first[p] = self._next_offset[p]
             positions.append(TopicPartition(topic, p, OFFSET_BEGINNING if resume is None else resume))
             log.info("archiving %s-%d from offset %s", topic, p, "0 (start)" if resume is None else resume)
         return positions
@@ -228,10 +237,29 @@ class Archiver:
                 if error.code() == KafkaError._PARTITION_EOF:
                     # Past the last record: transaction markers or compacted offsets may follow it.
                     partition, offset = message.partition() or 0, message.offset() or 0
+                    self._check_gap(partition, offset)
                     self._consumed_end[partition] = max(offset, self._consumed_end.get(partition, 0))
                     continue
-                raise MetadataLogError(f"consuming {self._settings.metadata_topic} failed: {error}")
+                if error.fatal() or error.code() == KafkaError._MAX_POLL_EXCEEDED:
+                    # E.g. kicked from the group after a long store outage: only a new consumer goes on.
+                    raise MetadataLogError(f"consuming {self._settings.metadata_topic} failed: {error}")
+                log.warning("consuming %s: %s (the client retries)", self._settings.metadata_topic, error.str())
+                continue
+            self._check_gap(message.partition() or 0, message.offset() or 0)
             self._accept(message)
+
+    def _check_gap(self, partition: int, offset: int) -> None:
+        """Report records that left the topic between the resume point and the first offset read."""
+        expected = self._expected_first.pop(partition, None)
+        if expected is None or offset <= expected:
+            return
+        gap = AuditGap(partition, expected, offset - 1)
+        self.stats.gaps.append(gap)
+        log.warning(
+            "audit gap in %s-%d: offsets %d..%d were removed from the topic before they were archived; "
+            "raise min.compaction.lag.ms or keep the archiver running",
+            self._settings.metadata_topic, partition, gap.first_offset, gap.last_offset,
+        )
 
     def _accept(self, message: Any) -> None:
         partition, offset = message.partition(), message.offset()
@@ -329,22 +357,29 @@ class Archiver:
 
 
 class ArchiverThread(threading.Thread):
-    """Runs an Archiver in the background of the agent; a failure is logged and kept for inspection."""
+    """Runs an Archiver in the background of the agent; after any failure it logs, waits and starts a new
+    one, which resumes from the archive. `restarts` and `error` (the last failure) are for inspection."""
 
     def __init__(self, make_archiver: Callable[[], Archiver]) -> None:
         super().__init__(name="tierlog-archiver", daemon=True)
         self._make_archiver = make_archiver
         self._stop_event = threading.Event()
         self.error: BaseException | None = None
+        self.restarts = 0
 
     def run(self) -> None:
-        try:
-            self._make_archiver().run(self._stop_event)
-        except BaseException as exc:  # the agent keeps serving; the error is reported, not swallowed
-            self.error = exc
-            log.exception("the audit archiver stopped")
+        backoff_s = RETRY_MIN_S
+        while not self._stop_event.is_set():
+            try:
+                self._make_archiver().run(self._stop_event)
+            except Exception as exc:  # the agent keeps serving; the archiver starts again
+                self.error = exc
+                self.restarts += 1
+                log.warning("the audit archiver failed (%s); restarting in %.1f s from the archive's resume point",
+                            exc, backoff_s)
+                self._stop_event.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, RETRY_MAX_S)
 
     def stop(self, timeout_s: float = 30) -> None:
         self._stop_event.set()
         self.join(timeout_s)
-
