@@ -105,3 +105,12 @@ def test_rsm_bytes_latency_cache_and_absent_index(agent: tuple[AgentServer, grpc
     assert found.value("tierlog_rsm_operation_seconds_count", operation="rsm.copy_log_segment_data") == 1
     assert found.value("tierlog_rsm_operation_seconds_sum", operation="rsm.copy_log_segment_data") > 0
 
+
+
+def test_tierlog_agent_passes_its_metrics_address_to_the_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tierlog.cli.main import main as tierlog
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr("tierlog.agent.server.serve", lambda *a, **kw: seen.update(kw))
+    assert tierlog(["agent", "--socket", "/nonexistent/s.sock", "--metrics-port", "0", "--metrics-address", "::1"]) == 0
+    assert seen["metrics_address"] == "::1"
