@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from rlmm_materialize import (  # noqa: E402
     user_partitions,
 )
 
+from dev.env import services_env  # noqa: E402
 from dev.kafka import KafkaCluster, java_executable, kafka_version  # noqa: E402
 from rlmm import (  # noqa: E402
     RemoteLogMetadataManager,
@@ -54,8 +56,13 @@ from rlmm import (  # noqa: E402
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from rlmm.event_log import TopicSettings  # noqa: E402
+from rlmm.event_log import TopicSettings, check_topic  # noqa: E402
 from rlmm.events import RecordKey  # noqa: E402
+from rsm.backend import StorageBackend  # noqa: E402
+from tierlog.audit.archiver import Archiver, ArchiverSettings  # noqa: E402
+from tierlog.audit.snapshots import BucketSnapshotSource, SnapshotSettings, write_snapshot_now  # noqa: E402
+from tierlog.pipeline.locations import open_store  # noqa: E402
+from tierlog.pipeline.session import S3Settings  # noqa: E402
 
 HARNESS_POM = REPO / "bench" / "tbrlmm" / "pom.xml"
 HARNESS_BUILD = REPO / ".dev" / "bench-tbrlmm"
@@ -63,6 +70,7 @@ HARNESS_MAIN = "dev.tierlog.bench.TbrlmmHarness"
 TBRLMM_TOPIC = "__remote_log_metadata"
 UNCOMPACTED_TOPIC = "bench-tierlog-history"
 COMPACTED_TOPIC = "bench-tierlog-compacted"
+SNAPSHOT_LOCATION = "snapshots"
 # The compacted copy rolls and cleans quickly so that it reaches its compacted size within the run.
 COMPACTED_SEGMENT_MS = 4000
 NODE_TIMEOUT_S = 3600.0
@@ -100,17 +108,22 @@ def read_partitions(path: Path) -> list[TopicIdPartition]:
 # --- one tierlog node, in a process of its own -------------------------------------------------------------
 
 def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, events_file: Path, lookups: int,
-                 writes: int, seed: int) -> dict[str, Any]:
+                 writes: int, seed: int, snapshots: str | None = None) -> dict[str, Any]:
     """Start a manager on `state_dir`, wait until every user partition is ready, then time lookups and writes:
-    the same steps, in the same order, as the harness's `node` command."""
+    the same steps, in the same order, as the harness's `node` command. With `snapshots` (a bucket location),
+    an empty state dir bootstraps from the newest snapshot there, then tails the topic."""
     tps = read_partitions(events_file)
     rng = random.Random(seed)
     write_target = TopicIdPartition(uuid.UUID(int=rng.getrandbits(128)), "bench-writes", 0)
     config = {"bootstrap.servers": bootstrap, "broker.id": 0, "state.dir": state_dir, "metadata.topic.name": topic,
               "metadata.topic.num.partitions": partitions, "metadata.topic.create": False,
               "startup.timeout.ms": int(NODE_TIMEOUT_S * 1000)}
+    source = None
+    if snapshots is not None:
+        config["snapshot.location"] = SNAPSHOT_LOCATION
+        source = BucketSnapshotSource(open_bench_store(snapshots))
     started = time.perf_counter()
-    manager = RemoteLogMetadataManager(config)
+    manager = RemoteLogMetadataManager(config, snapshot_source=source)
     try:
         everything = {*tps, write_target}
         manager.on_partition_leadership_changes(everything, set())
@@ -166,6 +179,44 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
 def _pct(values: list[int], q: float) -> float:
     ordered = sorted(values)
     return float("nan") if not ordered else round(float(ordered[min(len(ordered) - 1, int(len(ordered) * q))]), 2)
+
+
+def open_bench_store(location: str) -> StorageBackend:
+    """The bucket (or directory) the benchmark's snapshots go to; S3 settings from the dev services."""
+    env = services_env()
+    settings = S3Settings(env.get("S3_ENDPOINT"), env.get("S3_ACCESS_KEY"), env.get("S3_SECRET_KEY"),
+                          env.get("S3_REGION", "us-east-1"))
+    return open_store(location, settings)
+
+
+def snapshot_location(work: Path) -> str:
+    """A fresh prefix in the dev services' bucket, or a local directory when no S3 is configured."""
+    env = services_env()
+    if env.get("S3_ENDPOINT") and env.get("S3_BUCKET"):
+        return f"s3://{env['S3_BUCKET']}/bench-rlmm-vs-kafka-{uuid.uuid4().hex[:8]}"
+    return str(work / "bucket")
+
+
+def prepare_snapshot(bootstrap: str, location: str, partitions: int) -> dict[str, Any]:
+    """Archive the uncompacted topic and fold the archive into a snapshot, as the agent does periodically."""
+    store = open_bench_store(location)
+    started = time.perf_counter()
+    Archiver(store, ArchiverSettings(bootstrap, UNCOMPACTED_TOPIC)).run_until_caught_up(timeout_s=NODE_TIMEOUT_S)
+    archived = time.perf_counter()
+    topic_id = check_topic(AdminClient({"bootstrap.servers": bootstrap}), UNCOMPACTED_TOPIC, partitions, 60).topic_id
+    key = write_snapshot_now(store, SnapshotSettings(SNAPSHOT_LOCATION, UNCOMPACTED_TOPIC), topic_id)
+    if key is None:
+        raise SystemExit("no snapshot was written: the archive is empty")
+    size = next(o.size for o in store.list(key))
+    return {"archive_s": round(archived - started, 2), "snapshot_write_s": round(time.perf_counter() - archived, 2),
+            "snapshot_bytes": size, "location": location}
+
+
+def remove_location(location: str) -> None:
+    store = open_bench_store(location)
+    keys = [o.key for o in store.list("")]
+    for i in range(0, len(keys), 1000):
+        store.delete(keys[i:i + 1000])
 
 
 # --- the runner ---------------------------------------------------------------------------------------------
@@ -268,10 +319,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         result["topic_bytes"] = {"tierlog_uncompacted": topic_bytes(cluster, UNCOMPACTED_TOPIC),
                                  "tbrlmm": topic_bytes(cluster, TBRLMM_TOPIC)}
         result["topic_bytes"]["tierlog_compacted"] = wait_compacted(cluster, args.partitions)
+        location = snapshot_location(work)
+        result["snapshot"] = prepare_snapshot(bootstrap, location, args.partitions)
 
-        def tierlog(topic: str, state_dir: Path) -> dict[str, Any]:
+        def tierlog(topic: str, state_dir: Path, *snapshots: str) -> dict[str, Any]:
             return run_json([sys.executable, __file__, "tierlog-node", bootstrap, topic, str(args.partitions),
-                             str(state_dir), str(events_file), str(args.lookups), str(args.writes), str(args.seed)])
+                             str(state_dir), str(events_file), str(args.lookups), str(args.writes), str(args.seed),
+                             *snapshots])
 
         def tbrlmm(log_dir: Path) -> dict[str, Any]:
             return run_json([*java, "node", str(events_file), bootstrap, str(args.partitions), str(log_dir),
@@ -283,17 +337,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ("tierlog_cold", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
                 ("tierlog_restart", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
                 ("tierlog_cold_compacted", partial(tierlog, COMPACTED_TOPIC, work / f"tierlog-c-{r}")),
+                ("snapshot_bootstrap", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-s-{r}", location)),
             ]
             kafka_steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
                 ("tbrlmm_cold", partial(tbrlmm, work / f"tbrlmm-{r}")),
                 ("tbrlmm_restart", partial(tbrlmm, work / f"tbrlmm-{r}")),
             ]
-            ordered = [*steps, *kafka_steps] if r % 2 == 0 else [*kafka_steps, *steps]
+            # Alternate the systems step by step, and which goes first from round to round, so that load from
+            # the rest of the machine falls on both alike.
+            first, second = (steps, kafka_steps) if r % 2 == 0 else (kafka_steps, steps)
+            ordered = [step for pair in zip_longest(first, second) for step in pair if step is not None]
             measured: dict[str, Any] = {"round": r}
             for name, step in ordered:
                 print(f"round {r}: {name}", file=sys.stderr, flush=True)
                 measured[name] = step()
             runs.append(measured)
+        remove_location(location)
     result["runs"] = runs
     result["median"] = medians(runs, len(events))
     table = ratio_table(result)
@@ -354,6 +413,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "tierlog-node":
         b, topic, parts, state, events_path, lookups, writes, seed = sys.argv[2:10]
         print(json.dumps(tierlog_node(b, topic, int(parts), state, Path(events_path), int(lookups), int(writes),
-                                      int(seed))))
+                                      int(seed), *sys.argv[10:11])))
     else:
         main()
