@@ -7,7 +7,7 @@ STAMPS := .dev/stamps
 # The JVM adapter is rebuilt only when its sources or the shared protocol change.
 JVM_SOURCES := $(wildcard jvm/pom.xml) $(shell find jvm/src -type f 2>/dev/null) $(wildcard schemas/*.proto)
 
-.PHONY: setup python-deps kafka-jars jvm services-up services-down services-status demo test lint bench
+.PHONY: setup python-deps kafka-jars jvm services-up services-down services-status demo test lint bench bench-kafka
 
 setup: python-deps kafka-jars jvm
 
@@ -61,3 +61,8 @@ bench: setup services-up
 		[ -f "$$script" ] || continue; found=1; \
 		echo "== $$script" >&2; $(PYTHON) "$$script"; \
 	done; [ $$found = 1 ] || echo "no benchmarks in bench/" >&2
+
+# tierlog's metadata manager against Kafka's own TopicBasedRemoteLogMetadataManager on a Kafka it starts
+# (quick: 200k events, a few minutes; BENCH_ARGS=--full for 1M). JSON on stdout, the ratio table on stderr.
+bench-kafka: setup services-up
+	$(PYTHON) bench/rlmm_vs_kafka.py $(BENCH_ARGS)
