@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import logging
 import logging.handlers
 import os
@@ -213,18 +212,18 @@ class AgentServer:
             )
         return dict(self._end_offsets(topic, partitions))
 
-    def _ready(self, name: ComponentName) -> float:
-        try:
-            return 0.0 if self.components.slot(name).get_nowait() is None else 1.0
-        except NotConfiguredError:
-            return 0.0
+    def _readiness(self) -> dict[str, bool]:
+        ready = {}
+        for name in ComponentName:
+            with contextlib.suppress(NotConfiguredError):  # not hosted here: exported as absent
+                ready[name.short] = self.components.slot(name).get_nowait() is not None
+        return ready
 
     def _watch(self) -> None:
         metrics = self.metrics
         metrics.watch_rsm(self._rsm_snapshot)
         metrics.watch(RlmmCollector(self._rlmm, self._rlmm_end_offsets))
-        for name in ComponentName:
-            metrics.ready.labels(name.short).set_function(functools.partial(self._ready, name))
+        metrics.watch_components(self._readiness)
         if self._archiver is not None:
             metrics.watch_archiver(self._archiver.is_alive)
         metrics.up.set(1)
@@ -255,7 +254,9 @@ class AgentServer:
             self._watch()
             self.metrics_port = self.metrics.serve(self.metrics_port, self.metrics_address)
             log.info("metrics on http://%s:%d/metrics", self.metrics_address, self.metrics_port)
-        log.info("tierlog agent (pid %d) serving on %s", os.getpid(), self.socket_path)
+        # Which installation runs matters when a host has several (a wheel, a checkout): say so.
+        log.info("tierlog agent (pid %d, from %s) serving on %s", os.getpid(), Path(__file__).resolve().parent,
+                 self.socket_path)
         return self
 
     def stop(self, grace: float = GRACE_S) -> None:
