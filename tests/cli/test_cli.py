@@ -238,7 +238,8 @@ def test_replay_of_the_archive_against_the_rebuilt_view_matches_and_lists_its_pa
     state_dir, _ = rebuilt_node
     archive = str(tmp_path / "archive")
     assert tierlog("archive", "--once", "--archive", archive, *metadata_topic.options()).returncode == 0
-    code = main(["replay", "--archive", archive, "--state-dir", str(state_dir), "--partitions", "--json",
+    # --spark: a small archive would otherwise be replayed in-process (test_cli_small_jobs.py).
+    code = main(["replay", "--spark", "--archive", archive, "--state-dir", str(state_dir), "--partitions", "--json",
                  *metadata_topic.options()])
     report = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -260,7 +261,8 @@ def test_usage_writes_its_table_and_chart_and_prints_remote_bytes_per_topic(
 ) -> None:
     archive = str(tmp_path / "archive")
     assert tierlog("archive", "--once", "--archive", archive, *metadata_topic.options()).returncode == 0
-    code = main(["usage", "--archive", archive, "--out", str(tmp_path / "usage"), *metadata_topic.options()])
+    code = main(["usage", "--spark", "--archive", archive, "--out", str(tmp_path / "usage"),
+                 *metadata_topic.options()])
     out = capsys.readouterr().out
     assert code == 0
     assert out.startswith("TOPIC")

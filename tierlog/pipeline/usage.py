@@ -178,12 +178,7 @@ def _utc(ms: int) -> datetime:
 
 
 def write_usage(result: UsageResult | UsageTable, directory: Path) -> tuple[Path, Path]:
-    """`usage.csv` (per partition and bucket) and `usage.png`: remote bytes per topic and in total over
-    wall-clock time (UTC), as steps (usage changes at bucket starts and holds until the next)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers
-    import matplotlib.dates as mdates
+    """`usage.csv` (per partition and bucket) and `usage.png` (`usage_chart`)."""
     import matplotlib.pyplot as plt
 
     table = result.collected() if isinstance(result, UsageResult) else result
@@ -193,6 +188,21 @@ def write_usage(result: UsageResult | UsageTable, directory: Path) -> tuple[Path
         out.write(",".join(USAGE_COLUMNS) + "\n")
         for r in table.rows:
             out.write(f"{r.topic},{r.partition},{r.bucket_start_ms},{r.remote_bytes},{r.segments}\n")
+    figure = usage_chart(table)
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
+    return csv_path, png_path
+
+
+def usage_chart(table: UsageTable) -> Any:
+    """A matplotlib Figure: remote bytes per topic and in total over wall-clock time (UTC), as steps (usage
+    changes at a bucket's start and holds until the next), in the largest unit the data fills."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
     totals = topic_totals(table)
     overall: dict[int, int] = {}
     for series in totals.values():
@@ -227,6 +237,4 @@ def write_usage(result: UsageResult | UsageTable, directory: Path) -> tuple[Path
     else:
         axes.set_title("Remote (tiered) storage per topic: the archive holds no finished segment", fontsize=11)
     figure.tight_layout()
-    figure.savefig(png_path, dpi=100)
-    plt.close(figure)
-    return csv_path, png_path
+    return figure
