@@ -227,3 +227,42 @@ def _elect_preferred(admin: AdminClient, topic: str, partition: int) -> bool:
     futures = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, partition)])
     futures.result(timeout=10)
     return False
+
+
+def test_a_write_waiting_for_room_in_the_producer_queue_fails_by_its_deadline_without_blocking_readers(
+    make_kafka_cluster: Callable[..., KafkaCluster], tmp_path: Path
+) -> None:
+    cluster = make_kafka_cluster(nodes=1)
+    config = manager_config(cluster.bootstrap, tmp_path / "state", unique_topic_name("live-queue"),
+                            partitions=PARTITIONS, **{"write.timeout.ms": int(WRITE_TIMEOUT_S * 1000),
+                                                      "kafka.queue.buffering.max.messages": 1})
+    manager = RemoteLogMetadataManager(config)
+    try:
+        queued, blocked = make_tp("queued"), make_tp("blocked")
+        wait_ready(manager, queued, 30)
+        wait_ready(manager, blocked, 30)
+        cluster.kill_node(0)
+        # The only queue slot stays taken: nothing can be delivered while the broker is down.
+        first = manager.add_remote_log_segment_metadata(segment(queued, 0, 9, {0: 0}))
+        outcome: list[BaseException | None] = []
+        caller = threading.Thread(target=lambda: outcome.append(
+            manager.add_remote_log_segment_metadata(segment(blocked, 0, 9, {0: 0})).exception()))
+        started = time.monotonic()
+        caller.start()
+        reads: list[object] = []
+
+        def read() -> None:
+            reads.append((manager.list_remote_log_segments(queued), manager.is_ready(blocked)))
+
+        while caller.is_alive() and time.monotonic() - started < WRITE_TIMEOUT_S - 0.5:
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            reader.join(timeout=0.5)
+            assert not reader.is_alive(), "a read waited for the write stuck on the full producer queue"
+        assert reads and all(r == ([], True) for r in reads)
+        caller.join(timeout=WRITE_TIMEOUT_S + 5)
+        assert time.monotonic() - started <= WRITE_TIMEOUT_S + DEADLINE_SLACK_S
+        assert len(outcome) == 1 and "producer queue" in str(outcome[0])
+        assert first.exception(timeout=WRITE_TIMEOUT_S + 5) is not None
+    finally:
+        manager.close()
