@@ -30,12 +30,17 @@ class EpochLineage:
 
 @dataclass(frozen=True, slots=True)
 class EpochCheckpoint:
-    """The derived epoch lineage of a user partition, written after events that changed it."""
+    """The derived epoch lineage of a user partition, written after events that changed it.
+
+    `reflects_offset`: the metadata offset of the newest lineage-changing record its writer had applied (None in
+    checkpoints written before tierlog stamped them); see rlmm.lineage.
+    """
 
     topic_id_partition: TopicIdPartition
     epochs: tuple[EpochLineage, ...]
     event_timestamp_ms: int
     broker_id: int
+    reflects_offset: int | None = None
 
 
 MetadataEvent = RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata | EpochCheckpoint

@@ -4,9 +4,8 @@
 the same `StateStore` protocol, so both replay a log to the same state and the same digest.
 
 Compaction invariance: every segment record carries the segment's full state, and the epoch lineage that
-Kafka derives order-dependently (highest offset per epoch, finished segments displaced by a newer upload)
-is written as an `epochs:` checkpoint after each event that changed it, and applied authoritatively. A
-replay of only the newest record per key therefore reaches the same view as a replay of every record.
+Kafka derives order-dependently (rlmm.lineage) is kept in `epochs:` checkpoints, so a replay of only the newest
+record per key reaches the same view as a replay of every record.
 """
 
 from __future__ import annotations
@@ -19,9 +18,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rlmm import view_format
+from rlmm import lineage, view_format
 from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError
 from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent, RecordKey, epochs_key, key_of
+from rlmm.lineage import pending_checkpoint
 from rlmm.types import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -86,6 +86,7 @@ class StateReader(Protocol):
     def lineage(self, tp: TopicIdPartition, epoch: int) -> EpochLineage | None: ...
     def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]: ...
     def checkpointed_lineage(self, tp: TopicIdPartition) -> bytes | None: ...
+    def lineage_position(self, tp: TopicIdPartition) -> int | None: ...
     def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None: ...
     def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None: ...
     def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None: ...
@@ -100,45 +101,48 @@ class StateStore(StateReader, Protocol):
     def put_lineage(self, tp: TopicIdPartition, lineage: EpochLineage) -> None: ...
     def remove_lineage(self, tp: TopicIdPartition, epoch: int) -> None: ...
     def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None: ...
+    def set_lineage_position(self, tp: TopicIdPartition, offset: int) -> None: ...
     def index_put(self, tp: TopicIdPartition, epoch: int, start_offset: int, segment: uuid.UUID) -> None: ...
     def index_remove(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> None: ...
     def forget_partition(self, tp: TopicIdPartition) -> None: ...
 
 
-_LAST = 2**63 - 1
-
 
 # --- applying records ---------------------------------------------------------------------------------
 
-def apply_record(store: StateStore, key: RecordKey, event: MetadataEvent | None) -> Outcome:
-    """Fold one metadata record (None = tombstone) into `store`; invalid records are dropped, not raised."""
+def apply_record(
+    store: StateStore, key: RecordKey, event: MetadataEvent | None, offset: int | None = None
+) -> Outcome:
+    """Fold one metadata record (None = tombstone) into `store`; invalid records are dropped, not raised.
+
+    `offset` is the record's offset in its metadata partition; without it a checkpoint cannot be recognised as
+    older than a record already applied (rlmm.lineage), so every reader of the topic passes it.
+    """
     if event is None:
-        return _apply_tombstone(store, key)
+        return _apply_tombstone(store, key, offset)
     if key_of(event) != key:
         return Outcome.dropped(f"record key {key.encode()!r} does not match its event {key_of(event).encode()!r}")
     if isinstance(event, RemoteLogSegmentMetadata):
-        return _apply_segment(store, event)
+        return _apply_segment(store, event, offset)
     if isinstance(event, RemotePartitionDeleteMetadata):
         return _apply_partition_delete(store, event)
     return _apply_checkpoint(store, event)
 
 
-def _apply_tombstone(store: StateStore, key: RecordKey) -> Outcome:
+def _apply_tombstone(store: StateStore, key: RecordKey, offset: int | None) -> Outcome:
     if key.kind == "segment":
         assert key.segment_id is not None
         for candidate in _partitions_with(store, key):
             existing = store.segment(RemoteLogSegmentId(candidate, key.segment_id))
             if existing is not None:
-                _unreference(store, existing)
+                lineage.unreference(store, existing, offset)
                 store.remove_segment(existing.remote_log_segment_id)
         return APPLIED
     for tp in _partitions_with(store, key):
         if key.kind == "partition-delete":
             store.forget_partition(tp)
         else:
-            for lineage in list(store.lineages_of(tp)):
-                store.remove_lineage(tp, lineage.epoch)
-            store.set_checkpointed_lineage(tp, None)
+            lineage.forget(store, tp)
     return APPLIED
 
 
@@ -148,7 +152,7 @@ def _partitions_with(store: StateStore, key: RecordKey) -> Iterable[TopicIdParti
     return () if tp is None else (tp,)
 
 
-def _apply_segment(store: StateStore, incoming: RemoteLogSegmentMetadata) -> Outcome:
+def _apply_segment(store: StateStore, incoming: RemoteLogSegmentMetadata, offset: int | None) -> Outcome:
     if is_deleted(store, incoming.topic_id_partition):
         return Outcome.dropped(f"segment {incoming.remote_log_segment_id}: its partition's remote data was deleted")
     existing = store.segment(incoming.remote_log_segment_id)
@@ -165,18 +169,17 @@ def _apply_segment(store: StateStore, incoming: RemoteLogSegmentMetadata) -> Out
     # A record for a segment this store never saw is applied as the full state it carries: compaction may
     # have removed the records that created it.
     if existing is not None and target is S.COPY_SEGMENT_STARTED:
-        _unreference(store, existing)  # a re-add may carry other epochs
+        lineage.unreference(store, existing, offset)  # a re-add may carry other epochs
     if target is S.COPY_SEGMENT_FINISHED:
         store.put_segment(incoming)
-        for epoch in incoming.segment_leader_epochs:
-            _reference_finished(store, incoming, epoch)
+        lineage.reference_finished(store, incoming, offset)
     elif target is S.DELETE_SEGMENT_FINISHED:
         if existing is not None:
-            _unreference(store, existing)
+            lineage.unreference(store, existing, offset)
             store.remove_segment(incoming.remote_log_segment_id)
     else:
         if target is S.DELETE_SEGMENT_STARTED:
-            _unreference(store, existing or incoming)
+            lineage.unreference(store, existing or incoming, offset)
         store.put_segment(incoming)
     return APPLIED
 
@@ -184,49 +187,6 @@ def _apply_segment(store: StateStore, incoming: RemoteLogSegmentMetadata) -> Out
 def _immutable(md: RemoteLogSegmentMetadata) -> tuple[object, ...]:
     return (md.start_offset, md.end_offset, md.max_timestamp_ms, md.segment_size_in_bytes,
             tuple(md.segment_leader_epochs.items()), md.txn_idx_empty)
-
-
-def _reference_finished(store: StateStore, md: RemoteLogSegmentMetadata, epoch: int) -> None:
-    """Kafka's rule for a COPY_SEGMENT_FINISHED segment in one of its leader epochs."""
-    tp = md.topic_id_partition
-    start = md.segment_leader_epochs[epoch]
-    end = md.epoch_end_offset(epoch)
-    current = store.lineage(tp, epoch)
-    highest = current.highest_log_offset if current else None
-    displaced = set(current.displaced_segment_ids) if current else set()
-    # A newer upload covering the same or a larger range (after a leader change) replaces older segments.
-    while (last := store.index_floor(tp, epoch, _LAST)) is not None and last[0] >= start and (
-        highest is None or highest <= end
-    ):
-        store.index_remove(tp, epoch, last[0])
-        displaced.add(last[1])
-    previous = store.index_get(tp, epoch, start)
-    store.index_put(tp, epoch, start, md.remote_log_segment_id.id)
-    if previous is not None and previous != md.remote_log_segment_id.id:
-        displaced.add(previous)
-    displaced.discard(md.remote_log_segment_id.id)
-    highest = end if highest is None else max(highest, end)
-    store.put_lineage(tp, EpochLineage(epoch, highest, frozenset(displaced)))
-
-
-def _unreference(store: StateStore, md: RemoteLogSegmentMetadata) -> None:
-    """Remove a segment from every epoch's offset index and displaced set (highest offsets stay)."""
-    tp = md.topic_id_partition
-    segment = md.remote_log_segment_id.id
-    for epoch, start in md.segment_leader_epochs.items():
-        if store.index_get(tp, epoch, start) == segment:
-            store.index_remove(tp, epoch, start)
-        lineage = store.lineage(tp, epoch)
-        if lineage is not None and segment in lineage.displaced_segment_ids:
-            _put_or_drop_lineage(store, tp, EpochLineage(
-                epoch, lineage.highest_log_offset, lineage.displaced_segment_ids - {segment}))
-
-
-def _put_or_drop_lineage(store: StateStore, tp: TopicIdPartition, lineage: EpochLineage) -> None:
-    if lineage.highest_log_offset is None and not lineage.displaced_segment_ids:
-        store.remove_lineage(tp, lineage.epoch)
-    else:
-        store.put_lineage(tp, lineage)
 
 
 def _apply_partition_delete(store: StateStore, incoming: RemotePartitionDeleteMetadata) -> Outcome:
@@ -254,55 +214,8 @@ def _apply_checkpoint(store: StateStore, checkpoint: EpochCheckpoint) -> Outcome
     tp = checkpoint.topic_id_partition
     if is_deleted(store, tp):
         return Outcome.dropped(f"epoch checkpoint for {tp}: the partition's remote data was deleted")
-    wanted = {lineage.epoch: lineage for lineage in checkpoint.epochs}
-    current = {lineage.epoch: lineage for lineage in store.lineages_of(tp)}
-    segments: dict[uuid.UUID, RemoteLogSegmentMetadata] | None = None
-    for epoch in sorted(wanted.keys() | current.keys()):
-        old = current.get(epoch, EpochLineage(epoch, None))
-        new = wanted.get(epoch, EpochLineage(epoch, None))
-        # A highest offset never goes down, even under a checkpoint another writer computed before it.
-        highest = max((h for h in (old.highest_log_offset, new.highest_log_offset) if h is not None), default=None)
-        new = EpochLineage(epoch, highest, new.displaced_segment_ids)
-        if old == new:
-            continue
-        changed = old.displaced_segment_ids ^ new.displaced_segment_ids
-        if changed:
-            if segments is None:
-                segments = {s.remote_log_segment_id.id: s for s in store.segments_of(tp)}
-            for segment_id in sorted(changed):
-                md = segments.get(segment_id)
-                if md is None or epoch not in md.segment_leader_epochs:
-                    continue
-                start = md.segment_leader_epochs[epoch]
-                if segment_id in new.displaced_segment_ids:
-                    if store.index_get(tp, epoch, start) == segment_id:
-                        store.index_remove(tp, epoch, start)
-                elif md.state is S.COPY_SEGMENT_FINISHED:
-                    store.index_put(tp, epoch, start, segment_id)
-        _put_or_drop_lineage(store, tp, new)
-    store.set_checkpointed_lineage(tp, lineage_digest(store, tp))
+    lineage.apply_checkpoint(store, checkpoint)
     return APPLIED
-
-
-# --- what a writer derives from the state ----------------------------------------------------------------
-
-def lineage_digest(store: StateReader, tp: TopicIdPartition) -> bytes:
-    h = hashlib.sha256()
-    for lineage in sorted(store.lineages_of(tp), key=lambda lin: lin.epoch):
-        h.update(view_format.encode_lineage(lineage))
-    return h.digest()
-
-
-def pending_checkpoint(
-    store: StateReader, tp: TopicIdPartition, event_timestamp_ms: int, broker_id: int
-) -> EpochCheckpoint | None:
-    """The checkpoint a writer must append when tp's lineage changed since the last one applied."""
-    digest = lineage_digest(store, tp)
-    last = store.checkpointed_lineage(tp)
-    if last == digest or (last is None and digest == hashlib.sha256().digest()):
-        return None
-    epochs = tuple(sorted(store.lineages_of(tp), key=lambda lin: lin.epoch))
-    return EpochCheckpoint(tp, epochs, event_timestamp_ms, broker_id)
 
 
 # --- queries (Kafka's RemoteLogMetadataCache read paths) -----------------------------------------------
@@ -361,10 +274,12 @@ class _PartitionState:
     delete: RemotePartitionDeleteMetadata | None = None
     lineages: dict[int, EpochLineage] = field(default_factory=dict)
     checkpointed: bytes | None = None
+    lineage_position: int | None = None
     index: dict[int, tuple[list[int], dict[int, uuid.UUID]]] = field(default_factory=dict)
 
     def empty(self) -> bool:
-        return not (self.segments or self.delete or self.lineages or self.index or self.checkpointed)
+        return not (self.segments or self.delete or self.lineages or self.index or self.checkpointed
+                    or self.lineage_position is not None)
 
 
 class InMemoryState:
@@ -449,6 +364,13 @@ class InMemoryState:
         else:
             self._get(tp).checkpointed = lineage_digest
 
+    def lineage_position(self, tp: TopicIdPartition) -> int | None:
+        state = self._peek(tp)
+        return state.lineage_position if state else None
+
+    def set_lineage_position(self, tp: TopicIdPartition, offset: int) -> None:
+        self._get(tp).lineage_position = offset
+
     def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None:
         state = self._peek(tp)
         entry = state.index.get(epoch) if state else None
@@ -499,8 +421,8 @@ class InMemoryState:
                 yield vf.SEGMENTS, vf.segment_key(md.remote_log_segment_id), vf.encode_segment(md)
             if state.delete is not None:
                 yield vf.PARTITIONS, vf.partition_key(tp), vf.encode_partition_delete(state.delete)
-            for lineage in state.lineages.values():
-                yield vf.EPOCH_STATE, vf.lineage_key(tp, lineage.epoch), vf.encode_lineage(lineage)
+            for epoch_lineage in state.lineages.values():
+                yield vf.EPOCH_STATE, vf.lineage_key(tp, epoch_lineage.epoch), vf.encode_lineage(epoch_lineage)
             for epoch, (_, ids) in state.index.items():
                 for start, segment in ids.items():
                     yield vf.EPOCH_INDEX, vf.index_key(tp, epoch, start), segment.bytes

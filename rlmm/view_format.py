@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from dataclasses import dataclass
 from functools import lru_cache
 
 from rlmm import codec
@@ -108,16 +109,34 @@ def decode_lineage(raw: bytes) -> EpochLineage:
     return EpochLineage(epoch, None if highest < 0 else highest, ids)
 
 
-def encode_partition_meta(topic: str, checkpointed: bytes | None) -> bytes:
-    name = topic.encode()
-    return struct.pack(">H", len(name)) + name + (checkpointed or b"")
+@dataclass(frozen=True, slots=True)
+class PartitionMeta:
+    """Bookkeeping of one user partition: its topic name, last applied lineage checkpoint, lineage position."""
+
+    topic: str
+    checkpointed: bytes | None = None
+    lineage_position: int | None = None
 
 
-def decode_partition_meta(raw: bytes) -> tuple[str, bytes | None]:
+_DIGEST_LEN = 32
+
+
+def encode_partition_meta(meta: PartitionMeta) -> bytes:
+    name = meta.topic.encode()
+    position = b"" if meta.lineage_position is None else _OFFSET.pack(meta.lineage_position)
+    return struct.pack(">H", len(name)) + name + (meta.checkpointed or b"") + position
+
+
+def decode_partition_meta(raw: bytes) -> PartitionMeta:
     (length,) = struct.unpack_from(">H", raw, 0)
     topic = raw[2:2 + length].decode()
     rest = raw[2 + length:]
-    return topic, (rest or None)
+    # Optional parts told apart by length: a 32-byte lineage digest, then an 8-byte position. Views written
+    # before positions existed hold no position, which reads as unknown.
+    checkpointed = rest[:_DIGEST_LEN] if len(rest) >= _DIGEST_LEN else None
+    tail = rest[_DIGEST_LEN:] if checkpointed is not None else rest
+    position = int(_OFFSET.unpack(tail)[0]) if len(tail) == _OFFSET.size else None
+    return PartitionMeta(topic, checkpointed, position)
 
 
 def applied_key(metadata_topic: str, metadata_partition: int) -> bytes:

@@ -5,7 +5,7 @@ and on a writer over rlmm.state at once, over a few partitions, leader epochs an
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,17 +15,26 @@ from rlmm_testkit import LogWriter, partition_delete, segment, update_of
 from support.reference_model import ReferenceModel, listing_order
 
 from rlmm.errors import RemoteStorageError
+from rlmm.events import MetadataEvent, RecordKey, key_of
 from rlmm.state import (
+    InMemoryState,
     StateStore,
+    apply_record,
     highest_offset_for_epoch,
     list_segments,
     next_segment_with_txn_index,
+    pending_checkpoint,
+    prepare_add,
+    prepare_update,
+    records_after,
     remote_log_size,
     segment_for_offset,
 )
 from rlmm.types import (
     RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
@@ -192,20 +201,190 @@ def histories(draw: st.DrawFn) -> Scenario:
 def assert_same_answers(scenario: Scenario, store: StateStore) -> None:
     """Every query on `store` agrees with the reference model."""
     for tp in PARTITIONS:
-        if scenario.model.is_deleted(tp):
-            continue
-        model = scenario.model
-        listed = list_segments(store, tp)
-        assert listed == model.list_remote_log_segments(tp), f"listing of {tp}"
-        assert listed == sorted(listed, key=listing_order)
-        offsets = interesting_offsets(scenario.added[tp])
-        for epoch in QUERIED_EPOCHS:
-            assert list_segments(store, tp, epoch) == model.list_remote_log_segments(tp, epoch), (tp, epoch)
-            assert highest_offset_for_epoch(store, tp, epoch) == model.highest_offset_for_epoch(tp, epoch), (
-                tp, epoch)
-            assert remote_log_size(store, tp, epoch) == model.remote_log_size(tp, epoch), (tp, epoch)
-            for offset in offsets:
-                assert segment_for_offset(store, tp, epoch, offset) == model.remote_log_segment_metadata(
-                    tp, epoch, offset), (tp, epoch, offset)
-                assert next_segment_with_txn_index(store, tp, epoch, offset) == model.next_segment_with_txn_index(
-                    tp, epoch, offset), (tp, epoch, offset)
+        if not scenario.model.is_deleted(tp):
+            assert_answers_like(scenario.model, store, tp, scenario.added[tp])
+
+
+def assert_answers_like(
+    model: ReferenceModel, store: StateStore, tp: TopicIdPartition, segments: list[RemoteLogSegmentMetadata]
+) -> None:
+    """Every query for `tp` on `store` agrees with `model`, at every offset around `segments`."""
+    listed = list_segments(store, tp)
+    assert listed == model.list_remote_log_segments(tp), f"listing of {tp}"
+    assert listed == sorted(listed, key=listing_order)
+    offsets = interesting_offsets(segments)
+    for epoch in QUERIED_EPOCHS:
+        assert list_segments(store, tp, epoch) == model.list_remote_log_segments(tp, epoch), (tp, epoch)
+        assert highest_offset_for_epoch(store, tp, epoch) == model.highest_offset_for_epoch(tp, epoch), (
+            tp, epoch)
+        assert remote_log_size(store, tp, epoch) == model.remote_log_size(tp, epoch), (tp, epoch)
+        for offset in offsets:
+            assert segment_for_offset(store, tp, epoch, offset) == model.remote_log_segment_metadata(
+                tp, epoch, offset), (tp, epoch, offset)
+            assert next_segment_with_txn_index(store, tp, epoch, offset) == model.next_segment_with_txn_index(
+                tp, epoch, offset), (tp, epoch, offset)
+
+
+# --- several writers for one partition, their records interleaved in the topic ----------------------------
+
+TopicRecord = tuple[int, RecordKey, MetadataEvent | None]  # (metadata offset, key, event or tombstone)
+WRITER_TP = PARTITIONS[0]
+
+
+def replay_at_offsets(records: Iterable[TopicRecord], store: InMemoryState | None = None) -> InMemoryState:
+    """A node reading the topic: every record applied with its offset."""
+    store = store if store is not None else InMemoryState()
+    for offset, key, event in records:
+        apply_record(store, key, event, offset)
+    return store
+
+
+def compacted_at_offsets(records: Sequence[TopicRecord], *, keep_tombstones: bool = False) -> list[TopicRecord]:
+    """What Kafka's log cleaner leaves: the newest record of each key, at its own offset."""
+    newest = {key.encode(): (offset, key, event) for offset, key, event in records}
+    kept = sorted(newest.values(), key=lambda record: record[0])
+    return [record for record in kept if keep_tombstones or record[2] is not None]
+
+
+def kafka_model_of(records: Iterable[TopicRecord]) -> ReferenceModel:
+    """Kafka's RemoteLogMetadataCache consuming the topic's events in order: an invalid one is logged and dropped.
+
+    Checkpoints and tombstones are tierlog's own records; Kafka has no counterpart to them.
+    """
+    model = ReferenceModel()
+    for _, _, event in records:
+        try:
+            if isinstance(event, RemoteLogSegmentMetadata):
+                if event.state is S.COPY_SEGMENT_STARTED:
+                    model.add_remote_log_segment_metadata(event)
+                else:
+                    model.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+                        event.remote_log_segment_id, event.event_timestamp_ms, event.custom_metadata,
+                        event.state, event.broker_id))
+            elif isinstance(event, RemotePartitionDeleteMetadata):
+                model.put_remote_partition_delete_metadata(event)
+        except RemoteStorageError:
+            pass
+    return model
+
+
+@dataclass
+class RacingWriter:
+    """One broker's write path with a view that lags the topic: it checks a call against what it has applied,
+    appends the event, and appends the follow-ups (checkpoint, tombstone) it computed once its view held the
+    event; other writers' records may land in between at any point."""
+
+    broker_id: int
+    topic: list[TopicRecord]
+    view: InMemoryState = field(default_factory=InMemoryState)
+    applied: int = 0  # records of `topic` applied to `view`
+    in_flight: tuple[int, RecordKey, MetadataEvent] | None = None
+    outbox: list[tuple[RecordKey, MetadataEvent | None]] = field(default_factory=list)
+    owned: list[RemoteLogSegmentMetadata] = field(default_factory=list)
+
+    def catch_up(self, count: int) -> None:
+        upto = min(len(self.topic), self.applied + count)
+        replay_at_offsets(self.topic[self.applied:upto], self.view)
+        self.applied = upto
+
+    def append(self, key: RecordKey, event: MetadataEvent | None) -> None:
+        self.topic.append((len(self.topic), key, event))
+
+    def idle(self) -> bool:
+        return self.in_flight is None and not self.outbox
+
+    def write(self, event: MetadataEvent) -> None:
+        """Append `event` (already checked against this writer's view), after any checkpoint still owed."""
+        assert self.idle()
+        recovery = pending_checkpoint(self.view, WRITER_TP, 0, self.broker_id)
+        if recovery is not None:
+            self.append(key_of(recovery), recovery)
+        self.append(key_of(event), event)
+        self.in_flight = (len(self.topic) - 1, key_of(event), event)
+
+    def see_own_write(self, extra: int) -> None:
+        """The view applies up to the event (and `extra` records after it); the follow-ups are computed now."""
+        assert self.in_flight is not None
+        offset, key, event = self.in_flight
+        self.catch_up(max(0, offset + 1 - self.applied) + extra)
+        self.outbox = records_after(self.view, key, event, (), 0, self.broker_id)
+        self.in_flight = None
+
+    def flush(self) -> None:
+        for key, event in self.outbox:
+            self.append(key, event)
+        self.outbox = []
+
+
+@dataclass
+class RacingScenario:
+    topic: list[TopicRecord] = field(default_factory=list)
+    writers: list[RacingWriter] = field(default_factory=list)
+    segments: list[RemoteLogSegmentMetadata] = field(default_factory=list)
+    next_id: int = 1
+
+
+def _racing_call(draw: Callable[[st.SearchStrategy[Any]], Any], scenario: RacingScenario, writer: RacingWriter) -> None:
+    """An upload (add), a state change of one of the writer's own segments, or a re-upload over another's."""
+    kind = draw(st.sampled_from(["add", "add", "reupload", "advance", "advance", "advance"]))
+    if kind == "advance" and writer.owned:
+        md = draw(st.sampled_from(writer.owned))
+        current = writer.view.segment(md.remote_log_segment_id)
+        if current is None or current.state is S.DELETE_SEGMENT_FINISHED:
+            return
+        target = draw(st.sampled_from([_next_valid_state(current.state), S.COPY_SEGMENT_FINISHED]))
+        try:
+            record = prepare_update(writer.view, update_of(current, target, broker_id=writer.broker_id))
+        except RemoteStorageError:
+            return
+        writer.write(record)
+        return
+    start, end, epochs = draw(segment_shapes())
+    if kind == "reupload" and scenario.segments:
+        earlier = draw(st.sampled_from(scenario.segments))
+        start = max(0, earlier.start_offset - draw(st.integers(0, 3)))
+        end = earlier.end_offset + draw(st.integers(0, 3))
+        shifted = {e + draw(st.integers(0, 1)): o for e, o in earlier.segment_leader_epochs.items()}
+        epochs = dict(zip(sorted(shifted), [start, *sorted(shifted.values())[1:]], strict=True))
+    scenario.next_id += 1
+    md = segment(WRITER_TP, start, end, epochs, segment_id=uuid.UUID(int=(draw(st.integers(0, 3)) << 64)
+                                                                      | scenario.next_id),
+                 size=draw(st.integers(0, 5000)), txn_idx_empty=draw(st.booleans()))
+    writer.write(prepare_add(writer.view, md))
+    writer.owned.append(md)
+    scenario.segments.append(md)
+
+
+@st.composite
+def racing_histories(draw: st.DrawFn, max_steps: int = 40) -> RacingScenario:
+    """Two or three writers whose calls, catch-ups and follow-ups interleave in any order; all finish at the end."""
+    scenario = RacingScenario()
+    scenario.writers = [RacingWriter(broker, scenario.topic) for broker in range(draw(st.integers(2, 3)))]
+    for _ in range(draw(st.integers(1, max_steps))):
+        writer = draw(st.sampled_from(scenario.writers))
+        action = draw(st.sampled_from(["call", "call", "catch_up", "see", "flush"]))
+        if action == "catch_up":
+            writer.catch_up(draw(st.integers(1, 6)))
+        elif writer.in_flight is not None:
+            writer.see_own_write(draw(st.integers(0, 3)))
+        elif writer.outbox:
+            writer.flush()
+        elif action == "call":
+            _racing_call(draw, scenario, writer)
+    for writer in draw(st.permutations(scenario.writers)):
+        if writer.in_flight is not None:
+            writer.see_own_write(draw(st.integers(0, 3)))
+    for writer in draw(st.permutations(scenario.writers)):
+        writer.flush()
+    return scenario
+
+
+def settle(scenario: RacingScenario) -> None:
+    """What the next write of any writer does first: append the checkpoint its fully caught-up view owes."""
+    for writer in scenario.writers:
+        writer.catch_up(len(scenario.topic))
+        recovery = pending_checkpoint(writer.view, WRITER_TP, 0, writer.broker_id)
+        if recovery is not None:
+            writer.append(key_of(recovery), recovery)
+    for writer in scenario.writers:
+        writer.catch_up(len(scenario.topic))
