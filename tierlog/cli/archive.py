@@ -32,8 +32,11 @@ def archiver_settings(settings: Settings, group: bool, instance_id: str | None) 
 def cmd_archive(args: argparse.Namespace, settings: Settings) -> int:
     from rlmm.errors import MetadataLogError
     from tierlog.audit.archiver import Archiver
+    from tierlog.cli.verify import require_topic
 
     location = settings.archive_location(args.archive)
+    # The archiver's own client waits longer than --timeout on a wrong address; fail first, in one line.
+    require_topic(settings, settings.metadata_topic())
     archiver = Archiver(open_location(location, settings), archiver_settings(settings, args.group, args.instance_id))
     try:
         if args.once:

@@ -35,6 +35,19 @@ def topic_partitions(consumer: Any, settings: Settings, topic: str) -> list[int]
     return sorted(described.partitions)
 
 
+def require_topic(settings: Settings, topic: str) -> list[int]:
+    """The partitions of `topic`; one clear CommandError within the timeout when Kafka does not answer.
+
+    For commands whose own clients would wait longer (the archiver's), checked before they start."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(settings.kafka_client(**{"group.id": "tierlog-cli-probe"}))
+    try:
+        return topic_partitions(consumer, settings, topic)
+    finally:
+        consumer.close()
+
+
 def fold_topic(settings: Settings, topic: str, up_to: Mapping[int, int], progress: ProgressBar | None) -> Any:
     """Fold the metadata topic, below `up_to` per partition, through the pure state machine.
 
