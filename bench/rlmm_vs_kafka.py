@@ -207,7 +207,7 @@ def prepare_snapshot(bootstrap: str, location: str, partitions: int) -> dict[str
     key = write_snapshot_now(store, SnapshotSettings(SNAPSHOT_LOCATION, UNCOMPACTED_TOPIC), topic_id)
     if key is None:
         raise SystemExit("no snapshot was written: the archive is empty")
-    size = next(o.size for o in store.list(key))
+    size = len(BucketSnapshotSource(store).read(key))
     return {"archive_s": round(archived - started, 2), "snapshot_write_s": round(time.perf_counter() - archived, 2),
             "snapshot_bytes": size, "location": location}
 
@@ -320,7 +320,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  "tbrlmm": topic_bytes(cluster, TBRLMM_TOPIC)}
         result["topic_bytes"]["tierlog_compacted"] = wait_compacted(cluster, args.partitions)
         location = snapshot_location(work)
+        print("archiving the topic and writing a snapshot", file=sys.stderr, flush=True)
         result["snapshot"] = prepare_snapshot(bootstrap, location, args.partitions)
+        print(f"snapshot: {result['snapshot']}", file=sys.stderr, flush=True)
 
         def tierlog(topic: str, state_dir: Path, *snapshots: str) -> dict[str, Any]:
             return run_json([sys.executable, __file__, "tierlog-node", bootstrap, topic, str(args.partitions),

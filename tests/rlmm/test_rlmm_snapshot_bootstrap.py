@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 from rlmm_testkit import drive, make_tp, manager_config, register, wait_digest, workload
+from support import wait_until
 from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
@@ -21,7 +22,12 @@ from rlmm.bootstrap import list_snapshots
 from rlmm.event_log import check_topic
 from rsm.backend import StorageBackend
 from tierlog.audit.archiver import Archiver, ArchiverSettings
-from tierlog.audit.snapshots import BucketSnapshotSource, SnapshotSettings, write_snapshot_now
+from tierlog.audit.snapshots import (
+    BucketSnapshotSource,
+    SnapshotSettings,
+    SnapshotWriterThread,
+    write_snapshot_now,
+)
 from tierlog.pipeline.locations import open_store
 
 PARTITIONS = 2
@@ -128,3 +134,23 @@ def test_a_new_snapshot_is_written_only_when_the_archive_moved_on(
     assert second is not None
     refs = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)
     assert refs[0].key == second
+
+
+def test_the_snapshot_writer_thread_writes_snapshots_without_operator_action(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=7, partitions=2)
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
+    topic_id = check_topic(AdminClient({"bootstrap.servers": kafka_bootstrap}), metadata_topic, PARTITIONS,
+                           30).topic_id
+    thread = SnapshotWriterThread(store, SnapshotSettings(LOCATION, metadata_topic, interval_s=0.2),
+                                  lambda: topic_id)
+    thread.start()
+    try:
+        wait_until(lambda: bool(thread.written), timeout=30, description="a snapshot written by the thread")
+    finally:
+        thread.stop()
+    refs = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)
+    assert [r.key for r in refs] == thread.written
