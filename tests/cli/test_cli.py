@@ -110,23 +110,26 @@ def test_describe_prints_kafka_ids_accepts_either_form_and_hex_on_request(
     assert str(segment) in by_hex_id.stdout and str(tp.topic_id) in by_hex_id.stdout
 
 
-def test_verify_with_a_closed_port_fails_within_the_timeout_in_one_line(
-    rebuilt_node: tuple[Path, Run], metadata_topic: MetadataTopic, tierlog: Tierlog
+@pytest.mark.parametrize("command", [["verify", "topic"], ["rebuild"], ["archive", "--once"]])
+def test_a_closed_port_fails_within_the_timeout_in_one_line(
+    command: list[str], rebuilt_node: tuple[Path, Run], metadata_topic: MetadataTopic, tierlog: Tierlog,
+    tmp_path: Path,
 ) -> None:
     state_dir, _ = rebuilt_node
+    where = {"verify": ["--state-dir", str(state_dir)], "rebuild": ["--state-dir", str(tmp_path / "node")],
+             "archive": ["--archive", str(tmp_path / "archive")]}[command[0]]
     with socket.socket() as probe:  # a port nobody listens on: bound, then released
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
     started = time.monotonic()
-    run = tierlog("verify", "topic", "--state-dir", str(state_dir), "--timeout", "5",
-                  "-o", f"bootstrap.servers=127.0.0.1:{closed}", "-o", f"metadata.topic.name={metadata_topic.name}",
-                  timeout=60)
+    run = tierlog(*command, *where, "--timeout", "5", "-o", f"bootstrap.servers=127.0.0.1:{closed}",
+                  "-o", f"metadata.topic.name={metadata_topic.name}", timeout=60)
     elapsed = time.monotonic() - started
     assert run.returncode == 3
     assert elapsed < 5 + 10  # the timeout, plus the interpreter's start and shutdown
     lines = run.stderr.splitlines()
     assert len(lines) == 1, run.stderr
-    assert lines[0].startswith(f"tierlog verify: cannot reach Kafka at 127.0.0.1:{closed}")
+    assert lines[0].startswith(f"tierlog {command[0]}: cannot reach Kafka at 127.0.0.1:{closed}")
     assert "within 5 s" in lines[0] and "Connection refused" not in run.stderr
 
 

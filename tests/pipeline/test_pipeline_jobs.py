@@ -36,7 +36,7 @@ from tierlog.pipeline.generate import (
     write_archive,
 )
 from tierlog.pipeline.locations import open_store
-from tierlog.pipeline.reconcile import live_segments_of, reconcile
+from tierlog.pipeline.reconcile import MetadataFreshness, live_segments_of, reconcile
 from tierlog.pipeline.replay import compacted, entries_digest, fold_by_user_partition, replay
 from tierlog.pipeline.snapshot import build_snapshot
 from tierlog.pipeline.usage import usage_over_time, write_usage
@@ -209,7 +209,7 @@ def test_reconcile_finds_exactly_the_planted_orphans_missing_objects_and_size_mi
     spark: SparkSession, reconciled_bucket: tuple[DataFrame, Any, dict[str, Any]]
 ) -> None:
     live, store, planted = reconciled_bucket
-    report = reconcile(spark, live, store)
+    report = reconcile(spark, live, store, grace_ms=0)  # the planted orphans are seconds old
     assert sorted(o["key"] for o in report.orphans) == planted["orphans"]
     assert sorted(m["key"] for m in report.missing) == planted["missing"]
     assert [m["key"] for m in report.size_mismatches] == planted["wrong_size"]
@@ -221,13 +221,15 @@ def test_reconcile_deletes_the_orphans_only_when_asked(
     spark: SparkSession, reconciled_bucket: tuple[DataFrame, Any, dict[str, Any]]
 ) -> None:
     live, store, planted = reconciled_bucket
-    reconcile(spark, live, store)
+    reconcile(spark, live, store, grace_ms=0)
     assert {o.key for o in store.list("")} >= set(planted["orphans"])
-    report = reconcile(spark, live, store, delete_orphans=True)
+    # The archive here is the whole history: as caught up as the topic it came from.
+    caught_up = MetadataFreshness("the test's archive", applied={0: 3_000}, topic_ends={0: 3_000})
+    report = reconcile(spark, live, store, grace_ms=0, delete_orphans=True, freshness=caught_up)
     assert sorted(report.deleted) == planted["orphans"]
     remaining = {o.key for o in store.list("")}
     assert not remaining & set(planted["orphans"])
-    assert reconcile(spark, live, store).orphans == ()
+    assert reconcile(spark, live, store, grace_ms=0).orphans == ()
 
 
 # --- snapshot ------------------------------------------------------------------------------------------

@@ -14,13 +14,12 @@ from typing import Any
 from tierlog.cli.common import (
     EXIT_OK,
     EXIT_PROBLEM,
+    EXIT_USAGE,
     CommandError,
     Settings,
     archive_errors,
-    open_location,
     spark_session,
 )
-from tierlog.cli.inspect import opened_view
 from tierlog.cli.output import ProgressBar, emit, format_id, human_bytes, print_table
 
 
@@ -89,47 +88,49 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
-    from tierlog.pipeline.archive import read_archive
-    from tierlog.pipeline.reconcile import live_segments_from_view, live_segments_of, reconcile, write_report
-    from tierlog.pipeline.replay import compacted, fold_by_user_partition
+    from tierlog.cli.bucket import check_bucket
+    from tierlog.pipeline.reconcile import MetadataBehindError, delete_orphans_of, write_report
 
-    bucket = settings.bucket_location(args.bucket)
-    archive_location = None if args.state_dir else settings.archive_location(args.archive)
-    spark = spark_session(settings, args, *(loc for loc in (bucket, archive_location) if loc))
-    if args.state_dir:
-        with opened_view(Path(args.state_dir)) as view:
-            live = live_segments_from_view(spark, view)
-        source = f"view {args.state_dir}"
-    else:
-        assert archive_location is not None
-        with archive_errors():
-            archive = read_archive(spark, archive_location, settings.metadata_topic())
-        live = live_segments_of(fold_by_user_partition(compacted(archive)))
-        source = f"archive {archive_location}"
-    report = reconcile(spark, live, open_location(bucket, settings), hashed_keys=args.hashed_keys,
-                       delete_orphans=args.delete)
+    if args.state_dir and args.archive:
+        raise CommandError("pass --state-dir or --archive, not both: they are two metadata sources", EXIT_USAGE)
+    checked = check_bucket(args, settings, state_dir=Path(args.state_dir) if args.state_dir else None,
+                           archive=args.archive)
+    report, source, bucket = checked.report, checked.freshness.source, checked.bucket
+    if args.delete:
+        try:
+            report = delete_orphans_of(report, checked.store, checked.freshness)
+        except MetadataBehindError as exc:
+            raise CommandError(str(exc), EXIT_PROBLEM) from exc
     paths = write_report(report, Path(args.report_dir)) if args.report_dir else None
 
     def human() -> None:
         print(f"metadata from {source}; bucket {bucket}")
         print_table([{"objects": report.objects, "live_segments": report.live_segments,
                       "orphans": len(report.orphans), "missing": len(report.missing),
-                      "size_mismatches": len(report.size_mismatches), "deleted": len(report.deleted)}],
-                    ["objects", "live_segments", "orphans", "missing", "size_mismatches", "deleted"])
+                      "size_mismatches": len(report.size_mismatches), "too_young": len(report.too_young),
+                      "deleted": len(report.deleted)}],
+                    ["objects", "live_segments", "orphans", "missing", "size_mismatches", "too_young", "deleted"])
         for title, rows, columns in (
-            ("orphans", report.orphans, ["key", "size"]),
+            ("orphans (the delete plan)", report.orphans, ["key", "size", "reason"]),
             ("missing objects", report.missing, ["key", "segment_id"]),
             ("size mismatches", report.size_mismatches, ["key", "size", "expected_size"]),
         ):
             if rows:
                 print(f"\n{title}:")
                 print_table(list(rows), columns)
+        if checked.deleted_topics:
+            print("\ntopics gone from the cluster: " + ", ".join(
+                f"{name} ({topic_id})" for topic_id, name in checked.deleted_topics.items()))
+        for line in checked.advice():
+            print(f"\n{line}")
         if paths:
             print(f"\nreport: {paths[0]}\ndelete plan: {paths[1]}")
         if report.orphans and not args.delete:
             print("\norphans were NOT deleted; rerun with --delete to delete exactly the delete plan")
 
-    payload = {**report.as_json(), "delete_plan": report.delete_plan(), "bucket": bucket, "source": source}
+    payload = {**report.as_json(), "delete_plan": report.delete_plan(), "bucket": bucket, "source": source,
+               "freshness": checked.freshness.as_json(), "deleted_topics": checked.deleted_topics,
+               "advice": checked.advice()}
     emit(args, payload, human)
     return EXIT_OK if report.clean or (args.delete and not report.missing and not report.size_mismatches) \
         else EXIT_PROBLEM

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tierlog.cli.archive import cmd_agent, cmd_archive
+from tierlog.cli.bucket import add_bucket_check_options
 from tierlog.cli.common import (
     DEFAULT_TIMEOUT_S,
     DEV_ENV_VAR,
@@ -96,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("against", choices=["topic", "bucket", "all"], nargs="?", default="topic",
                    help="what to check the view against (default topic)")
     p.add_argument("--state-dir", help="a node's state.dir (read-only)")
-    p.add_argument("--bucket", help="s3://BUCKET[/PREFIX] or a directory (default: the rsm config's)")
-    p.add_argument("--hashed-keys", action="store_true", help="objects use storage.hash.prefix=true")
+    add_bucket_check_options(p)
     p.set_defaults(run=cmd_verify)
 
     p = sub.add_parser("rebuild", parents=[common], help="build a node's view from the topic or a snapshot")
@@ -120,11 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reconcile", parents=[common, spark_opts, archive_opt],
                        help="orphans, missing objects and size mismatches between bucket and metadata")
-    p.add_argument("--bucket", help="s3://BUCKET[/PREFIX] or a directory holding the segments")
-    p.add_argument("--state-dir", help="take the live metadata from this view instead of the archive")
+    p.add_argument("--state-dir", help="take the live metadata from this view (default: the metadata topic)")
     p.add_argument("--report-dir", help="write report.json and delete-plan.txt here")
-    p.add_argument("--delete", action="store_true", help="delete the orphans (the delete plan)")
-    p.add_argument("--hashed-keys", action="store_true", help="objects use storage.hash.prefix=true")
+    p.add_argument("--delete", action="store_true",
+                   help="delete the orphans (the delete plan); refused when the metadata source is behind")
+    add_bucket_check_options(p)
     p.set_defaults(run=cmd_reconcile)
 
     p = sub.add_parser("usage", parents=[common, spark_opts, spark_choice, archive_opt],

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, Settings, open_location, spark_session
+from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, Settings
 from tierlog.cli.inspect import opened_view
 from tierlog.cli.output import ProgressBar, emit, print_table
 
@@ -131,24 +131,25 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
             "detail": f"applied offsets {dict(sorted(applied.items()))}",
         })
     if args.against in ("bucket", "all"):
-        from tierlog.pipeline.reconcile import live_segments_from_view, reconcile
+        from tierlog.cli.bucket import check_bucket
 
-        location = settings.bucket_location(args.bucket)
-        spark = spark_session(settings, args)
-        with opened_view(state_dir) as view:
-            live = live_segments_from_view(spark, view)
-        report = reconcile(spark, live, open_location(location, settings), hashed_keys=args.hashed_keys)
+        checked = check_bucket(args, settings, state_dir=state_dir)
+        report = checked.report
         results.append({
-            "check": "view against bucket", "ok": report.clean,
+            "check": "view against bucket", "ok": report.clean and not checked.freshness.behind,
             "detail": f"{report.objects} objects, {report.live_segments} live segments, "
                       f"{len(report.orphans)} orphans, {len(report.missing)} missing, "
-                      f"{len(report.size_mismatches)} size mismatches",
-            "report": report.as_json(),
+                      f"{len(report.size_mismatches)} size mismatches, {len(report.too_young)} within the grace "
+                      f"period, view behind the topic by {sum(checked.freshness.behind.values())} records",
+            "advice": checked.advice(),
+            "report": report.as_json(), "freshness": checked.freshness.as_json(),
         })
     ok = all(r["ok"] for r in results)
 
     def human() -> None:
         print_table(results, ["check", "ok", "detail"])
+        for line in (advice for r in results for advice in r.get("advice", ())):
+            print(f"\n{line}")
         if not ok:
             print("\nthe view disagrees; see `tierlog verify --json` for details, "
                   "`tierlog reconcile` for a delete plan, or rebuild the node with `tierlog rebuild`")

@@ -1,32 +1,132 @@
-"""Reconcile job: join a listing of the bucket with the live metadata to find what disagrees.
+"""Reconcile job: join a listing of the bucket with the metadata as it stands now to find what disagrees.
 
-Orphans are objects no live segment references (a delete plan; deleted only on request); missing
-objects are COPY_SEGMENT_FINISHED segments whose objects are gone; size mismatches are `.log` objects
-whose size is not the segment's size.
+Orphans are objects no live segment references, or whose topic is gone from the cluster (a delete plan,
+each with its reason; deleted only on request, and only when the metadata had caught up with the topic when
+the bucket was listed); objects younger than the grace period are never orphans (their upload may still be
+under way). Missing objects are COPY_SEGMENT_FINISHED segments whose objects are gone; size mismatches are
+`.log` objects whose size is not the segment's size. The rules live in `classify_segment`; small inputs run
+them in-process, large ones (or on request) on Spark, through the same function.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from pyspark.sql import DataFrame, Row, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from typing import TYPE_CHECKING, Any
 
 from rlmm.archive import ARCHIVE_ROOT
-from rlmm.types import RemoteLogSegmentId, TopicIdPartition
-from rlmm.view import MetadataView
+from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.backend import ObjectInfo, StorageBackend
-from rsm.keys import INDEXES_SUFFIX, LOG_SUFFIX, OBJECT_KEY_PATTERN, segment_keys
+from rsm.keys import INDEXES_SUFFIX, LOG_SUFFIX, segment_keys
 
-OBJECT_SCHEMA = StructType([StructField("key", StringType(), False), StructField("size", LongType(), False)])
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# rsm.keys' layout read backwards: optional hash directory, topic-topicId, partition, start-uuid.kind.
+_UUID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+SEGMENT_OBJECT = (
+    rf"^(?:[0-9a-f]{{4}}/)?(.+)-({_UUID})/(\d+)/(\d{{20}})-({_UUID})"
+    rf"({LOG_SUFFIX.replace('.', '[.]')}|{INDEXES_SUFFIX.replace('.', '[.]')})$"
+)
+_SEGMENT_OBJECT = re.compile(SEGMENT_OBJECT)
 DELETE_BATCH = 1000
+# Longer than any upload can take (a multipart upload's object carries the time the upload started) plus
+# the broker's metadata write after it.
+DEFAULT_GRACE_MS = 6 * 3_600_000
+# Above this many objects the rules run on Spark; below it a Spark session costs more than the work.
+SPARK_THRESHOLD_OBJECTS = 200_000
+
+ORPHAN_UNREFERENCED = "no segment in the metadata references it"
+ORPHAN_TOPIC_DELETED = "its topic no longer exists in the cluster"
+
+
+class MetadataBehindError(RuntimeError):
+    """The metadata source had not caught up with the topic when the bucket was listed: deleting is unsafe."""
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSegment:
+    """A segment the metadata still holds (any state but DELETE_SEGMENT_FINISHED), in reconcile's terms."""
+
+    topic_id: str
+    partition: int
+    topic: str
+    segment_id: str
+    state: str
+    start_offset: int
+    segment_size_in_bytes: int
+    # When the segment reached its state; None when the source does not say (the archive fold).
+    event_timestamp_ms: int | None = None
+
+    @classmethod
+    def of(cls, md: RemoteLogSegmentMetadata) -> LiveSegment:
+        tp = md.topic_id_partition
+        return cls(str(tp.topic_id), tp.partition, tp.topic, str(md.remote_log_segment_id.id), md.state.name,
+                   md.start_offset, md.segment_size_in_bytes, md.event_timestamp_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketObject:
+    """One listed object, with the segment it names when its key follows rsm.keys' layout."""
+
+    key: str
+    size: int
+    last_modified_ms: int | None
+    segment_id: str | None = None
+    topic: str | None = None
+    topic_id: str | None = None
+    kind: str | None = None
+
+    @classmethod
+    def of(cls, info: ObjectInfo) -> BucketObject:
+        match = _SEGMENT_OBJECT.match(info.key)
+        if match is None:
+            return cls(info.key, info.size, info.last_modified_ms)
+        topic, topic_id, _partition, _start, segment_id, kind = match.groups()
+        return cls(info.key, info.size, info.last_modified_ms, segment_id, topic, topic_id, kind)
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileRules:
+    """What decides a verdict besides the two listings: when the bucket was listed, the grace period, the
+    topics (by id) the cluster has deleted, and the key layout."""
+
+    listed_at_ms: int
+    grace_ms: int = DEFAULT_GRACE_MS
+    deleted_topic_ids: frozenset[str] = frozenset()
+    hashed_keys: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataFreshness:
+    """How far a metadata source had read the metadata topic, against the topic's end offsets sampled
+    after the bucket was listed: every listed object's COPY_SEGMENT_STARTED event lies below those ends."""
+
+    source: str
+    applied: Mapping[int, int]
+    topic_ends: Mapping[int, int]
+
+    @property
+    def behind(self) -> dict[int, int]:
+        """Records not yet read, per metadata partition (only partitions that are behind)."""
+        lag = {p: end - self.applied.get(p, 0) for p, end in self.topic_ends.items()}
+        return {p: n for p, n in sorted(lag.items()) if n > 0}
+
+    def describe_lag(self) -> str:
+        behind = self.behind
+        per_partition = ", ".join(f"partition {p}: {n}" for p, n in behind.items())
+        return f"{sum(behind.values())} records ({per_partition})"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"source": self.source, "behind_records": sum(self.behind.values()),
+                "behind": {str(p): n for p, n in self.behind.items()},
+                "topic_end_offsets": {str(p): n for p, n in sorted(self.topic_ends.items())}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +137,8 @@ class ReconcileReport:
     missing: tuple[dict[str, Any], ...]
     size_mismatches: tuple[dict[str, Any], ...]
     unrecognized: tuple[str, ...]
+    too_young: tuple[dict[str, Any], ...] = ()
+    grace_ms: int = DEFAULT_GRACE_MS
     deleted: tuple[str, ...] = field(default=())
 
     @property
@@ -50,31 +152,136 @@ class ReconcileReport:
         return {
             "objects": self.objects,
             "live_segments": self.live_segments,
+            "grace_ms": self.grace_ms,
             "orphan_count": len(self.orphans),
             "missing_count": len(self.missing),
             "size_mismatch_count": len(self.size_mismatches),
+            "too_young_count": len(self.too_young),
             "orphans": list(self.orphans),
             "missing": list(self.missing),
             "size_mismatches": list(self.size_mismatches),
+            "too_young": list(self.too_young),
             "unrecognized": list(self.unrecognized),
             "deleted": list(self.deleted),
         }
 
 
-def objects_frame(spark: SparkSession, objects: Iterable[ObjectInfo]) -> DataFrame:
-    """The bucket listing (driver-side: S3 lists sequentially anyway), audit files left out."""
-    rows = [(o.key, int(o.size)) for o in objects if not o.key.startswith(f"{ARCHIVE_ROOT}/")]
-    return spark.createDataFrame(rows, OBJECT_SCHEMA)
+# --- the rules -------------------------------------------------------------------------------------------
+
+def classify_segment(
+    objects: Iterable[BucketObject], live: LiveSegment | None, rules: ReconcileRules
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every finding for one segment id: its listed objects against its metadata (None: nothing holds it).
+
+    Yields (category, row), category one of orphan, too_young, missing, size_mismatch.
+    """
+    listed = list(objects)
+    topic_id = live.topic_id if live is not None else (listed[0].topic_id if listed else None)
+    deleted_topic = topic_id in rules.deleted_topic_ids
+    reason = ORPHAN_TOPIC_DELETED if deleted_topic else (ORPHAN_UNREFERENCED if live is None else None)
+    for obj in listed:
+        if live is not None and obj.kind == LOG_SUFFIX and obj.size != live.segment_size_in_bytes:
+            yield "size_mismatch", {"key": obj.key, "size": obj.size, "expected_size": live.segment_size_in_bytes,
+                                    "segment_id": live.segment_id}
+        if reason is None:
+            continue
+        age_ms = None if obj.last_modified_ms is None else rules.listed_at_ms - obj.last_modified_ms
+        row = {"key": obj.key, "size": obj.size, "segment_id": obj.segment_id, "topic": obj.topic,
+               "age_s": None if age_ms is None else age_ms // 1000}
+        if age_ms is None or age_ms < rules.grace_ms:
+            # Its upload may still be under way, its metadata event not yet readable: never a candidate.
+            yield "too_young", {**row, "reason": f"{reason}, but it is younger than the grace period"}
+        else:
+            yield "orphan", {**row, "reason": reason}
+    if live is None or deleted_topic or live.state != "COPY_SEGMENT_FINISHED":
+        return
+    if live.event_timestamp_ms is not None and live.event_timestamp_ms > rules.listed_at_ms:
+        return  # finished after the listing started: the listing may predate its objects
+    present = {obj.kind for obj in listed}
+    for kind in (LOG_SUFFIX, INDEXES_SUFFIX):
+        if kind not in present:
+            yield "missing", {"key": expected_key(live, kind, rules.hashed_keys), "segment_id": live.segment_id,
+                              "topic": live.topic, "partition": live.partition, "kind": kind}
 
 
-def parse_objects(objects: DataFrame) -> DataFrame:
-    extract = [F.regexp_extract("key", OBJECT_KEY_PATTERN, i) for i in range(1, 7)]
-    return objects.select(
-        "key", "size",
-        extract[0].alias("o_topic"), extract[1].alias("o_topic_id"),
-        extract[2].alias("o_partition"), extract[3].alias("o_start"),
-        extract[4].alias("o_segment_id"), extract[5].alias("kind"),
-    ).withColumn("recognized", F.col("o_segment_id") != "")
+def expected_key(live: LiveSegment, kind: str, hashed: bool) -> str:
+    tp = TopicIdPartition(uuid.UUID(live.topic_id), live.topic, live.partition)
+    keys = segment_keys(RemoteLogSegmentId(tp, uuid.UUID(live.segment_id)), live.start_offset, hashed)
+    return keys.log if kind == LOG_SUFFIX else keys.indexes
+
+
+def _report(
+    objects: int, live_segments: int, findings: Iterable[tuple[str, dict[str, Any]]], unrecognized: Iterable[str],
+    rules: ReconcileRules,
+) -> ReconcileReport:
+    found: dict[str, list[dict[str, Any]]] = {"orphan": [], "too_young": [], "missing": [], "size_mismatch": []}
+    for category, row in findings:
+        found[category].append(row)
+    return ReconcileReport(
+        objects=objects, live_segments=live_segments,
+        orphans=tuple(sorted(found["orphan"], key=lambda r: r["key"])),
+        missing=tuple(sorted(found["missing"], key=lambda r: (r["topic"], r["partition"], r["key"]))),
+        size_mismatches=tuple(sorted(found["size_mismatch"], key=lambda r: r["key"])),
+        unrecognized=tuple(sorted(unrecognized)),
+        too_young=tuple(sorted(found["too_young"], key=lambda r: r["key"])),
+        grace_ms=rules.grace_ms,
+    )
+
+
+# --- running the rules -----------------------------------------------------------------------------------
+
+def list_bucket(store: StorageBackend) -> tuple[list[ObjectInfo], int]:
+    """The bucket's segment objects (audit files left out) and when the listing started (ms)."""
+    started_ms = int(time.time() * 1000)
+    return [o for o in store.list("") if not o.key.startswith(f"{ARCHIVE_ROOT}/")], started_ms
+
+
+def reconcile_in_process(
+    objects: Iterable[ObjectInfo], live_segments: Iterable[LiveSegment], rules: ReconcileRules
+) -> ReconcileReport:
+    """The rules over in-memory listings: what `verify bucket` and `reconcile` use below the Spark threshold."""
+    parsed = [BucketObject.of(o) for o in objects]
+    by_segment: dict[str, list[BucketObject]] = {}
+    for obj in parsed:
+        if obj.segment_id is not None:
+            by_segment.setdefault(obj.segment_id, []).append(obj)
+    live = {s.segment_id: s for s in live_segments}
+    findings = (
+        finding
+        for segment_id in by_segment.keys() | live.keys()
+        for finding in classify_segment(by_segment.get(segment_id, ()), live.get(segment_id), rules)
+    )
+    unrecognized = (o.key for o in parsed if o.segment_id is None)
+    return _report(len(parsed), len(live), findings, unrecognized, rules)
+
+
+def reconcile_on_spark(
+    spark: SparkSession, objects: Iterable[ObjectInfo], live_segments: DataFrame, rules: ReconcileRules
+) -> ReconcileReport:
+    """The same rules on Spark: objects and segments co-grouped by segment id, then `classify_segment`."""
+    parsed = [BucketObject.of(o) for o in objects]
+    recognized = spark.sparkContext.parallelize([(o.segment_id, o) for o in parsed if o.segment_id is not None])
+    live = live_segments.rdd.map(lambda row: (row["segment_id"], _live_of_row(row))).cache()
+
+    def verdicts(item: tuple[str, tuple[Iterable[BucketObject], Iterable[LiveSegment]]]) -> list[Any]:
+        listed, held = item[1]
+        return list(classify_segment(listed, next(iter(held), None), rules))
+
+    findings = recognized.cogroup(live).flatMap(verdicts).collect()
+    live_count = live.count()
+    live.unpersist()
+    unrecognized = (o.key for o in parsed if o.segment_id is None)
+    return _report(len(parsed), live_count, findings, unrecognized, rules)
+
+
+def _live_of_row(row: Any) -> LiveSegment:
+    values = row.asDict()
+    timestamp = values.get("event_timestamp_ms")
+    return LiveSegment(
+        values["topic_id"], int(values["partition"]), values["topic"], values["segment_id"], values["state"],
+        int(values["start_offset"]), int(values["segment_size_in_bytes"]),
+        None if timestamp is None else int(timestamp),
+    )
 
 
 def reconcile(
@@ -83,93 +290,74 @@ def reconcile(
     store: StorageBackend,
     hashed_keys: bool = False,
     delete_orphans: bool = False,
+    grace_ms: int = DEFAULT_GRACE_MS,
+    freshness: MetadataFreshness | None = None,
 ) -> ReconcileReport:
-    """`live_segments` has topic_id, partition, topic, segment_id, state, start_offset, segment_size_in_bytes
-    for every segment the metadata still holds (any state but DELETE_SEGMENT_FINISHED)."""
-    objects = parse_objects(objects_frame(spark, store.list(""))).cache()
-    live = live_segments.select(
-        "topic_id", "partition", "topic", "segment_id", "state", "start_offset", "segment_size_in_bytes"
-    ).cache()
-    recognized = objects.where("recognized")
-    orphans = recognized.join(live, recognized["o_segment_id"] == live["segment_id"], "left_anti")
-    finished = live.where(F.col("state") == "COPY_SEGMENT_FINISHED")
-    kinds = spark.createDataFrame([(LOG_SUFFIX,), (INDEXES_SUFFIX,)], "kind string")
-    expected = finished.crossJoin(kinds)
-    present = recognized.select(F.col("o_segment_id").alias("segment_id"), "kind")
-    missing = expected.join(present, ["segment_id", "kind"], "left_anti")
-    mismatched = recognized.where(F.col("kind") == LOG_SUFFIX).join(
-        live, recognized["o_segment_id"] == live["segment_id"]
-    ).where(F.col("size") != F.col("segment_size_in_bytes"))
-
-    orphan_rows = tuple(
-        {"key": r["key"], "size": r["size"], "segment_id": r["o_segment_id"]}
-        for r in orphans.orderBy("key").collect()
-    )
-    missing_rows = tuple(
-        {
-            "key": _expected_key(r, hashed_keys),
-            "segment_id": r["segment_id"], "topic": r["topic"], "partition": r["partition"],
-            "kind": r["kind"],
-        }
-        for r in missing.orderBy("topic", "partition", "start_offset", "kind").collect()
-    )
-    mismatch_rows = tuple(
-        {"key": r["key"], "size": r["size"], "expected_size": r["segment_size_in_bytes"],
-         "segment_id": r["segment_id"]}
-        for r in mismatched.orderBy("key").collect()
-    )
-    unrecognized = tuple(r["key"] for r in objects.where(~F.col("recognized")).orderBy("key").collect())
-    report = ReconcileReport(
-        objects=objects.count(), live_segments=live.count(), orphans=orphan_rows, missing=missing_rows,
-        size_mismatches=mismatch_rows, unrecognized=unrecognized,
-    )
-    objects.unpersist()
-    live.unpersist()
-    if delete_orphans:
-        plan = report.delete_plan()
-        for i in range(0, len(plan), DELETE_BATCH):
-            store.delete(plan[i:i + DELETE_BATCH])
-        report = dataclasses.replace(report, deleted=tuple(plan))
-    return report
+    """The Spark job: `live_segments` has topic_id, partition, topic, segment_id, state, start_offset,
+    segment_size_in_bytes (optionally event_timestamp_ms) for every segment the metadata still holds.
+    Deleting needs `freshness`, the proof that the metadata had caught up with the topic."""
+    objects, listed_at_ms = list_bucket(store)
+    rules = ReconcileRules(listed_at_ms, grace_ms, hashed_keys=hashed_keys)
+    report = reconcile_on_spark(spark, objects, live_segments, rules)
+    return delete_orphans_of(report, store, freshness) if delete_orphans else report
 
 
-def _expected_key(row: Row, hashed: bool) -> str:
-    tp = TopicIdPartition(uuid.UUID(row["topic_id"]), row["topic"], row["partition"])
-    keys = segment_keys(RemoteLogSegmentId(tp, uuid.UUID(row["segment_id"])), row["start_offset"], hashed)
-    return keys.log if row["kind"] == LOG_SUFFIX else keys.indexes
+def delete_orphans_of(
+    report: ReconcileReport, store: StorageBackend, freshness: MetadataFreshness | None
+) -> ReconcileReport:
+    """Delete exactly the report's orphans; refuse when the metadata source was behind the topic."""
+    if freshness is None:
+        raise MetadataBehindError(
+            "refusing to delete: nothing proves the metadata source had caught up with the metadata topic when "
+            "the bucket was listed, so objects it does not know may be live segments"
+        )
+    if freshness.behind:
+        raise MetadataBehindError(
+            f"refusing to delete: {freshness.source} is behind the metadata topic by {freshness.describe_lag()}, "
+            "so objects it does not know may be live segments. The metadata side is stale, not the bucket: let "
+            "it catch up (or reconcile against the topic, the default source) and run reconcile again"
+        )
+    plan = report.delete_plan()
+    for i in range(0, len(plan), DELETE_BATCH):
+        store.delete(plan[i:i + DELETE_BATCH])
+    return dataclasses.replace(report, deleted=tuple(plan))
 
 
-LIVE_SEGMENT_SCHEMA = StructType([
-    StructField("topic_id", StringType(), False),
-    StructField("partition", LongType(), False),
-    StructField("topic", StringType(), False),
-    StructField("segment_id", StringType(), False),
-    StructField("state", StringType(), False),
-    StructField("start_offset", LongType(), False),
-    StructField("segment_size_in_bytes", LongType(), False),
-])
+LIVE_SEGMENT_DDL = ("topic_id string, partition long, topic string, segment_id string, state string, "
+                    "start_offset long, segment_size_in_bytes long, event_timestamp_ms long")
 
 
-def live_segments_from_view(spark: SparkSession, view: MetadataView) -> DataFrame:
+def live_segments_frame(spark: SparkSession, segments: Iterable[LiveSegment]) -> DataFrame:
+    """Live segments in the columns `reconcile` joins on."""
+    return spark.createDataFrame([dataclasses.astuple(s) for s in segments], LIVE_SEGMENT_DDL)
+
+
+def live_segments_from_view(spark: SparkSession, view: Any) -> DataFrame:
     """The segments a node's view holds, in the columns `reconcile` joins on."""
-    rows = [
-        (str(md.topic_id_partition.topic_id), md.topic_id_partition.partition, md.topic_id_partition.topic,
-         str(md.remote_log_segment_id.id), md.state.name, md.start_offset, md.segment_size_in_bytes)
-        for md in view.segments()
-    ]
-    return spark.createDataFrame(rows, LIVE_SEGMENT_SCHEMA)
+    return live_segments_frame(spark, (LiveSegment.of(md) for md in view.segments()))
+
+
+def topic_names(objects: Iterable[ObjectInfo], live: Iterable[LiveSegment]) -> dict[str, str]:
+    """Topic id -> name for every topic the bucket or the metadata mentions."""
+    named = {s.topic_id: s.topic for s in live}
+    for obj in map(BucketObject.of, objects):
+        if obj.topic_id is not None and obj.topic is not None:
+            named.setdefault(obj.topic_id, obj.topic)
+    return named
 
 
 def live_segments_of(entries: DataFrame) -> DataFrame:
     """The segments of a replayed state (see tierlog.pipeline.replay.ENTRY_SCHEMA)."""
+    from pyspark.sql import functions as F
+
     return entries.where(F.col("segment_id").isNotNull())
 
 
 def write_report(report: ReconcileReport, directory: Path) -> tuple[Path, Path]:
-    """`report.json` and `delete-plan.txt` (one key per line) under `directory`."""
+    """`report.json` and `delete-plan.txt` (per orphan: key, a tab, why it is an orphan) under `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     report_path = directory / "report.json"
     plan_path = directory / "delete-plan.txt"
     report_path.write_text(json.dumps(report.as_json(), indent=2) + "\n")
-    plan_path.write_text("".join(k + "\n" for k in report.delete_plan()))
+    plan_path.write_text("".join(f"{o['key']}\t{o['reason']}\n" for o in report.orphans))
     return report_path, plan_path

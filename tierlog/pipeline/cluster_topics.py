@@ -1,0 +1,51 @@
+"""Which topics the Kafka cluster still has, by topic id: a topic deleted while its partition deletes never
+reached the metadata (Kafka sends none for a partition it no longer hosts) shows as deleted, not live.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+class ClusterUnavailableError(RuntimeError):
+    """Kafka did not answer the metadata request within the timeout."""
+
+
+def _topic_uuid(kafka_uuid: Any) -> str:
+    # confluent_kafka's Uuid prints Kafka's base64 form; the metadata and the bucket use the canonical one.
+    high = kafka_uuid.get_most_significant_bits() & (2**64 - 1)
+    low = kafka_uuid.get_least_significant_bits() & (2**64 - 1)
+    return str(uuid.UUID(int=(high << 64) | low))
+
+
+def topic_ids_by_name(client_config: Mapping[str, Any], timeout_s: float) -> dict[str, str]:
+    """Every topic the cluster has now: name -> id (canonical UUID string)."""
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(dict(client_config))
+    try:
+        names = list(admin.list_topics(timeout=timeout_s).topics)
+        if not names:
+            return {}
+        described = admin.describe_topics(TopicCollection(names), request_timeout=timeout_s)
+        ids = {}
+        for name, future in described.items():
+            try:
+                ids[name] = _topic_uuid(future.result(timeout=timeout_s).topic_id)
+            except KafkaException as exc:
+                if "UNKNOWN_TOPIC" not in str(exc):  # deleted between the two calls: simply not there
+                    raise
+        return ids
+    except KafkaException as exc:
+        raise ClusterUnavailableError(f"asking Kafka which topics exist failed within {timeout_s:g} s: {exc}") from exc
+
+
+def deleted_topic_ids(client_config: Mapping[str, Any], topic_ids: Iterable[str], timeout_s: float) -> set[str]:
+    """Those of `topic_ids` the cluster no longer has."""
+    wanted = set(topic_ids)
+    if not wanted:
+        return set()
+    return wanted - set(topic_ids_by_name(client_config, timeout_s).values())
