@@ -7,7 +7,7 @@ STAMPS := .dev/stamps
 # The JVM adapter is rebuilt only when its sources or the shared protocol change.
 JVM_SOURCES := $(wildcard jvm/pom.xml) $(shell find jvm/src -type f 2>/dev/null) $(wildcard schemas/*.proto)
 
-.PHONY: setup python-deps kafka-jars jvm services-up services-down services-status demo test lint bench bench-kafka
+.PHONY: setup python-deps kafka-jars jvm jvm-test dist services-up services-down services-status demo test lint bench bench-kafka
 
 setup: python-deps kafka-jars jvm
 
@@ -24,6 +24,18 @@ $(STAMPS)/jvm: $(JVM_SOURCES)
 	mvn -q -B -Dstyle.color=never -f jvm/pom.xml package -DskipTests
 	@mkdir -p $(STAMPS) && touch $@
 
+# The adapter's unit tests (JUnit 5); `make test` runs them before the Python suite.
+jvm-test:
+	mvn -q -B -Dstyle.color=never -f jvm/pom.xml test
+
+# The release artifacts in dist/: the wheel (schemas, generated protocol code and the plugin jar inside, see
+# setup.py) and the source tarball it can be rebuilt from. Install on a broker host:
+#   python3 -m venv /opt/tierlog && /opt/tierlog/bin/pip install dist/tierlog-*.whl
+dist: jvm
+	rm -rf dist
+	$(PYTHON) -m build --outdir dist .
+	@ls -l dist
+
 services-up:
 	$(PYTHON) dev/services up
 
@@ -38,7 +50,7 @@ demo: setup
 	$(PYTHON) -m dev.demo
 
 # Any failed test fails the target, and so does a run that collects no test (pytest status 5).
-test: setup
+test: setup jvm-test
 	@status=0; $(PYTHON) -m pytest -q -rfEs --durations=20 $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status = 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
 	exit $$status
