@@ -143,3 +143,14 @@ def test_byte_units_are_chosen_from_the_data() -> None:
     assert byte_unit(5 * 2**20) == ("MiB", 2**20)
     assert byte_unit(3 * 2**40) == ("TiB", 2**40)
 
+
+
+@pytest.mark.spark
+def test_usage_on_spark_keeps_ivy_and_spark_output_off_the_terminal(
+    metadata_topic: MetadataTopic, archive: str, tierlog: Tierlog, tmp_path: Path
+) -> None:
+    run = tierlog("usage", "--spark", "--archive", archive, "--out", str(tmp_path), *metadata_topic.options(),
+                  timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""  # Ivy's resolution report and log4j went to the Spark log file
+    assert run.stdout.startswith("TOPIC")
