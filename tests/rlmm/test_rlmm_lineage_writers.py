@@ -32,7 +32,7 @@ from rlmm.view import ConsumedRecord, MetadataView, apply_records
 
 S = RemoteLogSegmentState
 METADATA_TOPIC = "__tierlog_metadata"
-RACING_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+RACING_SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _view_digest(records: list[TopicRecord], state_dir: Path) -> str:
