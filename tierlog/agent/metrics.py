@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -93,6 +93,44 @@ class _RsmCollector(Collector):
         yield size
 
 
+class ArchiverStatus(Protocol):
+    """What the metrics read of the audit archiver thread (tierlog.audit.archiver.ArchiverThread)."""
+
+    restarts: int
+
+    def is_alive(self) -> bool: ...
+
+
+class _ArchiverCollector(Collector):
+    def __init__(self, archiver: ArchiverStatus) -> None:
+        self._archiver = archiver
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(
+            "tierlog_archiver_running", "1 while the audit archiver beside this agent runs",
+            value=1 if self._archiver.is_alive() else 0,
+        )
+        yield CounterMetricFamily(
+            "tierlog_archiver_restarts", "times the audit archiver failed and started again (see the agent log)",
+            value=self._archiver.restarts,
+        )
+
+
+class _ReadinessCollector(Collector):
+    def __init__(self, readiness: Callable[[], dict[str, bool]]) -> None:
+        self._readiness = readiness
+
+    def collect(self) -> Iterator[Any]:
+        ready = GaugeMetricFamily(
+            "tierlog_agent_component_ready",
+            "1 if the configured component (rlmm, rsm) is created, 0 while it starts or after its creation failed",
+            labels=["component"],
+        )
+        for name, created in sorted(self._readiness().items()):
+            ready.add_metric([name], 1 if created else 0)
+        yield ready
+
+
 class AgentMetrics:
     """One registry per agent (not the process-global one), so tests can run several agents."""
 
@@ -136,12 +174,6 @@ class AgentMetrics:
         Gauge("tierlog_agent_start_time_seconds", "when the agent started (Unix time)",
               registry=self.registry).set(time.time())
         self.up = Gauge("tierlog_agent_up", "1 while the agent serves calls", registry=self.registry)
-        self.ready = Gauge(
-            "tierlog_agent_component_ready",
-            "1 if the component (rlmm, rsm) is configured and created, 0 if starting or failed",
-            ["component"],
-            registry=self.registry,
-        )
         self._server: Any = None
 
     def observe(self, service: str, method: str, code: str, seconds: float) -> None:
@@ -163,11 +195,14 @@ class AgentMetrics:
     def watch_rsm(self, snapshot: Callable[[], dict[str, Any] | None]) -> None:
         self.registry.register(_RsmCollector(snapshot))
 
-    def watch_archiver(self, running: Callable[[], bool]) -> None:
-        """Export whether the audit archiver beside the agent runs; an agent without one exports nothing."""
-        Gauge(
-            "tierlog_archiver_running", "1 while the audit archiver beside this agent runs", registry=self.registry
-        ).set_function(lambda: 1.0 if running() else 0.0)
+    def watch_components(self, readiness: Callable[[], dict[str, bool]]) -> None:
+        """Export the readiness of each configured component (`readiness()`: short name -> created); a component
+        this agent does not host (e.g. the broker uses Kafka's own RLMM) is absent, not 0."""
+        self.registry.register(_ReadinessCollector(readiness))
+
+    def watch_archiver(self, archiver: ArchiverStatus) -> None:
+        """Export the state of the audit archiver beside the agent; an agent without one exports nothing."""
+        self.registry.register(_ArchiverCollector(archiver))
 
     def watch(self, collector: Collector) -> None:
         self.registry.register(collector)
