@@ -44,7 +44,7 @@ import grpc
 
 from rlmm.errors import ConfigError
 from tierlog.agent.components import ComponentName, Components, NotConfiguredError
-from tierlog.agent.metrics import DEFAULT_METRICS_ADDRESS, AgentMetrics
+from tierlog.agent.metrics import DEFAULT_METRICS_ADDRESS, AgentMetrics, ArchiverStatus
 from tierlog.agent.rlmm_metrics import RlmmCollector, kafka_end_offsets
 from tierlog.agent.servicers import build_services
 
@@ -170,7 +170,7 @@ class AgentServer:
         *,
         exit_when_idle: bool = False,
         metrics_address: str = DEFAULT_METRICS_ADDRESS,
-        archiver: threading.Thread | None = None,
+        archiver: ArchiverStatus | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
         self.stopped = threading.Event()
@@ -225,7 +225,7 @@ class AgentServer:
         metrics.watch(RlmmCollector(self._rlmm, self._rlmm_end_offsets))
         metrics.watch_components(self._readiness)
         if self._archiver is not None:
-            metrics.watch_archiver(self._archiver.is_alive)
+            metrics.watch_archiver(self._archiver)
         metrics.up.set(1)
 
     def start(self) -> AgentServer:
@@ -309,11 +309,11 @@ def serve(
     parent_pid: int | None = None,
     exit_when_idle: bool = False,
     metrics_address: str = DEFAULT_METRICS_ADDRESS,
-    archiver: threading.Thread | None = None,
+    archiver: ArchiverStatus | None = None,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or its parent's exit / idleness, if asked); see the module doc.
 
-    `archiver`: the audit archiver thread running beside the agent, exported as tierlog_archiver_running."""
+    `archiver`: the audit archiver thread running beside the agent, exported as tierlog_archiver_*."""
     agent = AgentServer(
         config, socket_path, metrics_port, exit_when_idle=exit_when_idle, metrics_address=metrics_address,
         archiver=archiver,
