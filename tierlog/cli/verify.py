@@ -100,7 +100,7 @@ def fold_topic(settings: Settings, topic: str, up_to: Mapping[int, int], progres
             for message in messages:
                 value = message.value()
                 event = None if value is None else codec.decode(value)
-                state.apply_record(folded, RecordKey.decode(message.key() or b""), event)
+                state.apply_record(folded, RecordKey.decode(message.key() or b""), event, message.offset())
         if progress:
             progress.finish(seen)
     finally:

@@ -258,10 +258,10 @@ class HistoryGenerator:
         first = True
         while pending:
             record_key, record_event = pending.pop(0)
-            outcome = state.apply_record(self.writer_state, record_key, record_event)
+            out.append(self._append(leader.tp, record_key, record_event))
+            outcome = state.apply_record(self.writer_state, record_key, record_event, out[-1].offset)
             if not outcome.applied:
                 raise AssertionError(f"generator wrote an invalid record: {outcome.reason}")
-            out.append(self._append(leader.tp, record_key, record_event))
             if first and record_event is not None:
                 pending += state.records_after(
                     self.writer_state, record_key, record_event, doomed, self._now, leader.broker_id
@@ -291,7 +291,7 @@ def fold(records: list[RawRecord]) -> state.InMemoryState:
     folded = state.InMemoryState()
     for record in sorted(records, key=lambda r: (r.metadata_partition, r.offset)):
         event = None if record.value is None else codec.decode(record.value)
-        state.apply_record(folded, RecordKey.decode(record.key), event)
+        state.apply_record(folded, RecordKey.decode(record.key), event, record.offset)
     return folded
 
 

@@ -85,7 +85,7 @@ def _fold_sorted_rows(rows: Iterable[Row]) -> Iterator[tuple[Any, ...]]:
             yield from _entry_rows(folded)
             folded, current = state.InMemoryState(), user_partition
         key, event = record_of(row)
-        state.apply_record(folded, key, event)
+        state.apply_record(folded, key, event, row["offset"])
     yield from _entry_rows(folded)
 
 
@@ -334,7 +334,7 @@ def fold_datums(datums: Iterable[dict[str, Any]]) -> state.InMemoryState:
     partition, so the (metadata partition, offset) order is each user partition's topic order."""
     folded = state.InMemoryState()
     for datum in datums:
-        state.apply_record(folded, RecordKey.decode(datum["key"].encode()), from_archived(datum))
+        state.apply_record(folded, RecordKey.decode(datum["key"].encode()), from_archived(datum), datum["offset"])
     return folded
 
 
