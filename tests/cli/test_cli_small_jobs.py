@@ -6,6 +6,7 @@ Needs the real Kafka broker (the shared metadata topic) for the archive; Spark i
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from rlmm.events import RecordKey
 from rlmm.types import RemoteLogSegmentState
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
 from tierlog.pipeline.generate import fold
+from tierlog.pipeline.session import DEFAULT_IVY_DIR, DEFAULT_SPARK_AVRO_VERSION, JARS_DIR_ENV
 from tierlog.pipeline.usage import UsageRow, UsageTable, byte_unit, usage_chart, usage_in_process, write_usage
 
 Tierlog = Callable[..., Run]
@@ -154,3 +156,37 @@ def test_usage_on_spark_keeps_ivy_and_spark_output_off_the_terminal(
     assert run.returncode == 0, run.stderr
     assert run.stderr == ""  # Ivy's resolution report and log4j went to the Spark log file
     assert run.stdout.startswith("TOPIC")
+
+
+@pytest.mark.spark
+def test_spark_takes_its_packages_from_a_local_jars_directory_without_ivy(
+    metadata_topic: MetadataTopic, archive: str, tierlog: Tierlog, tmp_path: Path
+) -> None:
+    # An air-gapped host: the jars copied once into a directory, and an Ivy cache it never fills.
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    for jar in (DEFAULT_IVY_DIR / "jars").glob("*.jar"):
+        if "spark-avro" in jar.name or "scala-parallel" in jar.name or "xz" in jar.name:
+            (jars / jar.name).symlink_to(jar)
+    if not any("spark-avro" in p.name for p in jars.iterdir()):
+        pytest.skip(f"no spark-avro in {DEFAULT_IVY_DIR / 'jars'} to copy (no Spark job has run here)")
+    ivy = tmp_path / "ivy-never"
+    env = {**os.environ, JARS_DIR_ENV: str(jars), "TIERLOG_IVY_DIR": str(ivy)}
+    run = tierlog("usage", "--spark", "--archive", archive, "--out", str(tmp_path / "out"),
+                  *metadata_topic.options(), env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert not ivy.exists()
+
+
+def test_a_jars_directory_without_spark_avro_is_refused_naming_what_is_missing(
+    archive: str, metadata_topic: MetadataTopic, tierlog: Tierlog, tmp_path: Path
+) -> None:
+    env = {**os.environ, JARS_DIR_ENV: str(tmp_path)}
+    run = tierlog("usage", "--spark", "--archive", archive, "--out", str(tmp_path / "out"),
+                  *metadata_topic.options(), env=env)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [
+        f"tierlog usage: {JARS_DIR_ENV}={tmp_path} holds no spark-avro_2.13 jar: copy the jars of "
+        f"org.apache.spark:spark-avro_2.13:{DEFAULT_SPARK_AVRO_VERSION} and its dependencies there (a connected "
+        f"host that ran a Spark job has them in {DEFAULT_IVY_DIR / 'jars'})"
+    ]

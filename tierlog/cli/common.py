@@ -280,8 +280,11 @@ def spark_session(settings: Settings, args: argparse.Namespace, *locations: str)
     from tierlog.pipeline.session import get_spark
 
     needs_s3 = any(is_s3(location) for location in locations)
-    return get_spark("tierlog-cli", master=args.master, s3=settings.s3() if needs_s3 else None,
-                     quiet=not args.verbose)
+    try:
+        return get_spark("tierlog-cli", master=args.master, s3=settings.s3() if needs_s3 else None,
+                         quiet=not args.verbose)
+    except FileNotFoundError as exc:  # a configured jars directory lacks a package
+        raise CommandError(str(exc), EXIT_USAGE) from exc
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """Building the SparkSession every pipeline job runs in: local[*] by default, a cluster under spark-submit.
 
 Spark's own Avro reader and the s3a filesystem come either from a local directory of jars
-(TIERLOG_SPARK_JARS_DIR: an air-gapped host copies them there once, see `spark_packages`) or from Maven
+(TIERLOG_SPARK_JARS_DIR: an air-gapped host copies them there once, see `local_jars`) or from Maven
 Central through Ivy, cached per user in ~/.cache/tierlog/ivy (over a gigabyte with the AWS SDK bundle, so
 every checkout shares one copy). A quiet session sends the JVM's output (Ivy's resolution report, log4j)
 to ~/.cache/tierlog/spark.log instead of the terminal.
@@ -117,20 +117,17 @@ def get_spark(
 
 
 def local_jars(directory: Path, with_s3: bool) -> list[str]:
-    """The jars of `spark_packages` found in `directory` (named artifact-version.jar, as Maven names them)."""
-    found = []
+    """Every jar in `directory`, which must hold spark-avro (and hadoop-aws for S3) with their dependencies:
+    what Ivy put in `<ivy dir>/jars` on a connected host, copied once to the air-gapped one."""
+    jars = sorted(str(p) for p in directory.glob("*.jar"))
     for package in spark_packages(with_s3):
-        _group, artifact, version = package.split(":")
-        jar = directory / f"{artifact}-{version}.jar"
-        if not jar.is_file():
+        artifact = package.split(":")[1]
+        if not any(artifact in Path(jar).name for jar in jars):
             raise FileNotFoundError(
-                f"{JARS_DIR_ENV}={directory} holds no {jar.name}; copy {package} (and its dependencies) there"
+                f"{JARS_DIR_ENV}={directory} holds no {artifact} jar: copy the jars of {package} and its "
+                f"dependencies there (a connected host that ran a Spark job has them in {DEFAULT_IVY_DIR / 'jars'})"
             )
-        found.append(str(jar))
-    if with_s3:
-        # hadoop-aws needs the AWS SDK bundle beside it, whatever its version.
-        found.extend(str(p) for p in sorted(directory.glob("bundle-*.jar")))
-    return found
+    return jars
 
 
 @contextmanager
