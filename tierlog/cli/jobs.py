@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,15 +74,17 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
              "matches"])
         if args.partitions:
             print("\nuser partitions of the replayed state:")
-            print_table([{**p, "remote": human_bytes(p["remote_bytes"])} for p in report.partitions],
+            print_table([{**p, "remote": human_bytes(p["remote_bytes"])} for p in payload["partitions"]],
                         ["topic", "partition", "segments", "remote"])
         if report.differences:
             print(f"\n{report.difference_count} differing entries; the first {len(report.differences)}:")
-            print_table([{**dataclasses.asdict(d), "topic_id": format_id(d.topic_id, args.uuid_format)}
-                         for d in report.differences],
+            print_table(payload["differences"],
                         ["topic_id", "partition", "family", "kind", "entry_key"])
 
-    emit(args, report.as_json(), human)
+    payload = report.as_json()
+    for entry in (*payload["differences"], *payload["partitions"]):
+        entry["topic_id"] = format_id(entry["topic_id"], args.uuid_format)
+    emit(args, payload, human)
     return EXIT_PROBLEM if report.matches is False else EXIT_OK
 
 
