@@ -108,7 +108,7 @@ def broker_properties(choice: PluginChoice, socket_dir: Path, jar: Path = PLUGIN
         "agent.log.file": str(socket_dir / "agent-{node_id}.log"),
     }
     if choice.metrics_port is not None:
-        agent["tierlog.agent.metrics.port"] = str(choice.metrics_port)
+        agent["agent.metrics.port"] = str(choice.metrics_port)
     props: dict[str, str] = {
         "remote.log.storage.system.enable": "true",
         "remote.log.manager.task.interval.ms": "500",

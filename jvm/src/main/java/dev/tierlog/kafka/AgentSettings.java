@@ -4,6 +4,7 @@
  */
 package dev.tierlog.kafka;
 
+import java.io.IOException;
 import java.net.URISyntaxException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -28,7 +29,7 @@ public final class AgentSettings {
     public static final String COMMAND = "agent.command";
     public static final String PYTHON = "agent.python";
     public static final String LOG_FILE = "agent.log.file";
-    public static final String METRICS_PORT = "tierlog.agent.metrics.port";
+    public static final String METRICS_PORT = "agent.metrics.port";
     public static final String CALL_TIMEOUT_MS = "agent.call.timeout.ms";
     public static final String COPY_TIMEOUT_MS = "agent.copy.timeout.ms";
     public static final String FETCH_TIMEOUT_MS = "agent.fetch.timeout.ms";
@@ -154,9 +155,16 @@ public final class AgentSettings {
      * The tierlog-agent script beside the wheel holding {@code jar}: the wheel puts the jar at
      * {@code <site-packages>/tierlog/jars/}, and the environment's scripts are in {@code <prefix>/bin} with
      * site-packages at {@code <prefix>/lib/pythonX.Y/site-packages} (or Debian's lib/python3/dist-packages).
+     * The Dockerfile links the broker's plugins/ entry to that jar.
      */
     static Optional<Path> installedAgent(Path jar) {
-        Path jars = jar.toAbsolutePath().getParent();
+        Path real;
+        try {
+            real = jar.toRealPath(); // a symlink to the installed jar (a broker's plugins/ dir) counts as it
+        } catch (IOException e) {
+            real = jar.toAbsolutePath();
+        }
+        Path jars = real.getParent();
         if (jars == null || !jars.getFileName().toString().equals("jars")) {
             return Optional.empty();
         }

@@ -79,7 +79,28 @@ class AgentSettingsTest {
         Files.createFile(jar);
         Path script = executable(venv.resolve("bin/tierlog-agent"));
         AgentSettings s = AgentSettings.parse(Map.of(), Optional.of(jar));
-        assertEquals(List.of(script.toString()), s.command);
+        assertEquals(List.of(script.toRealPath().toString()), s.command);
+    }
+
+    @Test
+    void aSymlinkToTheInstalledJarFindsTheSameAgent(@TempDir Path dir) throws Exception {
+        Path jar = dir.resolve("venv/lib/python3.11/site-packages/tierlog/jars/tierlog-kafka-plugin.jar");
+        Files.createDirectories(jar.getParent());
+        Files.createFile(jar);
+        Path script = executable(dir.resolve("venv/bin/tierlog-agent"));
+        Path link = dir.resolve("kafka/plugins/tierlog/tierlog-kafka-plugin-0.1.0.jar");
+        Files.createDirectories(link.getParent());
+        Files.createSymbolicLink(link, jar);
+        assertEquals(List.of(script.toRealPath().toString()),
+            AgentSettings.parse(Map.of(), Optional.of(link)).command);
+    }
+
+    @Test
+    void metricsPortIsAnAdapterKey() {
+        // It was renamed tierlog.agent.metrics.port by mistake: that name was forwarded to the agent's rlmm.
+        AgentSettings s = AgentSettings.parse(Map.of("agent.metrics.port", "9464", "agent.start", "false"));
+        assertEquals(Optional.of(9464), s.metricsPort);
+        assertFalse(s.forwarded.containsKey("agent.metrics.port"));
     }
 
     @Test
