@@ -82,11 +82,17 @@ def ensure_topic(admin: AdminClient, settings: TopicSettings, timeout_s: float) 
 
 def check_topic(admin: AdminClient, name: str, partitions: int, timeout_s: float) -> TopicInfo:
     """Refuse a metadata topic whose cleanup policy or partition count is wrong; return its id and settings."""
-    try:
-        described_topic = admin.describe_topics(TopicCollection([name]), request_timeout=timeout_s)[name].result(
-            timeout=timeout_s)
-    except KafkaException as exc:
-        raise RemoteStorageError(f"cannot describe metadata topic {name}: {exc}") from exc
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            described_topic = admin.describe_topics(TopicCollection([name]), request_timeout=timeout_s)[name].result(
+                timeout=timeout_s)
+            break
+        except KafkaException as exc:
+            # A topic created a moment ago may not be known yet to the broker that answers.
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise RemoteStorageError(f"cannot describe metadata topic {name}: {exc}") from exc
+            time.sleep(0.1)
     found = len(described_topic.partitions)
     if found != partitions:
         raise ConfigError(
