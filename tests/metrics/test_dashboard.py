@@ -46,6 +46,7 @@ def metric_names(expr: str) -> set[str]:
 
     def walk(node: Any) -> None:
         if isinstance(node, promql_parser.VectorSelector):
+            assert node.name, f"a selector without a metric name in {expr!r}"
             found.add(node.name)
         for attr in ("lhs", "rhs", "expr", "param", "vector_selector"):
             child = getattr(node, attr, None)
