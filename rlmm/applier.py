@@ -30,7 +30,9 @@ RETRY_MAX_S = 10.0
 # End offsets are asked for at most this often while partitions wait to become ready.
 OFFSETS_INTERVAL_S = 0.2
 OFFSETS_TIMEOUT_S = 5.0
-# How often a healthy applier restamps the view's "last applied" time on a quiet topic.
+# How often a healthy applier restamps the view's "last applied" time: at most this often while batches
+# commit (one small put, not one per batch), and this often on a quiet topic.
+STAMP_MIN_INTERVAL_S = 1.0
 STAMP_INTERVAL_S = 10.0
 
 
@@ -198,7 +200,8 @@ class MetadataApplier:
         except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
             # Not chained: the cause's traceback refers to the database and would keep RocksDB's lock.
             raise _CommitFailure(str(exc)) from None
-        self._stamp()
+        if time.monotonic() - self._stamped_at > STAMP_MIN_INTERVAL_S:
+            self._stamp()
         return outcomes
 
     def _stamp(self) -> None:
