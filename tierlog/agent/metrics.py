@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from rsm.metrics import ABSENT_INDEX_COUNTER, LATENCY_BUCKETS_S
 
@@ -57,7 +58,7 @@ class _RsmCollector(Collector):
             "request latency (a fetch: until its stream is returned, not read)",
             labels=["operation"],
         )
-        bounds = [f"{b:g}" for b in LATENCY_BUCKETS_S] + ["+Inf"]
+        bounds = [floatToGoString(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]  # as prometheus_client writes them
         for name, counters in snap.get("operations", {}).items():
             requests.add_metric([name], counters["requests"])
             errors.add_metric([name], counters["errors"])
