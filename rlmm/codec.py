@@ -234,6 +234,6 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
                 broker_id=datum["broker_id"],
                 reflects_offset=datum.get("reflects_offset"),
             )
-    except (InvalidArgumentError, KeyError, ValueError) as exc:
+    except (InvalidArgumentError, KeyError, ValueError, TypeError) as exc:
         raise DecodeError(f"{name} holds invalid values: {exc}") from exc
     raise DecodeError(f"no event type for schema {name}")

@@ -12,11 +12,17 @@ from typing import Literal
 
 from rlmm.errors import InvalidArgumentError
 from rlmm.types import (
+    INT32_MAX,
+    INT64_MAX,
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemotePartitionDeleteMetadata,
     TopicIdPartition,
+    require_range,
 )
+
+_INT32 = (0, INT32_MAX, "a non-negative int32")
+_INT64 = (0, INT64_MAX, "a non-negative int64")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +32,15 @@ class EpochLineage:
     epoch: int
     highest_log_offset: int | None
     displaced_segment_ids: frozenset[uuid.UUID] = frozenset()
+
+    def __post_init__(self) -> None:
+        require_range("EpochLineage", "epoch", self.epoch, *_INT32)
+        if self.highest_log_offset is not None:
+            require_range("EpochLineage", "highest_log_offset", self.highest_log_offset, *_INT64)
+        if not isinstance(self.displaced_segment_ids, frozenset) or not all(
+                isinstance(s, uuid.UUID) for s in self.displaced_segment_ids):
+            raise InvalidArgumentError(
+                f"EpochLineage.displaced_segment_ids must be a frozenset of UUIDs, got {self.displaced_segment_ids!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +56,21 @@ class EpochCheckpoint:
     event_timestamp_ms: int
     broker_id: int
     reflects_offset: int | None = None
+
+    def __post_init__(self) -> None:
+        owner = "EpochCheckpoint"
+        if not isinstance(self.topic_id_partition, TopicIdPartition):
+            raise InvalidArgumentError(f"{owner}.topic_id_partition must be a TopicIdPartition, "
+                                       f"got {type(self.topic_id_partition).__name__}")
+        if not all(isinstance(lineage, EpochLineage) for lineage in self.epochs):
+            raise InvalidArgumentError(f"{owner}.epochs must hold EpochLineage values, got {self.epochs!r}")
+        epochs = [lineage.epoch for lineage in self.epochs]
+        if len(set(epochs)) != len(epochs):
+            raise InvalidArgumentError(f"{owner}.epochs names a leader epoch twice: {sorted(epochs)}")
+        require_range(owner, "event_timestamp_ms", self.event_timestamp_ms, *_INT64)
+        require_range(owner, "broker_id", self.broker_id, *_INT32)
+        if self.reflects_offset is not None:
+            require_range(owner, "reflects_offset", self.reflects_offset, *_INT64)
 
 
 MetadataEvent = RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata | EpochCheckpoint

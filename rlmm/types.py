@@ -77,10 +77,25 @@ def _type_names(expected: type | tuple[type, ...]) -> str:
     return " or ".join(t.__name__ for t in _as_tuple(expected))
 
 
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
 def _require_non_negative(owner: str, name: str, value: int) -> None:
+    """An offset, size or timestamp: Kafka's long, never negative."""
+    require_range(owner, name, value, 0, INT64_MAX, "a non-negative int64")
+
+
+def _require_int32(owner: str, name: str, value: int) -> None:
+    """A leader epoch, partition, broker id or segment size: Kafka's int, never negative."""
+    require_range(owner, name, value, 0, INT32_MAX, "a non-negative int32")
+
+
+def require_range(owner: str, name: str, value: int, low: int, high: int, what: str) -> None:
+    """Kafka's Java types bound what its fields hold; out of range, a value would break the view's key packing."""
     _require_type(owner, name, value, int)
-    if value < 0:
-        raise InvalidArgumentError(f"{owner}.{name} must be >= 0, got {value}")
+    if not low <= value <= high:
+        raise InvalidArgumentError(f"{owner}.{name} must be {what} ({low}..{high}), got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +109,7 @@ class TopicIdPartition:
         _require_type("TopicIdPartition", "topic", self.topic, str)
         if not self.topic:
             raise InvalidArgumentError("TopicIdPartition.topic must not be empty")
-        _require_non_negative("TopicIdPartition", "partition", self.partition)
+        _require_int32("TopicIdPartition", "partition", self.partition)
 
     def __str__(self) -> str:
         return f"{self.topic_id}:{self.topic}-{self.partition}"
@@ -126,7 +141,7 @@ def _frozen_epochs(owner: str, epochs: Mapping[int, int]) -> Mapping[int, int]:
     if not epochs:
         raise InvalidArgumentError(f"{owner}.segment_leader_epochs must not be empty")
     for epoch, offset in epochs.items():
-        _require_non_negative(owner, f"segment_leader_epochs key {epoch!r}", epoch)
+        _require_int32(owner, f"segment_leader_epochs key {epoch!r}", epoch)
         _require_non_negative(owner, f"segment_leader_epochs[{epoch}]", offset)
     return MappingProxyType(dict(sorted(epochs.items())))
 
@@ -149,17 +164,16 @@ class RemoteLogSegmentMetadata:
         owner = "RemoteLogSegmentMetadata"
         _require_type(owner, "remote_log_segment_id", self.remote_log_segment_id, RemoteLogSegmentId)
         _require_non_negative(owner, "start_offset", self.start_offset)
-        _require_type(owner, "end_offset", self.end_offset, int)
+        _require_non_negative(owner, "end_offset", self.end_offset)
         if self.end_offset < self.start_offset:
             raise InvalidArgumentError(
                 f"{owner}.end_offset ({self.end_offset}) must be >= start_offset ({self.start_offset})"
             )
-        _require_type(owner, "max_timestamp_ms", self.max_timestamp_ms, int)
-        _require_type(owner, "broker_id", self.broker_id, int)
-        _require_type(owner, "event_timestamp_ms", self.event_timestamp_ms, int)
-        _require_non_negative(owner, "segment_size_in_bytes", self.segment_size_in_bytes)
-        if self.segment_size_in_bytes > 2**31 - 1:
-            raise InvalidArgumentError(f"{owner}.segment_size_in_bytes must fit in an int32")
+        # Kafka's RecordBatch.NO_TIMESTAMP (-1) marks a segment without timestamps.
+        require_range(owner, "max_timestamp_ms", self.max_timestamp_ms, -1, INT64_MAX, "an int64 >= -1")
+        _require_int32(owner, "broker_id", self.broker_id)
+        _require_non_negative(owner, "event_timestamp_ms", self.event_timestamp_ms)
+        _require_int32(owner, "segment_size_in_bytes", self.segment_size_in_bytes)
         epochs = _frozen_epochs(owner, self.segment_leader_epochs)
         object.__setattr__(self, "segment_leader_epochs", epochs)
         first_epoch_start = next(iter(epochs.values()))
@@ -227,10 +241,10 @@ class RemoteLogSegmentMetadataUpdate:
     def __post_init__(self) -> None:
         owner = "RemoteLogSegmentMetadataUpdate"
         _require_type(owner, "remote_log_segment_id", self.remote_log_segment_id, RemoteLogSegmentId)
-        _require_type(owner, "event_timestamp_ms", self.event_timestamp_ms, int)
+        _require_non_negative(owner, "event_timestamp_ms", self.event_timestamp_ms)
         _require_type(owner, "custom_metadata", self.custom_metadata, (bytes, type(None)))
         _require_type(owner, "state", self.state, RemoteLogSegmentState)
-        _require_type(owner, "broker_id", self.broker_id, int)
+        _require_int32(owner, "broker_id", self.broker_id)
 
     @property
     def topic_id_partition(self) -> TopicIdPartition:
@@ -248,13 +262,11 @@ class RemotePartitionDeleteMetadata:
         owner = "RemotePartitionDeleteMetadata"
         _require_type(owner, "topic_id_partition", self.topic_id_partition, TopicIdPartition)
         _require_type(owner, "state", self.state, RemotePartitionDeleteState)
-        _require_type(owner, "event_timestamp_ms", self.event_timestamp_ms, int)
-        _require_type(owner, "broker_id", self.broker_id, int)
+        _require_non_negative(owner, "event_timestamp_ms", self.event_timestamp_ms)
+        _require_int32(owner, "broker_id", self.broker_id)
 
 
 __all__ = [
-    "kafka_uuid_text",
-    "parse_uuid",
     "RemoteLogSegmentId",
     "RemoteLogSegmentMetadata",
     "RemoteLogSegmentMetadataUpdate",
@@ -262,4 +274,6 @@ __all__ = [
     "RemotePartitionDeleteMetadata",
     "RemotePartitionDeleteState",
     "TopicIdPartition",
+    "kafka_uuid_text",
+    "parse_uuid",
 ]

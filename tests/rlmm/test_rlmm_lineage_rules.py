@@ -104,8 +104,10 @@ def test_a_checkpoint_older_than_the_lineage_never_undoes_a_displacement() -> No
 
 
 def test_a_checkpoint_older_than_the_lineage_still_raises_a_highest_offset() -> None:
-    store = _store_with(_finished(0, 99, {0: 0}))
-    lineage.apply_checkpoint(store, EpochCheckpoint(TP, (EpochLineage(0, 500), EpochLineage(3, 7)), 0, 0, -1))
+    store = _store_with(_finished(0, 99, {0: 0}), _finished(100, 199, {0: 100}))
+    stale = EpochCheckpoint(TP, (EpochLineage(0, 500), EpochLineage(3, 7)), 0, 0, reflects_offset=0)
+    assert lineage.is_stale(store, stale)
+    lineage.apply_checkpoint(store, stale)
     assert highest_offset_for_epoch(store, TP, 0) == 500
     assert highest_offset_for_epoch(store, TP, 3) == 7
 
