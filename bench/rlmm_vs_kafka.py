@@ -223,8 +223,12 @@ def remove_location(location: str) -> None:
 
 def build_harness() -> str:
     """Build the Java harness (Maven, output under .dev/) and return its classpath."""
-    subprocess.run(["mvn", "-q", "-B", "-Dstyle.color=never", "-f", str(HARNESS_POM),
-                    f"-Dkafka.version={kafka_version()}", "package", "-DskipTests"], check=True, timeout=600)
+    # Maven's output is kept off stdout, which carries only the JSON document.
+    built = subprocess.run(["mvn", "-q", "-B", "-Dstyle.color=never", "-f", str(HARNESS_POM),
+                            f"-Dkafka.version={kafka_version()}", "package", "-DskipTests"],
+                           capture_output=True, text=True, timeout=600)
+    if built.returncode != 0:
+        raise SystemExit(f"building the TBRLMM harness failed:\n{built.stdout[-4000:]}{built.stderr[-4000:]}")
     return os.pathsep.join([str(HARNESS_BUILD / "classes"), str(HARNESS_BUILD / "lib" / "*")])
 
 
