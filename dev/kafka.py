@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from dev.process import LOOPBACK, free_ports, port_is_free, stop_pid, stop_pids, tail, wait_until
+from dev.tls import TlsFiles
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KAFKA_VERSION_FILE = REPO_ROOT / "dev" / "kafka.version"
@@ -152,6 +153,54 @@ def new_cluster_id() -> str:
 
 
 @dataclass(frozen=True)
+class ListenerSecurity:
+    """How the client listener of a cluster is secured (the controller listener stays PLAINTEXT on loopback).
+
+    `broker` are broker properties; `format_args` go to `kafka-storage format` (SCRAM users are created
+    there, before the broker starts); `client` are librdkafka settings a client needs besides the address.
+    """
+
+    protocol: str
+    broker: Mapping[str, str]
+    client: Mapping[str, str]
+    format_args: tuple[str, ...] = ()
+
+
+def scram_listener(username: str, password: str, mechanism: str = "SCRAM-SHA-512") -> ListenerSecurity:
+    """SASL_PLAINTEXT with one SCRAM user, also used between brokers."""
+    jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{username}" '
+            f'password="{password}";')
+    return ListenerSecurity(
+        protocol="SASL_PLAINTEXT",
+        broker={
+            "sasl.enabled.mechanisms": mechanism,
+            "sasl.mechanism.inter.broker.protocol": mechanism,
+            f"listener.name.sasl_plaintext.{mechanism.lower()}.sasl.jaas.config": jaas,
+        },
+        client={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
+                "sasl.username": username, "sasl.password": password},
+        format_args=("--add-scram", f"{mechanism}=[name={username},password={password}]"),
+    )
+
+
+def tls_listener(tls: TlsFiles, client_auth: bool = False) -> ListenerSecurity:
+    """SSL with the broker's PKCS12 key store from `dev.tls`; clients trust its CA (and, when the broker
+    requires client certificates, present the client certificate)."""
+    broker = {
+        "ssl.keystore.type": "PKCS12",
+        "ssl.keystore.location": str(tls.broker_keystore),
+        "ssl.keystore.password": tls.keystore_password,
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tls.ca_pem),
+        "ssl.client.auth": "required" if client_auth else "none",
+    }
+    client = {"security.protocol": "SSL", "ssl.ca.location": str(tls.ca_pem)}
+    if client_auth:
+        client.update({"ssl.certificate.location": str(tls.client_pem), "ssl.key.location": str(tls.client_pem)})
+    return ListenerSecurity(protocol="SSL", broker=broker, client=client)
+
+
+@dataclass(frozen=True)
 class KafkaNode:
     """One combined broker+controller node: its id, its two loopback ports and its directory."""
 
@@ -216,6 +265,7 @@ class KafkaCluster:
         libs_dir: Path | None = None,
         start_timeout: float = 120.0,
         stop_timeout: float = 30.0,
+        listener: ListenerSecurity | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"nodes must be at least 1, got {nodes}")
@@ -227,6 +277,7 @@ class KafkaCluster:
         self.libs_dir = libs_dir
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
+        self.listener = listener
         broker_ports = _ports_or_free("broker_ports", broker_ports, nodes, avoid=())
         controller_ports = _ports_or_free("controller_ports", controller_ports, nodes, avoid=broker_ports)
         self.nodes = [
@@ -243,6 +294,11 @@ class KafkaCluster:
     def bootstrap(self) -> str:
         """`bootstrap.servers` for clients: every node's broker listener."""
         return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        """librdkafka settings for a client of this cluster: the address plus the listener's security."""
+        return {"bootstrap.servers": self.bootstrap, **(self.listener.client if self.listener else {})}
 
     @property
     def node_ids(self) -> list[int]:
@@ -412,6 +468,7 @@ class KafkaCluster:
             "--config",
             str(node.config_file),
             "--ignore-formatted",
+            *(self.listener.format_args if self.listener else ()),
         ]
         return subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -427,16 +484,17 @@ class KafkaCluster:
 
     def _server_properties(self, node: KafkaNode) -> str:
         count = len(self.nodes)
+        protocol = self.listener.protocol if self.listener else "PLAINTEXT"
         voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.controller_port}" for n in self.nodes)
         settings: dict[str, str] = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://{LOOPBACK}:{node.broker_port},CONTROLLER://{LOOPBACK}:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{node.broker_port}",
+            "listeners": f"{protocol}://{LOOPBACK}:{node.broker_port},CONTROLLER://{LOOPBACK}:{node.controller_port}",
+            "advertised.listeners": f"{protocol}://{LOOPBACK}:{node.broker_port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": protocol,
+            "listener.security.protocol.map": f"{protocol}:{protocol},CONTROLLER:PLAINTEXT",
             "log.dirs": str(node.log_dir),
             "metadata.log.dir": str(node.metadata_dir),
             # Internal topics sized for a test cluster: replicas no more than nodes, few partitions
@@ -458,6 +516,7 @@ class KafkaCluster:
             "background.threads": "4",
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
             "controlled.shutdown.enable": "true",
+            **(self.listener.broker if self.listener else {}),
         }
         for key, value in self.properties.items():
             settings[key] = value.replace(NODE_ID_PLACEHOLDER, str(node.node_id)).replace(
@@ -521,7 +580,8 @@ class KafkaCluster:
                         f"Kafka node {node_id} exited (code {code}) while starting; "
                         f"log {node.log_file}:\n{tail(node.log_file)}\n{tail(node.console_file, 15)}"
                     )
-            return all(expected <= set(broker_ids(self.node(n).bootstrap)) for n in node_ids)
+            client = self.listener.client if self.listener else {}
+            return all(expected <= set(broker_ids(self.node(n).bootstrap, client=client)) for n in node_ids)
 
         try:
             wait_until(
@@ -542,13 +602,13 @@ class NodeDiedError(RuntimeError):
     """A Kafka node's JVM exited while the cluster was waiting for it."""
 
 
-def broker_ids(bootstrap: str, timeout: float = 3.0) -> list[int]:
+def broker_ids(bootstrap: str, timeout: float = 3.0, client: Mapping[str, str] | None = None) -> list[int]:
     """The ids of the brokers that `bootstrap` reports as alive, via a metadata request."""
     from confluent_kafka.admin import AdminClient
 
     # log_level 0 keeps librdkafka from printing connection errors while a broker is still starting.
     admin = AdminClient(
-        {"bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": int(timeout * 1000)}
+        {**(client or {}), "bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": int(timeout * 1000)}
     )
     metadata = admin.list_topics(timeout=timeout)
     return sorted(metadata.brokers)

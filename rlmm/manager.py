@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from rlmm import bootstrap, state
 from rlmm.applier import ApplierSettings, MetadataApplier
+from rlmm.client_security import librdkafka_settings
 from rlmm.config import ConfigKey, parse_bool, parse_config, parse_int, parse_str
 from rlmm.errors import (
     InvalidArgumentError,
@@ -91,8 +92,10 @@ class RemoteLogMetadataManager:
         self.metadata_topic: str = self._cfg["metadata.topic.name"]
         self.num_partitions: int = self._cfg["metadata.topic.num.partitions"]
         self._write_timeout_s = self._cfg["write.timeout.ms"] / 1000
-        client = {"bootstrap.servers": self._cfg["bootstrap.servers"],
-                  **{k[len(CLIENT_PREFIX):]: v for k, v in config.items() if k.startswith(CLIENT_PREFIX)}}
+        client = librdkafka_settings({
+            "bootstrap.servers": self._cfg["bootstrap.servers"],
+            **{k[len(CLIENT_PREFIX):]: v for k, v in config.items() if k.startswith(CLIENT_PREFIX)},
+        })
         startup_s = self._cfg["startup.timeout.ms"] / 1000
         self._lock = threading.Condition()
         self._registered: dict[TopicIdPartition, int | None] = {}  # tp -> metadata offset it must reach
