@@ -16,20 +16,41 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Protocol
 
 from rlmm import view_format
 from rlmm.events import EpochCheckpoint, EpochLineage
 from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 
-if TYPE_CHECKING:
-    from rlmm.state import StateReader, StateStore
+
+class LineageReader(Protocol):
+    """What the lineage rules read from a store; one user partition per call."""
+
+    def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]: ...
+    def lineage(self, tp: TopicIdPartition, epoch: int) -> EpochLineage | None: ...
+    def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]: ...
+    def checkpointed_lineage(self, tp: TopicIdPartition) -> bytes | None: ...
+    def lineage_position(self, tp: TopicIdPartition) -> int | None: ...
+    def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None: ...
+    def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None: ...
+
+
+class LineageStore(LineageReader, Protocol):
+    """A LineageReader the rules can also change."""
+
+    def put_lineage(self, tp: TopicIdPartition, lineage: EpochLineage) -> None: ...
+    def remove_lineage(self, tp: TopicIdPartition, epoch: int) -> None: ...
+    def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None: ...
+    def set_lineage_position(self, tp: TopicIdPartition, offset: int) -> None: ...
+    def index_put(self, tp: TopicIdPartition, epoch: int, start_offset: int, segment: uuid.UUID) -> None: ...
+    def index_remove(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> None: ...
 
 _LAST = 2**63 - 1
 _EMPTY_DIGEST = hashlib.sha256().digest()
 
 
-def reference_finished(store: StateStore, md: RemoteLogSegmentMetadata, offset: int | None) -> None:
+def reference_finished(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int | None) -> None:
     """Kafka's rule for a COPY_SEGMENT_FINISHED segment, in each of its leader epochs."""
     tp = md.topic_id_partition
     for epoch, start in md.segment_leader_epochs.items():
@@ -53,7 +74,7 @@ def reference_finished(store: StateStore, md: RemoteLogSegmentMetadata, offset: 
     _advance(store, tp, offset)
 
 
-def unreference(store: StateStore, md: RemoteLogSegmentMetadata, offset: int | None) -> None:
+def unreference(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int | None) -> None:
     """Remove a segment from every epoch's offset index and displaced set; highest offsets stay."""
     tp = md.topic_id_partition
     segment = md.remote_log_segment_id.id
@@ -67,33 +88,33 @@ def unreference(store: StateStore, md: RemoteLogSegmentMetadata, offset: int | N
     _advance(store, tp, offset)
 
 
-def forget(store: StateStore, tp: TopicIdPartition) -> None:
+def forget(store: LineageStore, tp: TopicIdPartition) -> None:
     """Drop every epoch of the partition (its `epochs:` key was tombstoned)."""
     for lineage in list(store.lineages_of(tp)):
         store.remove_lineage(tp, lineage.epoch)
     store.set_checkpointed_lineage(tp, None)
 
 
-def _advance(store: StateStore, tp: TopicIdPartition, offset: int | None) -> None:
+def _advance(store: LineageStore, tp: TopicIdPartition, offset: int | None) -> None:
     # Without a record offset (a replay that does not know positions) staleness cannot be judged.
     if offset is not None:
         store.set_lineage_position(tp, offset)
 
 
-def _put_or_drop(store: StateStore, tp: TopicIdPartition, lineage: EpochLineage) -> None:
+def _put_or_drop(store: LineageStore, tp: TopicIdPartition, lineage: EpochLineage) -> None:
     if lineage.highest_log_offset is None and not lineage.displaced_segment_ids:
         store.remove_lineage(tp, lineage.epoch)
     else:
         store.put_lineage(tp, lineage)
 
 
-def is_stale(store: StateReader, checkpoint: EpochCheckpoint) -> bool:
+def is_stale(store: LineageReader, checkpoint: EpochCheckpoint) -> bool:
     """Whether the store applied a lineage-changing record its checkpoint's writer had not seen."""
     seen = store.lineage_position(checkpoint.topic_id_partition)
     return seen is not None and checkpoint.reflects_offset is not None and checkpoint.reflects_offset < seen
 
 
-def apply_checkpoint(store: StateStore, checkpoint: EpochCheckpoint) -> None:
+def apply_checkpoint(store: LineageStore, checkpoint: EpochCheckpoint) -> None:
     """Fold a checkpoint: authoritative when it saw all the store saw, else only its highest offsets count."""
     tp = checkpoint.topic_id_partition
     stale = is_stale(store, checkpoint)
@@ -126,7 +147,7 @@ def apply_checkpoint(store: StateStore, checkpoint: EpochCheckpoint) -> None:
     store.set_checkpointed_lineage(tp, None if stale else digest(store, tp))
 
 
-def digest(store: StateReader, tp: TopicIdPartition) -> bytes:
+def digest(store: LineageReader, tp: TopicIdPartition) -> bytes:
     h = hashlib.sha256()
     for lineage in sorted(store.lineages_of(tp), key=lambda lin: lin.epoch):
         h.update(view_format.encode_lineage(lineage))
@@ -134,7 +155,7 @@ def digest(store: StateReader, tp: TopicIdPartition) -> bytes:
 
 
 def pending_checkpoint(
-    store: StateReader, tp: TopicIdPartition, event_timestamp_ms: int, broker_id: int
+    store: LineageReader, tp: TopicIdPartition, event_timestamp_ms: int, broker_id: int
 ) -> EpochCheckpoint | None:
     """The checkpoint a writer must append when tp's lineage changed since the last one applied."""
     current = digest(store, tp)
