@@ -10,6 +10,7 @@ import uuid
 from rlmm_testkit import make_tp, segment
 
 from rlmm import codec, lineage
+from rlmm import view_format as vf
 from rlmm.events import EpochCheckpoint, EpochLineage, key_of
 from rlmm.state import InMemoryState, apply_record, highest_offset_for_epoch, segment_for_offset
 from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentState
@@ -149,3 +150,15 @@ def test_a_checkpoint_written_with_schema_v1_decodes_without_a_stamp() -> None:
     del datum["reflects_offset"]
     assert codec.decode(codec.encode_with(v1, datum)) == checkpoint
 
+
+
+def test_partition_bookkeeping_round_trips_in_the_view_format_with_and_without_a_position() -> None:
+    digest = bytes(range(32))
+    for meta in (vf.PartitionMeta("orders"), vf.PartitionMeta("orders", digest),
+                 vf.PartitionMeta("orders", None, 0), vf.PartitionMeta("orders", digest, 2**63 - 1)):
+        assert vf.decode_partition_meta(vf.encode_partition_meta(meta)) == meta
+
+
+def test_partition_bookkeeping_written_before_positions_existed_reads_with_an_unknown_position() -> None:
+    legacy = len(b"orders").to_bytes(2, "big") + b"orders" + bytes(range(32))
+    assert vf.decode_partition_meta(legacy) == vf.PartitionMeta("orders", bytes(range(32)), None)
