@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import random
@@ -122,8 +123,14 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
     if snapshots is not None:
         config["snapshot.location"] = SNAPSHOT_LOCATION
         source = BucketSnapshotSource(open_bench_store(snapshots))
+    bootstrap_log = _Messages()
+    logging.getLogger("rlmm.bootstrap").addHandler(bootstrap_log)
+    logging.getLogger("rlmm.bootstrap").setLevel(logging.INFO)
     started = time.perf_counter()
     manager = RemoteLogMetadataManager(config, snapshot_source=source)
+    if snapshots is not None and not any(m.startswith("bootstrapped") for m in bootstrap_log.messages):
+        manager.close()
+        raise SystemExit(f"the node did not bootstrap from the snapshot: {bootstrap_log.messages}")
     try:
         everything = {*tps, write_target}
         manager.on_partition_leadership_changes(everything, set())
@@ -174,6 +181,17 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
             "writes": writes, "add_p50_ms": _pct(add_ns, 0.5) / 1e6, "add_p99_ms": _pct(add_ns, 0.99) / 1e6,
             "finish_p50_ms": _pct(finish_ns, 0.5) / 1e6, "finish_p99_ms": _pct(finish_ns, 0.99) / 1e6,
             "rss_mib": round(rss_after_ready, 1)}
+
+
+class _Messages(logging.Handler):
+    """Keeps the messages logged to it: tells whether the node really started from the snapshot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def _pct(values: list[int], q: float) -> float:
