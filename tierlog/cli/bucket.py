@@ -7,6 +7,7 @@ was announced below them, so a metadata source that reached them knows every lis
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,19 +83,27 @@ def _non_negative_minutes(text: str) -> float:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class TopicReader:
+    """How to read the metadata topic (tierlog.cli.verify's functions, passed in to keep imports one-way)."""
+
+    end_offsets: Callable[[Settings, str], dict[int, int]]
+    fold: Callable[[Settings, str, Mapping[int, int], ProgressBar | None], Any]
+
+
 def check_bucket(
-    args: argparse.Namespace, settings: Settings, state_dir: Path | None = None, archive: str | None = None
+    args: argparse.Namespace, settings: Settings, topic_reader: TopicReader, state_dir: Path | None = None,
+    archive: str | None = None,
 ) -> BucketCheck:
     """The bucket against a node's view (`state_dir`), the audit archive (`archive`), or else the metadata
     topic folded now."""
-    from tierlog.cli.verify import _end_offsets, fold_topic
     from tierlog.pipeline.cluster_topics import ClusterUnavailableError, deleted_topic_ids
 
     bucket = settings.bucket_location(args.bucket)
     store = open_location(bucket, settings)
     objects, listed_at_ms = list_bucket(store)
     topic = settings.metadata_topic()
-    ends = _end_offsets(settings, topic)
+    ends = topic_reader.end_offsets(settings, topic)
     use_spark = bool(getattr(args, "spark", False)) or len(objects) > SPARK_THRESHOLD_OBJECTS
     live: list[LiveSegment] | None = None
     frame = None
@@ -118,7 +127,7 @@ def check_bucket(
         described = f"archive {location}"
     else:
         with ProgressBar("reading metadata topic", sum(ends.values())) as bar:
-            folded = fold_topic(settings, topic, ends, bar)
+            folded = topic_reader.fold(settings, topic, ends, bar)
         live = [LiveSegment.of(md) for tp in folded.user_partitions() for md in folded.segments_of(tp)]
         applied = dict(ends)
         described = f"metadata topic {topic}"

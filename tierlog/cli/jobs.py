@@ -89,13 +89,14 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
-    from tierlog.cli.bucket import check_bucket
+    from tierlog.cli.bucket import TopicReader, check_bucket
+    from tierlog.cli.verify import _end_offsets, fold_topic
     from tierlog.pipeline.reconcile import MetadataBehindError, delete_orphans_of, write_report
 
     if args.state_dir and args.archive:
         raise CommandError("pass --state-dir or --archive, not both: they are two metadata sources", EXIT_USAGE)
-    checked = check_bucket(args, settings, state_dir=Path(args.state_dir) if args.state_dir else None,
-                           archive=args.archive)
+    checked = check_bucket(args, settings, TopicReader(_end_offsets, fold_topic),
+                           state_dir=Path(args.state_dir) if args.state_dir else None, archive=args.archive)
     report, source, bucket = checked.report, checked.freshness.source, checked.bucket
     if args.delete:
         try:

@@ -131,9 +131,9 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
             "detail": f"applied offsets {dict(sorted(applied.items()))}",
         })
     if args.against in ("bucket", "all"):
-        from tierlog.cli.bucket import check_bucket
+        from tierlog.cli.bucket import TopicReader, check_bucket
 
-        checked = check_bucket(args, settings, state_dir=state_dir)
+        checked = check_bucket(args, settings, TopicReader(_end_offsets, fold_topic), state_dir=state_dir)
         report = checked.report
         results.append({
             "check": "view against bucket", "ok": report.clean and not checked.freshness.behind,
