@@ -218,6 +218,32 @@ def test_a_view_behind_the_topic_is_refused_naming_the_lag_and_the_stale_side(
     assert set(newer) <= before
 
 
+def _delete_topic(tiered: TieredTopic) -> None:
+    admin = AdminClient({"bootstrap.servers": tiered.bootstrap})
+    admin.delete_topics([tiered.tp.topic], operation_timeout=WAIT_S)[tiered.tp.topic].result(WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    while tiered.tp.topic in topic_ids_by_name({"bootstrap.servers": tiered.bootstrap}, WAIT_S):
+        assert time.monotonic() < deadline, "the topic deletion did not finish"
+        time.sleep(0.1)
+
+
+def test_describe_shows_a_topic_gone_from_the_cluster_as_deleted(
+    tiered: TieredTopic, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiered.tier(1)
+    node = str(tiered.bucket.parent / "node")
+    options = tiered.options()[:4]
+
+    def topic_state() -> str:
+        assert main(["describe", tiered.tp.topic, "--state-dir", node, "--json", *options]) == 0
+        (described,) = json.loads(capsys.readouterr().out)
+        return str(described["topic_state"])
+
+    assert topic_state() == "live"
+    _delete_topic(tiered)  # Kafka sends no partition delete to an RLMM for this (the broker hosts no replica)
+    assert topic_state() == "deleted"
+
+
 def test_objects_of_a_topic_deleted_from_the_cluster_are_offered_after_the_grace_period(
     tiered: TieredTopic, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -225,12 +251,7 @@ def test_objects_of_a_topic_deleted_from_the_cluster_are_offered_after_the_grace
     for key in keys:  # tiered two days ago
         stamp = time.time() - 2 * DAY_S
         os.utime(tiered.bucket / key, (stamp, stamp))
-    admin = AdminClient({"bootstrap.servers": tiered.bootstrap})
-    admin.delete_topics([tiered.tp.topic], operation_timeout=WAIT_S)[tiered.tp.topic].result(WAIT_S)
-    deadline = time.monotonic() + WAIT_S
-    while tiered.tp.topic in topic_ids_by_name({"bootstrap.servers": tiered.bootstrap}, WAIT_S):
-        assert time.monotonic() < deadline, "the topic deletion did not finish"
-        time.sleep(0.1)
+    _delete_topic(tiered)
 
     code, report, err = _reconcile(capsys, "--delete", *tiered.options())
 
@@ -257,3 +278,19 @@ def test_objects_gone_from_the_bucket_are_reported_missing_and_the_advice_blames
     assert [m["key"] for m in check["report"]["missing"]] == [keys[0]]
     assert any("the BUCKET lost data" in line for line in check["advice"])
     assert not any("METADATA side is stale" in line for line in check["advice"])
+
+
+def test_usage_marks_a_topic_gone_from_the_cluster_as_deleted(
+    tiered: TieredTopic, tierlog: Callable[..., Run], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiered.tier(2)
+    archive = str(tmp_path / "archive")
+    archived = tierlog("archive", "--once", "--archive", archive, *tiered.options()[:4])
+    assert archived.returncode == 0, archived.stderr
+    _delete_topic(tiered)
+
+    code = main(["usage", "--archive", archive, "--out", str(tmp_path / "usage"), "--json", *tiered.options()[:4]])
+    latest = json.loads(capsys.readouterr().out)["latest_per_topic"]
+
+    assert code == 0
+    assert [(r["topic"], r["topic_state"]) for r in latest] == [(tiered.tp.topic, "deleted")]

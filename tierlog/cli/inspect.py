@@ -31,6 +31,20 @@ def opened_view(state_dir: Path) -> Iterator[Any]:
         view.close()
 
 
+def topic_states(settings: Settings) -> Any:
+    """A function (topic, topic id or None) -> "live" | "deleted" | "unknown": whether the cluster still has
+    the topic. Kafka never sends a partition delete for a topic whose partitions it no longer hosts, so the
+    metadata alone cannot tell; when Kafka does not answer within the timeout, the state is unknown."""
+    from tierlog.pipeline.cluster_topics import ClusterUnavailableError, cluster_topics
+
+    try:
+        found = cluster_topics(settings.kafka_client(), settings.timeout_s)
+    except (CommandError, ClusterUnavailableError) as exc:
+        unknown = f"unknown ({exc})"
+        return lambda topic, topic_id=None: unknown
+    return found.state_of
+
+
 def segment_row(md: Any, uuid_format: str) -> dict[str, Any]:
     return {
         "topic": md.topic_id_partition.topic,
@@ -75,6 +89,7 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
                 f"the view holds no remote metadata for {where}; list what it has with `tierlog segments`", 1
             )
         described = []
+        in_cluster = topic_states(settings)
         for tp in partitions:
             segments = sorted(view.segments(tp), key=lambda md: md.start_offset)
             delete = view.partition_delete(tp)
@@ -90,6 +105,7 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
                 "start_offset": min((md.start_offset for md in segments), default=None),
                 "end_offset": max((md.end_offset for md in segments), default=None),
                 "delete_state": delete.state.name if delete else None,
+                "topic_state": in_cluster(tp.topic, str(tp.topic_id)),
                 "epochs": [
                     {"epoch": lin.epoch, "highest_log_offset": lin.highest_log_offset,
                      "displaced_segments": len(lin.displaced_segment_ids)}
@@ -104,9 +120,12 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
             [{**d, "remote": human_bytes(d["remote_bytes"]),
               "states": ", ".join(f"{k}={v}" for k, v in sorted(d["states"].items())),
               "epochs": len(d["epochs"])} for d in described],
-            ["topic", "partition", "topic_id", "segments", "remote", "start_offset", "end_offset",
+            ["topic", "partition", "topic_id", "topic_state", "segments", "remote", "start_offset", "end_offset",
              "delete_state", "epochs", "states"],
         )
+        if any(d["topic_state"] == "deleted" for d in described):
+            print("\ndeleted: the topic is gone from the cluster but its metadata remains (Kafka sent no partition "
+                  "delete); `tierlog reconcile` offers its objects once they are older than the grace period")
         for d in described:
             if d["segment_list"] is None:
                 continue

@@ -19,6 +19,7 @@ from tierlog.cli.common import (
     archive_errors,
     spark_session,
 )
+from tierlog.cli.inspect import topic_states
 from tierlog.cli.output import ProgressBar, emit, format_id, human_bytes, print_table
 
 
@@ -152,12 +153,14 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
             table = usage_over_time(spark_session(settings, args, location), location, topic,
                                     bucket_ms=bucket_ms).collected()
     csv_path, png_path = write_usage(table, Path(args.out))
-    last: list[dict[str, Any]] = [{"topic": name, "remote_bytes": series[-1][1], "segments": series[-1][2]}
+    in_cluster = topic_states(settings)
+    last: list[dict[str, Any]] = [{"topic": name, "remote_bytes": series[-1][1], "segments": series[-1][2],
+                                   "topic_state": in_cluster(name)}
             for name, series in topic_totals(table).items()]
 
     def human() -> None:
         print_table([{**r, "remote": human_bytes(r["remote_bytes"])} for r in last],
-                    ["topic", "remote", "segments"])
+                    ["topic", "topic_state", "remote", "segments"])
         print(f"\ntable: {csv_path}\nchart: {png_path}")
 
     emit(args, {"table": str(csv_path), "chart": str(png_path), "buckets": table.buckets,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -49,3 +50,23 @@ def deleted_topic_ids(client_config: Mapping[str, Any], topic_ids: Iterable[str]
     if not wanted:
         return set()
     return wanted - set(topic_ids_by_name(client_config, timeout_s).values())
+
+
+TOPIC_LIVE = "live"
+TOPIC_DELETED = "deleted"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTopics:
+    """The cluster's topics at one moment; a topic the metadata names but the cluster lacks is deleted."""
+
+    ids_by_name: Mapping[str, str]
+
+    def state_of(self, topic: str, topic_id: str | None = None) -> str:
+        # By id when known: a topic deleted and re-created under its old name is a different topic.
+        present = topic_id in self.ids_by_name.values() if topic_id is not None else topic in self.ids_by_name
+        return TOPIC_LIVE if present else TOPIC_DELETED
+
+
+def cluster_topics(client_config: Mapping[str, Any], timeout_s: float) -> ClusterTopics:
+    return ClusterTopics(topic_ids_by_name(client_config, timeout_s))
