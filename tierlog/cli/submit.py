@@ -8,15 +8,21 @@ The session then takes its master and packages from spark-submit; the job code i
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
 
-# Run as a file by spark-submit: make the repository's packages importable when they are not installed.
-_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+# Run as a file by spark-submit, Python puts this file's directory first on sys.path, where the CLI's
+# modules would shadow the standard library's (tierlog/cli/inspect.py hides `inspect`): take it off, and
+# make the repository's packages importable when they are not installed.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _HERE]
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 PIPELINE_COMMANDS = ("replay", "reconcile", "usage", "snapshot")
+# The commands that run in-process on a small input unless given --spark.
+SMALL_INPUT_COMMANDS = ("replay", "reconcile", "usage")
 
 
 def main(argv: list[str]) -> int:
@@ -31,6 +37,9 @@ def main(argv: list[str]) -> int:
         return 2
     from tierlog.cli import main as tierlog
 
+    if argv[0] in SMALL_INPUT_COMMANDS:
+        # Submitted to a cluster, the job runs there, whatever the size of its input.
+        argv = [argv[0], "--spark", *argv[1:]]
     return tierlog(argv)
 
 
