@@ -59,10 +59,13 @@ class BuildWithArtifacts(build_py):
     """build_py plus the schemas, the generated protocol code and the plugin jar."""
 
     def run(self) -> None:
+        lib = Path(self.build_lib)
+        if not self.editable_mode:
+            # An in-tree build/ keeps modules the checkout has since removed; the wheel must not carry them.
+            shutil.rmtree(lib, ignore_errors=True)
         super().run()
         if self.editable_mode:
             return
-        lib = Path(self.build_lib)
         schemas = lib / "rlmm" / "schemas"
         schemas.mkdir(parents=True, exist_ok=True)
         for avsc in SCHEMAS.glob("*.avsc"):
