@@ -19,6 +19,7 @@ import logging
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -314,6 +315,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     classpath = build_harness()
     work = Path(tempfile.mkdtemp(prefix="bench-rlmm-vs-kafka-"))
+    try:
+        result = _run(args, total, rounds, classpath, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    table = ratio_table(result)
+    print(json.dumps(result, indent=2))
+    print(table, file=sys.stderr)
+    if args.markdown:
+        args.markdown.write_text(table + "\n", encoding="utf-8")
+
+
+def _run(args: argparse.Namespace, total: int, rounds: int, classpath: str, work: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     tps = user_partitions(args.user_partitions, rng)
     events = list(history(total, tps, rng, args.retention))
@@ -342,48 +355,46 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  "tbrlmm": topic_bytes(cluster, TBRLMM_TOPIC)}
         result["topic_bytes"]["tierlog_compacted"] = wait_compacted(cluster, args.partitions)
         location = snapshot_location(work)
-        print("archiving the topic and writing a snapshot", file=sys.stderr, flush=True)
-        result["snapshot"] = prepare_snapshot(bootstrap, location, args.partitions)
-        print(f"snapshot: {result['snapshot']}", file=sys.stderr, flush=True)
+        try:
+            print("archiving the topic and writing a snapshot", file=sys.stderr, flush=True)
+            result["snapshot"] = prepare_snapshot(bootstrap, location, args.partitions)
+            print(f"snapshot: {result['snapshot']}", file=sys.stderr, flush=True)
 
-        def tierlog(topic: str, state_dir: Path, *snapshots: str) -> dict[str, Any]:
-            return run_json([sys.executable, __file__, "tierlog-node", bootstrap, topic, str(args.partitions),
-                             str(state_dir), str(events_file), str(args.lookups), str(args.writes), str(args.seed),
-                             *snapshots])
+            def tierlog(topic: str, state_dir: Path, *snapshots: str) -> dict[str, Any]:
+                return run_json([sys.executable, __file__, "tierlog-node", bootstrap, topic, str(args.partitions),
+                                 str(state_dir), str(events_file), str(args.lookups), str(args.writes), str(args.seed),
+                                 *snapshots])
 
-        def tbrlmm(log_dir: Path) -> dict[str, Any]:
-            return run_json([*java, "node", str(events_file), bootstrap, str(args.partitions), str(log_dir),
-                             str(args.lookups), str(args.writes), str(args.seed)])
+            def tbrlmm(log_dir: Path) -> dict[str, Any]:
+                return run_json([*java, "node", str(events_file), bootstrap, str(args.partitions), str(log_dir),
+                                 str(args.lookups), str(args.writes), str(args.seed)])
 
-        runs: list[dict[str, Any]] = []
-        for r in range(rounds):
-            steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-                ("tierlog_cold", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
-                ("tierlog_restart", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
-                ("tierlog_cold_compacted", partial(tierlog, COMPACTED_TOPIC, work / f"tierlog-c-{r}")),
-                ("snapshot_bootstrap", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-s-{r}", location)),
-            ]
-            kafka_steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-                ("tbrlmm_cold", partial(tbrlmm, work / f"tbrlmm-{r}")),
-                ("tbrlmm_restart", partial(tbrlmm, work / f"tbrlmm-{r}")),
-            ]
-            # Alternate the systems step by step, and which goes first from round to round, so that load from
-            # the rest of the machine falls on both alike.
-            first, second = (steps, kafka_steps) if r % 2 == 0 else (kafka_steps, steps)
-            ordered = [step for pair in zip_longest(first, second) for step in pair if step is not None]
-            measured: dict[str, Any] = {"round": r}
-            for name, step in ordered:
-                print(f"round {r}: {name}", file=sys.stderr, flush=True)
-                measured[name] = step()
-            runs.append(measured)
-        remove_location(location)
+            runs: list[dict[str, Any]] = []
+            for r in range(rounds):
+                steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                    ("tierlog_cold", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
+                    ("tierlog_restart", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
+                    ("tierlog_cold_compacted", partial(tierlog, COMPACTED_TOPIC, work / f"tierlog-c-{r}")),
+                    ("snapshot_bootstrap", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-s-{r}", location)),
+                ]
+                kafka_steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                    ("tbrlmm_cold", partial(tbrlmm, work / f"tbrlmm-{r}")),
+                    ("tbrlmm_restart", partial(tbrlmm, work / f"tbrlmm-{r}")),
+                ]
+                # Alternate the systems step by step, and which goes first from round to round, so that load from
+                # the rest of the machine falls on both alike.
+                first, second = (steps, kafka_steps) if r % 2 == 0 else (kafka_steps, steps)
+                ordered = [step for pair in zip_longest(first, second) for step in pair if step is not None]
+                measured: dict[str, Any] = {"round": r}
+                for name, step in ordered:
+                    print(f"round {r}: {name}", file=sys.stderr, flush=True)
+                    measured[name] = step()
+                runs.append(measured)
+        finally:
+            remove_location(location)
     result["runs"] = runs
     result["median"] = medians(runs, len(events))
-    table = ratio_table(result)
-    print(json.dumps(result, indent=2))
-    print(table, file=sys.stderr)
-    if args.markdown:
-        args.markdown.write_text(table + "\n", encoding="utf-8")
+    return result
 
 
 def medians(runs: list[dict[str, Any]], events: int) -> dict[str, dict[str, float]]:
