@@ -59,6 +59,9 @@ def installed() -> Iterator[tuple[Path, Path, dict[str, str]]]:
             names = set(archive.namelist())
         assert "tierlog/jars/tierlog-kafka-plugin.jar" in names
         assert {"rlmm/schemas/segment_record.v1.avsc", "tierlog/agent/proto/agent_pb2_grpc.py"} <= names
+        # No generic top-level names (agent, pipeline) that could shadow or be shadowed in site-packages.
+        dist_info = wheel.name.split("-py3")[0] + ".dist-info"
+        assert {n.split("/")[0] for n in names} == {"rlmm", "rsm", "tierlog", dist_info}
         venv = base / "venv"
         _run([sys.executable, "-m", "venv", str(venv)], base, env)
         _run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
