@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rlmm_strategies import (
     WRITER_TP,
     RacingScenario,
@@ -119,3 +120,16 @@ def test_once_the_writers_settle_a_compacted_rebuild_answers_like_a_full_replay(
         rebuilt = replay_at_offsets(compacted_at_offsets(log, keep_tombstones=keep_tombstones))
         assert rebuilt.digest() == full.digest()
         assert_answers_like(model, rebuilt, WRITER_TP, scenario.segments)
+
+
+@RACING_SETTINGS
+@given(racing_histories(), st.data())
+def test_a_node_restarted_from_a_compacted_prefix_catches_up_to_the_full_replay_once_the_writers_settle(
+    scenario: RacingScenario, data: st.DataObject
+) -> None:
+    settle(scenario)
+    log = scenario.topic
+    cut = data.draw(st.integers(0, len(log)))
+    node = replay_at_offsets(compacted_at_offsets(log[:cut], keep_tombstones=data.draw(st.booleans())))
+    replay_at_offsets(log[cut:], node)
+    assert node.digest() == replay_at_offsets(log).digest()
