@@ -325,6 +325,10 @@ final class AgentClient implements AutoCloseable {
             command.add("--metrics-port");
             command.add(String.valueOf(port));
         });
+        settings.metricsAddress.ifPresent(address -> {
+            command.add("--metrics-address");
+            command.add(address);
+        });
         LOG.info("Starting the tierlog agent: {} (log: {})", command, settings.logFile);
         // The agent rotates its own log; its raw output (a crash before logging starts) goes beside it.
         ProcessBuilder builder = new ProcessBuilder(command)

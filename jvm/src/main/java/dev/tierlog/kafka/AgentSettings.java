@@ -30,6 +30,7 @@ public final class AgentSettings {
     public static final String PYTHON = "agent.python";
     public static final String LOG_FILE = "agent.log.file";
     public static final String METRICS_PORT = "agent.metrics.port";
+    public static final String METRICS_ADDRESS = "agent.metrics.address";
     public static final String CALL_TIMEOUT_MS = "agent.call.timeout.ms";
     public static final String COPY_TIMEOUT_MS = "agent.copy.timeout.ms";
     public static final String FETCH_TIMEOUT_MS = "agent.fetch.timeout.ms";
@@ -37,7 +38,7 @@ public final class AgentSettings {
 
     /** Every key this class understands; the docker test checks the compose file against this set. */
     public static final Set<String> KEYS = Set.of(
-        SOCKET_PATH, START, COMMAND, PYTHON, LOG_FILE, METRICS_PORT,
+        SOCKET_PATH, START, COMMAND, PYTHON, LOG_FILE, METRICS_PORT, METRICS_ADDRESS,
         CALL_TIMEOUT_MS, COPY_TIMEOUT_MS, FETCH_TIMEOUT_MS, STARTUP_TIMEOUT_MS);
 
     /** The console script the tierlog wheel installs beside its `tierlog` command. */
@@ -51,6 +52,8 @@ public final class AgentSettings {
     public final List<String> command;
     public final Path logFile;
     public final Optional<Integer> metricsPort;
+    /** Where the metrics port listens; loopback unless a remote Prometheus must scrape it. */
+    public final Optional<String> metricsAddress;
     public final long callTimeoutMs;
     public final long copyTimeoutMs;
     public final long fetchTimeoutMs;
@@ -87,6 +90,7 @@ public final class AgentSettings {
         this.logFile = Path.of(own.getOrDefault(LOG_FILE, socketPath + ".log"));
         this.metricsPort = own.containsKey(METRICS_PORT)
             ? Optional.of((int) parseLong(own, METRICS_PORT, 0, 0, 65535)) : Optional.empty();
+        this.metricsAddress = Optional.ofNullable(own.get(METRICS_ADDRESS)).map(String::trim).filter(a -> !a.isEmpty());
         this.callTimeoutMs = parseLong(own, CALL_TIMEOUT_MS, 30_000, 1, Long.MAX_VALUE);
         this.copyTimeoutMs = parseLong(own, COPY_TIMEOUT_MS, 300_000, 1, Long.MAX_VALUE);
         this.fetchTimeoutMs = parseLong(own, FETCH_TIMEOUT_MS, 120_000, 1, Long.MAX_VALUE);

@@ -104,6 +104,15 @@ class AgentSettingsTest {
     }
 
     @Test
+    void metricsAddressIsAnAdapterKeyAndDefaultsToTheAgentsOwn() {
+        AgentSettings given = AgentSettings.parse(
+            Map.of("agent.metrics.address", "0.0.0.0", "agent.metrics.port", "9464", "agent.start", "false"));
+        assertEquals(Optional.of("0.0.0.0"), given.metricsAddress);
+        assertFalse(given.forwarded.containsKey("agent.metrics.address"));
+        assertEquals(Optional.empty(), AgentSettings.parse(Map.of("agent.start", "false")).metricsAddress);
+    }
+
+    @Test
     void agentPythonRunsTheAgentModule(@TempDir Path dir) throws Exception {
         Path python = executable(dir.resolve("bin/python3"));
         AgentSettings s = AgentSettings.parse(Map.of("agent.python", python.toString()), Optional.empty());
