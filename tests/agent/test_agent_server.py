@@ -3,6 +3,7 @@ errors as status codes the adapter maps to Kafka's exceptions, and segments stre
 
 from __future__ import annotations
 
+import logging
 import socket
 import stat
 import uuid
@@ -156,11 +157,13 @@ def test_fetch_of_a_segment_never_copied_is_not_found(
     assert failure.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_missing_transaction_index_is_not_found(
-    agent: AgentUnderTest, rsm_config: dict[str, str], tmp_path: Path
+def test_missing_transaction_index_is_not_found_and_logs_nothing_at_info(
+    agent: AgentUnderTest, rsm_config: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     agent.configure_rsm(rsm_config)
     segment = _copy(agent, tmp_path, b"x" * 100)
+    caplog.set_level(logging.INFO, logger="tierlog")
+    caplog.clear()
 
     with pytest.raises(grpc.RpcError) as failure:
         list(
@@ -173,6 +176,8 @@ def test_missing_transaction_index_is_not_found(
         )
 
     assert failure.value.code() == grpc.StatusCode.NOT_FOUND
+    # Most segments have no transaction index: a healthy read must not write a line per segment.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
 
 
 def test_metrics_endpoint_counts_calls_by_method_and_status(agent: AgentUnderTest) -> None:

@@ -39,6 +39,9 @@ DEFAULT_WAIT_S = 30.0
 EMPTY = pb.Empty()
 RLMM = ComponentName.REMOTE_LOG_METADATA_MANAGER
 RSM = ComponentName.REMOTE_STORAGE_MANAGER
+# Answers the broker expects on healthy traffic (most segments have no transaction index; a partition is
+# not ready while its metadata catches up): a log line for each would bury the real problems.
+_ROUTINE = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED})
 
 
 def _status_for(exc: BaseException) -> grpc.StatusCode:
@@ -83,6 +86,8 @@ class Servicer:
         code = _status_for(exc)
         if code is grpc.StatusCode.INTERNAL:
             log.exception("%s.%s failed", self.SERVICE, method)
+        elif code in _ROUTINE:
+            log.debug("%s.%s: %s: %s", self.SERVICE, method, code.name, exc)
         else:
             log.info("%s.%s: %s: %s", self.SERVICE, method, code.name, exc)
         self.metrics.calls.labels(self.SERVICE, method, code.name).inc()
