@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlmm.config import ConfigKey, parse_int, parse_str
-from rlmm.errors import DecodeError, SnapshotError
+from rlmm.errors import SnapshotError
 from rlmm.event_log import OffsetReader, TopicInfo
 from rlmm.snapshot import load_snapshot
 from rlmm.view import MetadataView
@@ -102,7 +102,11 @@ def bootstrap_from_snapshot(
     if has_view(state_dir):
         return None
     max_age = position.delete_retention_ms if max_age_ms is None else max_age_ms
-    refs = list_snapshots(source, location, metadata_topic, position.topic_id)
+    try:
+        refs = list_snapshots(source, location, metadata_topic, position.topic_id)
+    except Exception as exc:  # the source is the agent's bucket; the topic always works, so fall back to it
+        log.warning("cannot list snapshots under %s (%s); rebuilding from the topic", location, exc)
+        return None
     if not refs:
         log.info("no snapshot of %s under %s; rebuilding from the topic", metadata_topic, location)
     for ref in refs:
@@ -115,7 +119,7 @@ def bootstrap_from_snapshot(
             if _load(ref, source, Path(state_dir), metadata_topic, position):
                 return ref
             return None
-        except (SnapshotError, DecodeError, ValueError, OSError) as exc:
+        except Exception as exc:  # corrupt, foreign, unreadable: any of them leaves the topic, which always works
             shutil.rmtree(Path(state_dir) / "view", ignore_errors=True)
             log.warning("snapshot %s is unusable (%s); trying an older one, else rebuilding from the topic",
                         ref.key, exc)

@@ -18,7 +18,7 @@ from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
 from rlmm import RemoteLogMetadataManager
-from rlmm.bootstrap import list_snapshots
+from rlmm.bootstrap import SnapshotSource, list_snapshots
 from rlmm.event_log import check_topic
 from rsm.backend import StorageBackend
 from tierlog.audit.archiver import Archiver, ArchiverSettings
@@ -39,7 +39,7 @@ def store(s3_endpoint: S3Endpoint) -> StorageBackend:
     return open_store(f"s3://{s3_endpoint.bucket}/bootstrap-{uuid.uuid4().hex[:10]}", s3_settings(s3_endpoint))
 
 
-def _node(kafka_bootstrap: str, metadata_topic: str, state_dir: Path, source: BucketSnapshotSource,
+def _node(kafka_bootstrap: str, metadata_topic: str, state_dir: Path, source: SnapshotSource,
           **extra: Any) -> RemoteLogMetadataManager:
     """A new node whose state dir is empty, configured with the snapshot location."""
     config = manager_config(kafka_bootstrap, state_dir, metadata_topic, partitions=PARTITIONS,
@@ -154,3 +154,27 @@ def test_the_snapshot_writer_thread_writes_snapshots_without_operator_action(
         thread.stop()
     refs = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)
     assert [r.key for r in refs] == thread.written
+
+
+class _UnreachableBucket:
+    """A bucket that cannot be reached: an outage the real S3 server cannot produce on demand."""
+
+    def list_keys(self, prefix: str) -> list[str]:
+        raise ConnectionError(f"could not connect to the endpoint while listing {prefix}")
+
+    def read(self, key: str) -> bytes:
+        raise ConnectionError(f"could not connect to the endpoint while reading {key}")
+
+
+def test_an_unreachable_bucket_falls_back_to_the_topic_with_a_log_line(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=8, partitions=2)
+    expected = writer.view_digest()
+
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", _UnreachableBucket()) as node:
+        assert any("cannot list snapshots" in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)
