@@ -172,7 +172,7 @@ def cmd_snapshot(args: argparse.Namespace, settings: Settings) -> int:
     from tierlog.pipeline.snapshot import build_snapshot
 
     location = settings.archive_location(args.archive)
-    with archive_errors():
+    with archive_errors(), ProgressBar("building the snapshot on Spark", None):
         spark = spark_session(settings, args, location)
         summary = build_snapshot(spark, location, settings.metadata_topic(), Path(args.out))
     payload = {"path": summary.path, "records": summary.records, "archived_records": summary.archived_records,
