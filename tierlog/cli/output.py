@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -70,8 +72,15 @@ class ProgressBar:
 
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._progress: Progress | None = None
+        self._terminal: TextIO | None = None
         if self.enabled:
-            console = Console(file=sys.stderr, force_terminal=True)
+            # A copy of the terminal's descriptor: while Spark's JVM starts, descriptor 2 points at its log
+            # (tierlog.pipeline.session), and the bar keeps drawing on the terminal meanwhile.
+            try:
+                self._terminal = os.fdopen(os.dup(sys.stderr.fileno()), "w")
+            except (AttributeError, OSError, io.UnsupportedOperation):
+                self._terminal = None
+            console = Console(file=self._terminal or sys.stderr, force_terminal=True)
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), TextColumn("eta"),
@@ -87,14 +96,19 @@ class ProgressBar:
     def finish(self, done: int) -> None:
         if self._progress is not None:
             self._progress.update(self._task, completed=done)
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._progress is not None:
             self._progress.stop()
             self._progress = None
+        if self._terminal is not None:
+            self._terminal.close()
+            self._terminal = None
 
     def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, *_: object) -> None:
         # A failing command still gives the terminal its cursor back.
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        self._stop()
