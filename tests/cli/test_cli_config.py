@@ -119,3 +119,20 @@ def test_outside_development_neither_services_env_nor_variables_are_read(
     out = capsys.readouterr().out
     assert "10.9.9.9:9" in out and "services.env: KAFKA_BOOTSTRAP" in out
     assert "10.8.8.8:9" in out and "environment: S3_ENDPOINT" in out
+
+
+def test_without_rlmm_bootstrap_the_broker_listener_named_for_the_rlmm_is_used(tmp_path: Path) -> None:
+    path = tmp_path / "server.properties"
+    path.write_text(
+        "listeners=PLAINTEXT://:9092,CONTROLLER://:9093,INTERNAL://10.1.2.3:9094\n"
+        "advertised.listeners=PLAINTEXT://kafka-1.example:9092\n"
+        "remote.log.metadata.manager.listener.name=PLAINTEXT\n"
+    )
+    settings = Settings(read_properties(path), config_file=path)
+    found = settings.bootstrap_setting()
+    assert found.value == "kafka-1.example:9092"
+    assert found.source == f"{path}: advertised.listeners (the PLAINTEXT listener of " \
+                           "remote.log.metadata.manager.listener.name)"
+    path.write_text("listeners=PLAINTEXT://:9092,INTERNAL://10.1.2.3:9094\n"
+                    "remote.log.metadata.manager.listener.name=INTERNAL\n")
+    assert Settings(read_properties(path), config_file=path).bootstrap() == "10.1.2.3:9094"

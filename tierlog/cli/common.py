@@ -45,6 +45,7 @@ RLMM_PREFIX_KEY = "remote.log.metadata.manager.impl.prefix"
 RSM_PREFIX_KEY = "remote.log.storage.manager.impl.prefix"
 DEFAULT_RLMM_PREFIX = "rlmm.config."
 DEFAULT_RSM_PREFIX = "rsm.config."
+LISTENER_NAME_KEY = "remote.log.metadata.manager.listener.name"
 # tierlog's own short prefixes, accepted in tierlog properties files.
 SHORT_PREFIXES = ("rlmm.", "rsm.")
 
@@ -147,8 +148,22 @@ class Settings:
     def _lookup_or_dev(self, name: str, variable: str) -> Setting | None:
         return self.lookup(name) or self._dev(variable)
 
+    def _listener_address(self) -> Setting | None:
+        """A broker's file without rlmm.config.bootstrap.servers: the address of the listener it names in
+        remote.log.metadata.manager.listener.name, as the broker hands it to its RLMM."""
+        name = self.file_config.get(LISTENER_NAME_KEY)
+        for key in ("advertised.listeners", "listeners"):
+            for listener in (self.file_config.get(key) or "").split(","):
+                listener_name, sep, address = listener.strip().partition("://")
+                if name and sep and listener_name == name:
+                    host, _, port = address.rpartition(":")
+                    # An empty host binds every interface; the CLI runs beside the broker.
+                    return Setting(f"{host or 'localhost'}:{port}",
+                                   f"{self.config_file}: {key} (the {name} listener of {LISTENER_NAME_KEY})")
+        return None
+
     def bootstrap_setting(self) -> Setting:
-        found = self._lookup_or_dev("bootstrap.servers", "KAFKA_BOOTSTRAP")
+        found = self.lookup("bootstrap.servers") or self._listener_address() or self._dev("KAFKA_BOOTSTRAP")
         if found is None:
             raise CommandError(
                 "no Kafka to talk to: pass -o bootstrap.servers=HOST:PORT or --config FILE (a broker's "
