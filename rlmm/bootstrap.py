@@ -62,7 +62,8 @@ class TopicPosition:
 
 
 def snapshot_prefix(location: str, metadata_topic: str, topic_id: str) -> str:
-    return f"{location.strip('/')}/{metadata_topic}/{topic_id}/"
+    # Topic ids print as standard base64, which may hold "/": keep the id one path segment.
+    return f"{location.strip('/')}/{metadata_topic}/{topic_id.replace('/', '_').replace('+', '-')}/"
 
 
 def snapshot_key(location: str, metadata_topic: str, topic_id: str, created_ms: int, data: bytes) -> str:

@@ -54,11 +54,14 @@ def _history(manager: RemoteLogMetadataManager, seed: int, partitions: int) -> N
     drive(manager, {tp: workload(rng, tp, uploads=12) for tp in tps})
 
 
+def _topic_id(kafka_bootstrap: str, metadata_topic: str) -> str:
+    return check_topic(AdminClient({"bootstrap.servers": kafka_bootstrap}), metadata_topic, PARTITIONS, 30).topic_id
+
+
 def _snapshot(kafka_bootstrap: str, metadata_topic: str, store: StorageBackend) -> str:
     Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
-    topic_id = check_topic(AdminClient({"bootstrap.servers": kafka_bootstrap}), metadata_topic, PARTITIONS,
-                           30).topic_id
-    key = write_snapshot_now(store, SnapshotSettings(LOCATION, metadata_topic), topic_id)
+    key = write_snapshot_now(store, SnapshotSettings(LOCATION, metadata_topic), _topic_id(kafka_bootstrap,
+                                                                                            metadata_topic))
     assert key is not None
     return key
 
@@ -124,8 +127,8 @@ def test_a_new_snapshot_is_written_only_when_the_archive_moved_on(
 ) -> None:
     writer = make_manager(partitions=PARTITIONS)
     _history(writer, seed=5, partitions=2)
-    first = _snapshot(kafka_bootstrap, metadata_topic, store)
-    topic_id = first.split("/")[-2]
+    _snapshot(kafka_bootstrap, metadata_topic, store)
+    topic_id = _topic_id(kafka_bootstrap, metadata_topic)
     settings = SnapshotSettings(LOCATION, metadata_topic)
     assert write_snapshot_now(store, settings, topic_id) is None
     _history(writer, seed=6, partitions=1)
@@ -143,8 +146,7 @@ def test_the_snapshot_writer_thread_writes_snapshots_without_operator_action(
     writer = make_manager(partitions=PARTITIONS)
     _history(writer, seed=7, partitions=2)
     Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
-    topic_id = check_topic(AdminClient({"bootstrap.servers": kafka_bootstrap}), metadata_topic, PARTITIONS,
-                           30).topic_id
+    topic_id = _topic_id(kafka_bootstrap, metadata_topic)
     thread = SnapshotWriterThread(store, SnapshotSettings(LOCATION, metadata_topic, interval_s=0.2),
                                   lambda: topic_id)
     thread.start()
