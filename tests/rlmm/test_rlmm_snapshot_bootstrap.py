@@ -25,7 +25,7 @@ from tierlog.audit.archiver import Archiver, ArchiverSettings
 from tierlog.audit.snapshots import (
     BucketSnapshotSource,
     SnapshotSettings,
-    SnapshotWriterThread,
+    start_snapshot_writer,
     write_snapshot_now,
 )
 from tierlog.pipeline.locations import open_store
@@ -147,9 +147,7 @@ def test_the_snapshot_writer_thread_writes_snapshots_without_operator_action(
     _history(writer, seed=7, partitions=2)
     Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
     topic_id = _topic_id(kafka_bootstrap, metadata_topic)
-    thread = SnapshotWriterThread(store, SnapshotSettings(LOCATION, metadata_topic, interval_s=0.2),
-                                  lambda: topic_id)
-    thread.start()
+    thread = start_snapshot_writer(store, SnapshotSettings(LOCATION, metadata_topic, interval_s=0.2), kafka_bootstrap)
     try:
         wait_until(lambda: bool(thread.written), timeout=30, description="a snapshot written by the thread")
     finally:

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka.admin import AdminClient
+
 from rlmm.archive import read_archive_file, read_snapshot, write_snapshot
 from rlmm.bootstrap import SnapshotRef, list_snapshots, read_verified, snapshot_key
 from rlmm.errors import RemoteStorageError, SnapshotError
@@ -134,6 +137,26 @@ def _prune(store: StorageBackend, settings: SnapshotSettings, topic_id: str) -> 
     old = [ref.key for ref in refs[settings.keep:]]
     if old:
         store.delete(old)
+
+
+def metadata_topic_id(bootstrap_servers: str, metadata_topic: str, timeout_s: float = 30.0) -> str:
+    """The metadata topic's id, as the manager records it: snapshots are filed under it."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    try:
+        described = admin.describe_topics(TopicCollection([metadata_topic]), request_timeout=timeout_s)
+        return str(described[metadata_topic].result(timeout=timeout_s).topic_id)
+    except KafkaException as exc:
+        raise RemoteStorageError(f"cannot describe metadata topic {metadata_topic} on {bootstrap_servers}: "
+                                 f"{exc}") from exc
+
+
+def start_snapshot_writer(store: StorageBackend, settings: SnapshotSettings,
+                          bootstrap_servers: str) -> SnapshotWriterThread:
+    """Start writing snapshots of `settings.metadata_topic` in the background (beside the archiver)."""
+    thread = SnapshotWriterThread(store, settings,
+                                  lambda: metadata_topic_id(bootstrap_servers, settings.metadata_topic))
+    thread.start()
+    return thread
 
 
 class SnapshotWriterThread(threading.Thread):
