@@ -7,6 +7,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -41,7 +42,7 @@ def _segment_files(directory: Path) -> dict[str, Path]:
     return files
 
 
-def _copy(channel: grpc.Channel, files: dict[str, Path]) -> pb.CopyResponse:
+def _copy(channel: grpc.Channel, files: dict[str, Path]) -> Any:
     tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
     segment = RemoteLogSegmentMetadata(
         remote_log_segment_id=RemoteLogSegmentId(tp, uuid.uuid4()), start_offset=0, end_offset=9,

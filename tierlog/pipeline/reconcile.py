@@ -332,11 +332,6 @@ def live_segments_frame(spark: SparkSession, segments: Iterable[LiveSegment]) ->
     return spark.createDataFrame([dataclasses.astuple(s) for s in segments], LIVE_SEGMENT_DDL)
 
 
-def live_segments_from_view(spark: SparkSession, view: Any) -> DataFrame:
-    """The segments a node's view holds, in the columns `reconcile` joins on."""
-    return live_segments_frame(spark, (LiveSegment.of(md) for md in view.segments()))
-
-
 def topic_names(objects: Iterable[ObjectInfo], live: Iterable[LiveSegment]) -> dict[str, str]:
     """Topic id -> name for every topic the bucket or the metadata mentions."""
     named = {s.topic_id: s.topic for s in live}
