@@ -182,7 +182,7 @@ class MetadataApplier:
             except (codec.DecodeError, InvalidArgumentError) as exc:
                 self._halt(partition, offset, f"cannot read record ({exc})")
                 continue
-            records.append(ConsumedRecord(partition, offset, key, event))
+            records.append(ConsumedRecord(partition, offset, key, event, value))
             requests[(partition, offset)] = request_of(message)
         return records, requests
 

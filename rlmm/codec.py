@@ -114,6 +114,13 @@ def decode(value: bytes) -> MetadataEvent:
     return from_datum(name, datum)
 
 
+def is_current(value: bytes) -> bool:
+    """Whether `value` was written with the newest version of its schema: such bytes re-encode to themselves,
+    so a reader may store them as they are."""
+    version = registry().by_fingerprint.get(value[2:_HEADER][::-1])
+    return version is not None and registry().current[version.name] is version
+
+
 def decode_datum(value: bytes) -> tuple[str, dict[str, Any]]:
     if len(value) < _HEADER or value[:2] != MAGIC:
         raise DecodeError("value does not start with the Avro single-object marker C3 01")
@@ -199,7 +206,7 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
     try:
         tp = _tp_from(datum)
         if name == "segment_record":
-            return RemoteLogSegmentMetadata(
+            return RemoteLogSegmentMetadata.from_record(
                 remote_log_segment_id=RemoteLogSegmentId(tp, _as_uuid(datum["segment_id"])),
                 start_offset=datum["start_offset"],
                 end_offset=datum["end_offset"],

@@ -10,7 +10,7 @@ import binascii
 import enum
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -186,6 +186,31 @@ class RemoteLogSegmentMetadata:
         _require_type(owner, "state", self.state, RemoteLogSegmentState)
         _require_type(owner, "txn_idx_empty", self.txn_idx_empty, bool)
 
+    @classmethod
+    def from_record(
+        cls, remote_log_segment_id: RemoteLogSegmentId, start_offset: int, end_offset: int, max_timestamp_ms: int,
+        broker_id: int, event_timestamp_ms: int, segment_size_in_bytes: int, segment_leader_epochs: dict[int, int],
+        custom_metadata: bytes | None, state: RemoteLogSegmentState, txn_idx_empty: bool,
+    ) -> RemoteLogSegmentMetadata:
+        """Build one from values a schema-typed decoder produced (ints, bytes, bool): when they are plainly within
+        Kafka's ranges the field checks are skipped, else the full constructor judges and names what is wrong."""
+        epochs = dict(sorted(segment_leader_epochs.items()))
+        if not (
+            0 <= start_offset <= end_offset <= INT64_MAX and -1 <= max_timestamp_ms <= INT64_MAX
+            and 0 <= broker_id <= INT32_MAX and 0 <= event_timestamp_ms <= INT64_MAX
+            and 0 <= segment_size_in_bytes <= INT32_MAX and epochs
+            and all(0 <= e <= INT32_MAX and start_offset <= o <= end_offset for e, o in epochs.items())
+        ):
+            return cls(remote_log_segment_id, start_offset, end_offset, max_timestamp_ms, broker_id,
+                       event_timestamp_ms, segment_size_in_bytes, epochs, custom_metadata, state, txn_idx_empty)
+        md = object.__new__(cls)
+        for name, value in zip(_SEGMENT_FIELDS, (
+            remote_log_segment_id, start_offset, end_offset, max_timestamp_ms, broker_id, event_timestamp_ms,
+            segment_size_in_bytes, MappingProxyType(epochs), custom_metadata, state, txn_idx_empty,
+        ), strict=True):
+            object.__setattr__(md, name, value)
+        return md
+
     @property
     def topic_id_partition(self) -> TopicIdPartition:
         return self.remote_log_segment_id.topic_id_partition
@@ -228,6 +253,9 @@ class RemoteLogSegmentMetadata:
             self.broker_id, self.event_timestamp_ms, self.segment_size_in_bytes,
             tuple(self.segment_leader_epochs.items()), self.custom_metadata, self.state, self.txn_idx_empty,
         )
+
+
+_SEGMENT_FIELDS = tuple(f.name for f in fields(RemoteLogSegmentMetadata))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """The materialized metadata view in RocksDB: one column family per kind of state (see view_format).
 
-Readers see only committed state; the applier folds a consumed batch through a `ViewBatch` overlay and
-commits it, with the metadata-topic offsets it reaches, as ONE WriteBatch.
+Readers see only committed state, served from an in-memory read model of it (rlmm.read_model); the applier
+folds a consumed batch through a `ViewBatch` overlay and commits it, with the metadata-topic offsets it
+reaches, as ONE WriteBatch, then folds the same changes into the read model.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -17,10 +19,11 @@ from typing import Any
 
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
-from rlmm import state
+from rlmm import codec, state
 from rlmm import view_format as vf
 from rlmm.errors import ViewFormatError
 from rlmm.events import EpochLineage, MetadataEvent, RecordKey
+from rlmm.read_model import EpochIndex, PartitionChanges, ReadModel
 from rlmm.state import Outcome
 from rlmm.types import (
     RemoteLogSegmentId,
@@ -51,6 +54,7 @@ class ConsumedRecord:
     offset: int
     key: RecordKey
     event: MetadataEvent | None
+    raw: bytes | None = None  # the record's value as consumed, when the reader kept it
 
 
 class MetadataView:
@@ -59,6 +63,8 @@ class MetadataView:
     def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
         self._read_only = read_only
+        self._model: ReadModel | None = None
+        self._model_loading = threading.Lock()
         self._open()
 
     def _open(self) -> None:
@@ -118,11 +124,17 @@ class MetadataView:
     def set_source(self, metadata_topic: str, topic_id: str, applied_at_ms: int) -> None:
         self._db.put(_SOURCE_KEY + metadata_topic.encode(), f"{topic_id} {applied_at_ms}".encode())
 
-    # --- raw access, overridden by the batch overlay --------------------------------------------------
+    # --- committed reads: the in-memory read model (rlmm.read_model), loaded on first use -------------------
 
-    def _get(self, family: str, key: bytes) -> bytes | None:
-        value = self._cf[family].get(key)
-        return None if value is None else bytes(value)
+    @property
+    def model(self) -> ReadModel:
+        model = self._model
+        if model is None:
+            with self._model_loading:
+                if self._model is None:
+                    self._model = ReadModel.load(self._cf)
+                model = self._model
+        return model
 
     def _scan(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         for key, value in self._cf[family].items(from_key=prefix):
@@ -130,36 +142,44 @@ class MetadataView:
                 return
             yield bytes(key), bytes(value)
 
-    def _index_floor_key(self, prefix: bytes, target: bytes) -> tuple[bytes, bytes] | None:
-        it = self._cf[vf.EPOCH_INDEX].iter()
-        it.seek_for_prev(target)
-        if it.valid() and bytes(it.key()).startswith(prefix):
-            return bytes(it.key()), bytes(it.value())
-        return None
-
     # --- StateStore reads --------------------------------------------------------------------------------
 
     def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None:
-        raw = self._get(vf.SEGMENTS, vf.segment_key(segment_id))
-        return None if raw is None else vf.decode_segment(raw)
+        model = self.model
+        with model.lock:
+            partition = model.get(vf.tp_key_of(segment_id.topic_id_partition))
+            return None if partition is None else partition.segments.get(segment_id.id)
 
     def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]:
-        return (vf.decode_segment(v) for _, v in self._scan(vf.SEGMENTS, vf.tp_key_of(tp)))
+        model = self.model
+        with model.lock:
+            partition = model.get(vf.tp_key_of(tp))
+            return iter(() if partition is None else list(partition.segments.values()))
 
     def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
-        raw = self._get(vf.PARTITIONS, vf.partition_key(tp))
-        return None if raw is None else vf.decode_partition_delete(raw)
+        model = self.model
+        with model.lock:
+            partition = model.get(vf.tp_key_of(tp))
+            return None if partition is None else partition.delete
 
     def lineage(self, tp: TopicIdPartition, epoch: int) -> EpochLineage | None:
-        raw = self._get(vf.EPOCH_STATE, vf.lineage_key(tp, epoch))
-        return None if raw is None else vf.decode_lineage(raw)
+        model = self.model
+        with model.lock:
+            partition = model.get(vf.tp_key_of(tp))
+            return None if partition is None else partition.lineages.get(epoch)
 
     def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]:
-        return (vf.decode_lineage(v) for _, v in self._scan(vf.EPOCH_STATE, vf.tp_key_of(tp)))
+        model = self.model
+        with model.lock:
+            partition = model.get(vf.tp_key_of(tp))
+            found = [] if partition is None else list(partition.lineages.values())
+        return iter(sorted(found, key=_epoch_of))
 
     def _partition_meta(self, tp: TopicIdPartition) -> vf.PartitionMeta | None:
-        raw = self._get(vf.PARTITION_META, vf.tp_key_of(tp))
-        return None if raw is None else vf.decode_partition_meta(raw)
+        model = self.model
+        with model.lock:
+            partition = model.get(vf.tp_key_of(tp))
+            return None if partition is None else partition.meta
 
     def checkpointed_lineage(self, tp: TopicIdPartition) -> bytes | None:
         meta = self._partition_meta(tp)
@@ -170,16 +190,24 @@ class MetadataView:
         return None if meta is None else meta.lineage_position
 
     def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None:
-        raw = self._get(vf.EPOCH_INDEX, vf.index_key(tp, epoch, start_offset))
-        return None if raw is None else uuid.UUID(bytes=raw)
+        model = self.model
+        with model.lock:
+            partition = model.get(vf.tp_key_of(tp))
+            index = None if partition is None else partition.index.get(epoch)
+            return None if index is None else index.ids.get(start_offset)
 
     def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None:
-        found = self._index_floor_key(vf.epoch_prefix(tp, epoch), vf.index_key(tp, epoch, offset))
-        return None if found is None else (vf.index_start_offset(found[0]), uuid.UUID(bytes=found[1]))
+        model = self.model
+        with model.lock:
+            partition = model.get(vf.tp_key_of(tp))
+            index = None if partition is None else partition.index.get(epoch)
+            return None if index is None else index.floor(offset)
 
     def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None:
-        raw = self._get(vf.PARTITION_META, vf.tp_key(topic_id, partition))
-        return None if raw is None else TopicIdPartition(topic_id, vf.decode_partition_meta(raw).topic, partition)
+        model = self.model
+        with model.lock:
+            found = model.get(vf.tp_key(topic_id, partition))
+            return None if found is None or found.meta is None else found.tp
 
     # --- whole-view reads ----------------------------------------------------------------------------------
 
@@ -224,171 +252,237 @@ class MetadataView:
         self._db.write(batch, options)
 
 
+def _epoch_of(lineage: EpochLineage) -> int:
+    return lineage.epoch
+
+
 class ViewBatch(MetadataView):
-    """A StateStore over the committed view plus this batch's uncommitted changes; `commit` writes them once."""
+    """A StateStore over the committed view plus this batch's uncommitted changes; `commit` writes them once.
+
+    Run by the one thread that applies the topic: it reads the read model without its lock, since only this
+    thread changes it. Changes stay decoded until commit, which encodes each changed value once.
+    """
 
     def __init__(self, view: MetadataView) -> None:
         self._view = view
+        self._base = view.model
         self._cf = view._cf
         self._handles = view._handles
-        self._pending: dict[str, dict[bytes, bytes | None]] = {name: {} for name in vf.ALL_FAMILIES}
-        # The same pending entries grouped by user partition, so prefix scans need not walk the whole batch.
-        self._by_tp: dict[str, dict[bytes, dict[bytes, bytes | None]]] = {name: {} for name in vf.ALL_FAMILIES}
-        self._index: dict[bytes, dict[bytes, bytes | None]] = {}
-        # Segments stay decoded while the batch runs: written ones are encoded once, at commit.
-        self._segments: dict[bytes, RemoteLogSegmentMetadata | None] = {}
-        self._segments_by_tp: dict[bytes, set[bytes]] = {}
-        self._segments_read: dict[bytes, RemoteLogSegmentMetadata | None] = {}
+        # Per user partition key: the overlay of each kind of state (None = deleted in this batch).
+        self._tps: dict[bytes, TopicIdPartition] = {}
+        self._segments: dict[bytes, dict[uuid.UUID, RemoteLogSegmentMetadata | None]] = {}
+        self._deletes: dict[bytes, RemotePartitionDeleteMetadata | None] = {}
+        self._metas: dict[bytes, vf.PartitionMeta | None] = {}
+        self._lineages: dict[bytes, dict[int, EpochLineage | None]] = {}
+        self._index: dict[bytes, dict[int, dict[int, uuid.UUID | None]]] = {}
+        # Segment key -> the consumed record's bytes, stored as they are when they encode the segment stored.
+        self._raw: dict[bytes, bytes] = {}
+        self._record: ConsumedRecord | None = None
 
     # --- overlay reads -------------------------------------------------------------------------------
 
-    def _get(self, family: str, key: bytes) -> bytes | None:
-        pending = self._pending[family]
-        if key in pending:
-            return pending[key]
-        return self._view._get(family, key)
+    def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None:
+        key = vf.tp_key_of(segment_id.topic_id_partition)
+        overlay = self._segments.get(key)
+        if overlay is not None and segment_id.id in overlay:
+            return overlay[segment_id.id]
+        partition = self._base.get(key)
+        return None if partition is None else partition.segments.get(segment_id.id)
 
-    def _scan(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        merged: dict[bytes, bytes | None] = dict(self._view._scan(family, prefix))
-        if family == vf.APPLIED or len(prefix) < vf.TP_KEY_LEN:
-            pending = self._pending[family]
-        else:
-            pending = self._by_tp[family].get(prefix[:vf.TP_KEY_LEN], {})
-        merged.update((k, v) for k, v in pending.items() if k.startswith(prefix))
-        return iter(sorted((k, v) for k, v in merged.items() if v is not None))
+    def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]:
+        key = vf.tp_key_of(tp)
+        partition = self._base.get(key)
+        found: dict[uuid.UUID, RemoteLogSegmentMetadata | None] = {} if partition is None else dict(
+            partition.segments)
+        found.update(self._segments.get(key, {}))
+        return iter([md for md in found.values() if md is not None])
 
-    def _index_floor_key(self, prefix: bytes, target: bytes) -> tuple[bytes, bytes] | None:
-        overlay = self._index.get(prefix, {})
-        it = self._cf[vf.EPOCH_INDEX].iter()
-        it.seek_for_prev(target)
-        committed: tuple[bytes, bytes] | None = None
-        while it.valid():
-            key = bytes(it.key())
-            if not key.startswith(prefix):
-                break
-            if key not in overlay:
-                committed = (key, bytes(it.value()))
-                break
-            it.prev()
-        candidates = [(k, v) for k, v in overlay.items() if v is not None and k <= target]
-        if committed is not None:
-            candidates.append(committed)
-        return max(candidates) if candidates else None
+    def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
+        key = vf.tp_key_of(tp)
+        if key in self._deletes:
+            return self._deletes[key]
+        partition = self._base.get(key)
+        return None if partition is None else partition.delete
+
+    def lineage(self, tp: TopicIdPartition, epoch: int) -> EpochLineage | None:
+        key = vf.tp_key_of(tp)
+        overlay = self._lineages.get(key)
+        if overlay is not None and epoch in overlay:
+            return overlay[epoch]
+        partition = self._base.get(key)
+        return None if partition is None else partition.lineages.get(epoch)
+
+    def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]:
+        key = vf.tp_key_of(tp)
+        partition = self._base.get(key)
+        found: dict[int, EpochLineage | None] = {} if partition is None else dict(partition.lineages)
+        found.update(self._lineages.get(key, {}))
+        return iter(sorted((lin for lin in found.values() if lin is not None), key=_epoch_of))
+
+    def _partition_meta(self, tp: TopicIdPartition) -> vf.PartitionMeta | None:
+        key = vf.tp_key_of(tp)
+        if key in self._metas:
+            return self._metas[key]
+        partition = self._base.get(key)
+        return None if partition is None else partition.meta
+
+    def _epoch_index(self, key: bytes, epoch: int) -> EpochIndex | None:
+        partition = self._base.get(key)
+        return None if partition is None else partition.index.get(epoch)
+
+    def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None:
+        key = vf.tp_key_of(tp)
+        overlay = self._index.get(key, {}).get(epoch)
+        if overlay is not None and start_offset in overlay:
+            return overlay[start_offset]
+        index = self._epoch_index(key, epoch)
+        return None if index is None else index.ids.get(start_offset)
+
+    def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None:
+        key = vf.tp_key_of(tp)
+        overlay = self._index.get(key, {}).get(epoch, {})
+        index = self._epoch_index(key, epoch)
+        best = None if index is None else index.floor(offset, overlay)
+        for start, segment in overlay.items():
+            if segment is not None and start <= offset and (best is None or start > best[0]):
+                best = (start, segment)
+        return best
+
+    def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None:
+        key = vf.tp_key(topic_id, partition)
+        if key in self._metas:
+            meta = self._metas[key]
+            return None if meta is None else TopicIdPartition(topic_id, meta.topic, partition)
+        found = self._base.get(key)
+        return None if found is None or found.meta is None else found.tp
 
     # --- overlay writes (the rest of StateStore) ------------------------------------------------------
 
-    def _put(self, family: str, key: bytes, value: bytes | None) -> None:
-        self._pending[family][key] = value
-        self._by_tp[family].setdefault(key[:vf.TP_KEY_LEN], {})[key] = value
+    def _key(self, tp: TopicIdPartition) -> bytes:
+        key = vf.tp_key_of(tp)
+        self._tps[key] = tp
+        return key
 
     def _touch(self, tp: TopicIdPartition) -> None:
-        key = vf.tp_key_of(tp)
-        if self._get(vf.PARTITION_META, key) is None:
-            self._put(vf.PARTITION_META, key, vf.encode_partition_meta(vf.PartitionMeta(tp.topic)))
-
-    def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None:
-        key = vf.segment_key(segment_id)
-        if key in self._segments:
-            return self._segments[key]
-        if key not in self._segments_read:
-            self._segments_read[key] = self._view.segment(segment_id)
-        return self._segments_read[key]
-
-    def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]:
-        prefix = vf.tp_key_of(tp)
-        found: dict[bytes, RemoteLogSegmentMetadata | None] = {
-            key: vf.decode_segment(value) for key, value in self._view._scan(vf.SEGMENTS, prefix)
-        }
-        found.update((key, self._segments[key]) for key in self._segments_by_tp.get(prefix, ()))
-        return iter([md for _, md in sorted(found.items()) if md is not None])
-
-    def _set_segment(self, key: bytes, metadata: RemoteLogSegmentMetadata | None) -> None:
-        self._segments[key] = metadata
-        self._segments_by_tp.setdefault(key[:vf.TP_KEY_LEN], set()).add(key)
+        if self._partition_meta(tp) is None:
+            self._metas[self._key(tp)] = vf.PartitionMeta(tp.topic)
 
     def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None:
-        self._touch(metadata.topic_id_partition)
-        self._set_segment(vf.segment_key(metadata.remote_log_segment_id), metadata)
+        tp = metadata.topic_id_partition
+        self._touch(tp)
+        key = self._key(tp)
+        segment_id = metadata.remote_log_segment_id.id
+        self._segments.setdefault(key, {})[segment_id] = metadata
+        record = self._record
+        if record is not None and record.event is metadata and record.raw is not None and \
+                codec.is_current(record.raw):
+            self._raw[key + segment_id.bytes] = record.raw
+        else:
+            self._raw.pop(key + segment_id.bytes, None)
 
     def remove_segment(self, segment_id: RemoteLogSegmentId) -> None:
-        self._set_segment(vf.segment_key(segment_id), _DELETED)
+        key = self._key(segment_id.topic_id_partition)
+        self._segments.setdefault(key, {})[segment_id.id] = _DELETED
+        self._raw.pop(key + segment_id.id.bytes, None)
 
     def put_partition_delete(self, metadata: RemotePartitionDeleteMetadata) -> None:
         self._touch(metadata.topic_id_partition)
-        self._put(vf.PARTITIONS, vf.partition_key(metadata.topic_id_partition),
-                  vf.encode_partition_delete(metadata))
+        self._deletes[self._key(metadata.topic_id_partition)] = metadata
 
     def put_lineage(self, tp: TopicIdPartition, lineage: EpochLineage) -> None:
         self._touch(tp)
-        self._put(vf.EPOCH_STATE, vf.lineage_key(tp, lineage.epoch), vf.encode_lineage(lineage))
+        self._lineages.setdefault(self._key(tp), {})[lineage.epoch] = lineage
 
     def remove_lineage(self, tp: TopicIdPartition, epoch: int) -> None:
-        self._put(vf.EPOCH_STATE, vf.lineage_key(tp, epoch), _DELETED)
+        self._lineages.setdefault(self._key(tp), {})[epoch] = _DELETED
 
     def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None:
         meta = self._partition_meta(tp) or vf.PartitionMeta(tp.topic)
-        self._put_partition_meta(tp, dataclasses.replace(meta, checkpointed=lineage_digest))
+        self._metas[self._key(tp)] = dataclasses.replace(meta, checkpointed=lineage_digest)
 
     def set_lineage_position(self, tp: TopicIdPartition, offset: int) -> None:
         meta = self._partition_meta(tp) or vf.PartitionMeta(tp.topic)
-        self._put_partition_meta(tp, dataclasses.replace(meta, lineage_position=offset))
-
-    def _put_partition_meta(self, tp: TopicIdPartition, meta: vf.PartitionMeta) -> None:
-        self._put(vf.PARTITION_META, vf.tp_key_of(tp), vf.encode_partition_meta(meta))
+        self._metas[self._key(tp)] = dataclasses.replace(meta, lineage_position=offset)
 
     def index_put(self, tp: TopicIdPartition, epoch: int, start_offset: int, segment: uuid.UUID) -> None:
         self._touch(tp)
-        self._index_write(tp, epoch, start_offset, segment.bytes)
+        self._index.setdefault(self._key(tp), {}).setdefault(epoch, {})[start_offset] = segment
 
     def index_remove(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> None:
-        self._index_write(tp, epoch, start_offset, _DELETED)
-
-    def _index_write(self, tp: TopicIdPartition, epoch: int, start_offset: int, value: bytes | None) -> None:
-        key = vf.index_key(tp, epoch, start_offset)
-        self._put(vf.EPOCH_INDEX, key, value)
-        self._index.setdefault(vf.epoch_prefix(tp, epoch), {})[key] = value
+        self._index.setdefault(self._key(tp), {}).setdefault(epoch, {})[start_offset] = _DELETED
 
     def forget_partition(self, tp: TopicIdPartition) -> None:
-        prefix = vf.tp_key_of(tp)
+        key = self._key(tp)
         for md in list(self.segments_of(tp)):
             self.remove_segment(md.remote_log_segment_id)
-        for family in (vf.PARTITIONS, vf.EPOCH_STATE, vf.EPOCH_INDEX, vf.PARTITION_META):
-            for key, _ in list(self._scan(family, prefix)):
-                if family == vf.EPOCH_INDEX:
-                    self._index.setdefault(key[: len(prefix) + 4], {})[key] = _DELETED
-                self._put(family, key, _DELETED)
+        for lineage in list(self.lineages_of(tp)):
+            self.remove_lineage(tp, lineage.epoch)
+        partition = self._base.get(key)
+        index = self._index.setdefault(key, {})
+        for epoch, committed in ({} if partition is None else partition.index).items():
+            index.setdefault(epoch, {}).update(dict.fromkeys(committed.starts, _DELETED))
+        for overlay in index.values():
+            for start in overlay:
+                overlay[start] = _DELETED
+        self._deletes[key] = _DELETED
+        self._metas[key] = _DELETED
 
     # --- applying and committing -------------------------------------------------------------------------
 
     def apply(self, record: ConsumedRecord) -> Outcome:
-        return state.apply_record(self, record.key, record.event, record.offset)
+        self._record = record
+        try:
+            return state.apply_record(self, record.key, record.event, record.offset)
+        finally:
+            self._record = None
 
     def commit(self, metadata_topic: str, next_offsets: dict[int, int]) -> None:
         batch = WriteBatch(raw_mode=True)
-        segments = self._handles[vf.SEGMENTS]
-        for key, md in self._segments.items():
-            if md is None:
-                batch.delete(key, segments)
+        handles = self._handles
+        changes: dict[bytes, tuple[TopicIdPartition | None, PartitionChanges]] = {}
+
+        def change(key: bytes) -> PartitionChanges:
+            if key not in changes:
+                changes[key] = (self._tps.get(key), PartitionChanges())
+            return changes[key][1]
+
+        def write(family: str, key: bytes, value: bytes | None) -> None:
+            if value is None:
+                batch.delete(key, handles[family])
             else:
-                batch.put(key, vf.encode_segment(md), segments)
-        for family, entries in self._pending.items():
-            handle = self._handles[family]
-            for key, value in entries.items():
-                if value is None:
-                    batch.delete(key, handle)
-                else:
-                    batch.put(key, value, handle)
+                batch.put(key, value, handles[family])
+
+        for key, metas in self._metas.items():
+            write(vf.PARTITION_META, key, None if metas is None else vf.encode_partition_meta(metas))
+            change(key).meta = (metas,)
+        for key, delete in self._deletes.items():
+            write(vf.PARTITIONS, key, None if delete is None else vf.encode_partition_delete(delete))
+            change(key).delete = (delete,)
+        for key, segments in self._segments.items():
+            for segment_id, md in segments.items():
+                segment_key = key + segment_id.bytes
+                raw = None if md is None else self._raw.get(segment_key) or vf.encode_segment(md)
+                write(vf.SEGMENTS, segment_key, raw)
+            change(key).segments = segments
+        for key, lineages in self._lineages.items():
+            for epoch, lineage in lineages.items():
+                write(vf.EPOCH_STATE, key + vf.EPOCH.pack(epoch),
+                      None if lineage is None else vf.encode_lineage(lineage))
+            change(key).lineages = lineages
+        for key, epochs in self._index.items():
+            flat = change(key).index
+            for epoch, starts in epochs.items():
+                prefix = key + vf.EPOCH.pack(epoch)
+                for start, segment in starts.items():
+                    write(vf.EPOCH_INDEX, prefix + vf.OFFSET.pack(start), None if segment is None else segment.bytes)
+                    flat[(epoch, start)] = segment
         for partition, offset in next_offsets.items():
-            batch.put(vf.applied_key(metadata_topic, partition), vf.encode_offset(offset), self._handles[vf.APPLIED])
+            batch.put(vf.applied_key(metadata_topic, partition), vf.encode_offset(offset), handles[vf.APPLIED])
         self._view._write(batch)
-        for entries in self._pending.values():
-            entries.clear()
-        for groups in self._by_tp.values():
-            groups.clear()
-        self._index.clear()
-        self._segments.clear()
-        self._segments_by_tp.clear()
-        self._segments_read.clear()
+        self._base.fold(changes)
+        for overlay in (self._tps, self._segments, self._deletes, self._metas, self._lineages, self._index,
+                        self._raw):
+            overlay.clear()
 
 
 def apply_records(

@@ -35,6 +35,7 @@ ALL_FAMILIES = (*CONTENT_FAMILIES, PARTITION_META, APPLIED)
 _TP = struct.Struct(">16sI")
 _EPOCH = struct.Struct(">i")
 _OFFSET = struct.Struct(">q")
+EPOCH, OFFSET = _EPOCH, _OFFSET  # the packing of a key's epoch and start offset, for code that builds keys in bulk
 TP_KEY_LEN = _TP.size
 
 
@@ -45,6 +46,12 @@ def tp_key(topic_id: uuid.UUID, partition: int) -> bytes:
 
 def tp_key_of(tp: TopicIdPartition) -> bytes:
     return tp_key(tp.topic_id, tp.partition)
+
+
+def tp_of_key(key: bytes) -> tuple[uuid.UUID, int]:
+    """(topic id, partition) of a key that starts with a user partition's key."""
+    topic_id, partition = _TP.unpack_from(key, 0)
+    return uuid.UUID(bytes=topic_id), int(partition)
 
 
 def segment_key(segment_id: RemoteLogSegmentId) -> bytes:
