@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from rlmm_testkit import WRITE_TIMEOUT_S, make_tp, register, segment
 from support import wait_until
 
@@ -155,3 +155,24 @@ def test_the_metadata_topic_is_created_with_explicit_compaction_and_tombstone_se
     assert configs["delete.retention.ms"].value == "5000"
     assert configs["segment.ms"].value == "60000"
     assert configs["cleanup.policy"].value == "compact"
+
+
+def test_a_running_node_whose_position_falls_off_the_log_halts_that_partition_instead_of_jumping(
+    make_manager: MakeManager, kafka_bootstrap: str, metadata_topic: str
+) -> None:
+    manager = make_manager()
+    write_one(manager)
+    write_one(manager)
+    manager.wait_caught_up(30)
+    # The topic is recreated under the running node: its position lies past the new, empty log's end.
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.delete_topics([metadata_topic], operation_timeout=30)[metadata_topic].result(timeout=30)
+    wait_until(lambda: metadata_topic not in admin.list_topics(timeout=10).topics, timeout=30,
+               description="the metadata topic deleted")
+    configs = {"cleanup.policy": "compact"}
+    wait_until(lambda: admin.create_topics([NewTopic(metadata_topic, 1, 1, config=configs)])[metadata_topic]
+               .result(timeout=30) or True, timeout=30, description="the metadata topic recreated")
+
+    errors = wait_until(manager.metadata_errors, timeout=60, description="the metadata partition halted")
+    assert set(errors) == {0}
+    assert "no longer on the log" in str(errors[0]) and f"{metadata_topic} partition 0" in str(errors[0])
