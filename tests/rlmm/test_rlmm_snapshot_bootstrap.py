@@ -3,8 +3,10 @@ the topic, and ends equal to a node that rebuilt from the topic; a bad snapshot 
 
 from __future__ import annotations
 
+import io
 import logging
 import random
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +20,8 @@ from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
 from rlmm import RemoteLogMetadataManager
-from rlmm.bootstrap import SnapshotSource, list_snapshots
+from rlmm.archive import write_snapshot
+from rlmm.bootstrap import SnapshotSource, list_snapshots, snapshot_key
 from rlmm.event_log import check_topic
 from rsm.backend import StorageBackend
 from tierlog.audit.archiver import Archiver, ArchiverSettings
@@ -177,4 +180,24 @@ def test_an_unreachable_bucket_falls_back_to_the_topic_with_a_log_line(
     with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
             _node(kafka_bootstrap, metadata_topic, tmp_path / "node", _UnreachableBucket()) as node:
         assert any("cannot list snapshots" in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)
+
+
+def test_a_snapshot_of_another_topic_falls_back_to_the_topic_with_a_log_line(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=9, partitions=2)
+    expected = writer.view_digest()
+    stranger = io.BytesIO()
+    write_snapshot(stranger, "some-other-topic", [], {0: 1})
+    topic_id = _topic_id(kafka_bootstrap, metadata_topic)
+    data = stranger.getvalue()
+    store.put(snapshot_key(LOCATION, metadata_topic, topic_id, int(time.time() * 1000), data), data)
+
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
+        assert any("some-other-topic" in r.getMessage() for r in caplog.records)
+        assert not any("bootstrapped" in r.getMessage() for r in caplog.records)
         wait_digest(node, expected)
