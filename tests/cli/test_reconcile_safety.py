@@ -158,14 +158,17 @@ def test_delete_against_an_archive_behind_the_topic_refuses_and_deletes_nothing(
     assert set(archived_live + fresh_live + orphans) <= before
 
 
+@pytest.mark.parametrize("engine", [[], ["--spark"]], ids=["in-process", "spark"])
 def test_delete_against_the_topic_removes_only_old_orphans_and_keeps_every_live_and_young_object(
-    tiered: TieredTopic, capsys: pytest.CaptureFixture[str]
+    engine: list[str], tiered: TieredTopic, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    if engine:
+        request.getfixturevalue("cli_spark")  # the session's shared local Spark
     live = tiered.tier(4)
     old_orphans = tiered.plant_orphans(2, age_s=3 * DAY_S)
     young_stray = tiered.plant_orphans(1, age_s=0)  # an upload whose metadata may not be readable yet
 
-    code, report, err = _reconcile(capsys, "--delete", *tiered.options())
+    code, report, err = _reconcile(capsys, "--delete", *engine, *tiered.options())
 
     assert code == 0, err
     assert sorted(report["deleted"]) == sorted(old_orphans)
