@@ -83,6 +83,9 @@ class StateReader(LineageReader, Protocol):
     def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None: ...
     def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None: ...
     def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None: ...
+    def floor_segment(self, tp: TopicIdPartition, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+        """The segment the epoch's offset index maps its greatest start <= offset to (one read, for lookups)."""
+        ...
 
 
 class StateStore(StateReader, LineageStore, Protocol):
@@ -209,13 +212,18 @@ def _apply_checkpoint(store: StateStore, checkpoint: EpochCheckpoint) -> Outcome
 def segment_for_offset(
     store: StateReader, tp: TopicIdPartition, epoch: int, offset: int
 ) -> RemoteLogSegmentMetadata | None:
-    entry = store.index_floor(tp, epoch, offset)
-    if entry is None:
-        return None
-    md = store.segment(RemoteLogSegmentId(tp, entry[1]))
+    md = store.floor_segment(tp, epoch, offset)
     if md is None or md.state is not S.COPY_SEGMENT_FINISHED:
         return None
     return md if offset <= md.epoch_end_offset(epoch) else None
+
+
+def floor_segment_of(
+    store: StateReader, tp: TopicIdPartition, epoch: int, offset: int
+) -> RemoteLogSegmentMetadata | None:
+    """`floor_segment` from a store's offset index and segments, for stores with no faster way."""
+    entry = store.index_floor(tp, epoch, offset)
+    return None if entry is None else store.segment(RemoteLogSegmentId(tp, entry[1]))
 
 
 def next_segment_with_txn_index(
@@ -373,6 +381,9 @@ class InMemoryState:
             return None
         start = starts[position - 1]
         return start, ids[start]
+
+    def floor_segment(self, tp: TopicIdPartition, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+        return floor_segment_of(self, tp, epoch, offset)
 
     def index_put(self, tp: TopicIdPartition, epoch: int, start_offset: int, segment: uuid.UUID) -> None:
         starts, ids = self._get(tp).index.setdefault(epoch, ([], {}))

@@ -203,6 +203,14 @@ class MetadataView:
             index = None if partition is None else partition.index.get(epoch)
             return None if index is None else index.floor(offset)
 
+    def floor_segment(self, tp: TopicIdPartition, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+        model = self.model
+        with model.lock:
+            partition = model.get(vf.tp_key_of(tp))
+            index = None if partition is None else partition.index.get(epoch)
+            entry = None if index is None else index.floor(offset)
+            return None if entry is None or partition is None else partition.segments.get(entry[1])
+
     def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None:
         model = self.model
         with model.lock:
@@ -347,6 +355,9 @@ class ViewBatch(MetadataView):
             if segment is not None and start <= offset and (best is None or start > best[0]):
                 best = (start, segment)
         return best
+
+    def floor_segment(self, tp: TopicIdPartition, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+        return state.floor_segment_of(self, tp, epoch, offset)
 
     def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None:
         key = vf.tp_key(topic_id, partition)
