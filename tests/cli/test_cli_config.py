@@ -89,6 +89,29 @@ def test_an_override_beats_the_files_prefixed_key() -> None:
     assert settings.bootstrap() == "cli:2"
 
 
+def test_the_cli_reaches_a_secured_cluster_with_the_nodes_translated_security_settings() -> None:
+    settings = Settings({
+        "rlmm.config.bootstrap.servers": "b:9093",
+        "rlmm.config.kafka.security.protocol": "SASL_SSL",
+        "rlmm.config.kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "rlmm.config.kafka.sasl.jaas.config":
+            'org.apache.kafka.common.security.scram.ScramLoginModule required username="ops" password="s3cret";',
+    })
+    client = settings.kafka_client(**{"group.id": "g"})
+    assert client["security.protocol"] == "SASL_SSL"
+    assert (client["sasl.mechanism"], client["sasl.username"], client["sasl.password"]) == (
+        "SCRAM-SHA-512", "ops", "s3cret")
+    assert "sasl.jaas.config" not in client and client["group.id"] == "g"
+
+
+def test_a_java_keystore_the_cli_cannot_use_is_a_usage_error_naming_the_key() -> None:
+    settings = Settings({"bootstrap.servers": "b:9093", "rlmm.config.kafka.ssl.truststore.type": "JKS",
+                         "rlmm.config.kafka.ssl.truststore.location": "/etc/kafka/trust.jks"})
+    with pytest.raises(CommandError, match="truststore") as failure:
+        settings.kafka_client()
+    assert failure.value.exit_code == EXIT_USAGE
+
+
 def test_config_explain_names_the_file_and_key_of_each_setting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -270,9 +270,24 @@ class Settings:
         return config
 
     def kafka_client(self, **extra: Any) -> dict[str, Any]:
-        """A confluent_kafka client config: its log lines through KAFKA_LOGGER, its waits bounded."""
+        """A confluent_kafka client config: the node's security settings (`kafka.*`, Java names translated as
+        the manager translates them), its log lines through KAFKA_LOGGER, its waits bounded."""
+        from rlmm.client_security import librdkafka_settings
+        from rlmm.errors import ConfigError
+        from rlmm.manager import CLIENT_PREFIX
+
+        given = {
+            key.removeprefix(CLIENT_PREFIX): value
+            for key, value in self.node_config(Path(".")).items()
+            if key.startswith(CLIENT_PREFIX) and key != f"{CLIENT_PREFIX}logger"
+        }
+        try:
+            security = librdkafka_settings(given)
+        except ConfigError as exc:
+            raise CommandError(str(exc), EXIT_USAGE) from exc
         timeout_ms = int(self.timeout_s * 1000)
         return {
+            **security,
             "bootstrap.servers": self.bootstrap(),
             "logger": logging.getLogger(KAFKA_LOGGER),
             "socket.connection.setup.timeout.ms": timeout_ms,
