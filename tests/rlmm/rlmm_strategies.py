@@ -247,25 +247,30 @@ def compacted_at_offsets(records: Sequence[TopicRecord], *, keep_tombstones: boo
 
 
 def kafka_model_of(records: Iterable[TopicRecord]) -> ReferenceModel:
-    """Kafka's RemoteLogMetadataCache consuming the topic's events in order: an invalid one is logged and dropped.
+    """Kafka's RemoteLogMetadataCache after consuming the topic's events in order."""
+    model = ReferenceModel()
+    for _, _, event in records:
+        feed_kafka_model(model, event)
+    return model
+
+
+def feed_kafka_model(model: ReferenceModel, event: MetadataEvent | None) -> None:
+    """One record as Kafka's consumer applies it: an invalid event is logged and dropped.
 
     Checkpoints and tombstones are tierlog's own records; Kafka has no counterpart to them.
     """
-    model = ReferenceModel()
-    for _, _, event in records:
-        try:
-            if isinstance(event, RemoteLogSegmentMetadata):
-                if event.state is S.COPY_SEGMENT_STARTED:
-                    model.add_remote_log_segment_metadata(event)
-                else:
-                    model.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
-                        event.remote_log_segment_id, event.event_timestamp_ms, event.custom_metadata,
-                        event.state, event.broker_id))
-            elif isinstance(event, RemotePartitionDeleteMetadata):
-                model.put_remote_partition_delete_metadata(event)
-        except RemoteStorageError:
-            pass
-    return model
+    try:
+        if isinstance(event, RemoteLogSegmentMetadata):
+            if event.state is S.COPY_SEGMENT_STARTED:
+                model.add_remote_log_segment_metadata(event)
+            else:
+                model.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+                    event.remote_log_segment_id, event.event_timestamp_ms, event.custom_metadata,
+                    event.state, event.broker_id))
+        elif isinstance(event, RemotePartitionDeleteMetadata):
+            model.put_remote_partition_delete_metadata(event)
+    except RemoteStorageError:
+        pass
 
 
 @dataclass
