@@ -168,16 +168,15 @@ def _require_empty(state_dir: Path) -> None:
 
 
 def _end_offsets(settings: Settings, topic: str) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
+    """The metadata topic's end offsets, read as a node reads them (rlmm's OffsetReader)."""
+    from rlmm.errors import RemoteStorageError
+    from rlmm.event_log import OffsetReader
 
-    consumer = Consumer(settings.kafka_client(**{"group.id": "tierlog-cli-offsets"}))
+    partitions = require_topic(settings, topic)
     try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.timeout_s)[1]
-            for p in topic_partitions(consumer, settings, topic)
-        }
-    finally:
-        consumer.close()
+        return OffsetReader(topic, settings.kafka_client()).end_offsets(partitions, settings.timeout_s)
+    except RemoteStorageError as exc:
+        raise CommandError(f"cannot read the end offsets of {topic}: {exc}") from exc
 
 
 def _catch_up(settings: Settings, state_dir: Path, label: str, show: bool | None) -> dict[str, Any]:
