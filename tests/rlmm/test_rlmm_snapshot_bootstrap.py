@@ -8,7 +8,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,16 @@ LOCATION = "snapshots"
 
 
 @pytest.fixture
-def store(s3_endpoint: S3Endpoint) -> StorageBackend:
-    return open_store(f"s3://{s3_endpoint.bucket}/bootstrap-{uuid.uuid4().hex[:10]}", s3_settings(s3_endpoint))
+def store(s3_endpoint: S3Endpoint) -> Iterator[StorageBackend]:
+    """A fresh prefix of the dev bucket, emptied after the test."""
+    backend = open_store(f"s3://{s3_endpoint.bucket}/bootstrap-{uuid.uuid4().hex[:10]}", s3_settings(s3_endpoint))
+    try:
+        yield backend
+    finally:
+        keys = [info.key for info in backend.list("")]
+        if keys:
+            backend.delete(keys)
+        backend.close()
 
 
 def _node(kafka_bootstrap: str, metadata_topic: str, state_dir: Path, source: SnapshotSource,
