@@ -72,6 +72,7 @@ class MetadataApplier:
         self._registered = registered
         self._metadata_partition = metadata_partition
         self.applied: dict[int, int] = dict(view.applied_offsets(settings.metadata_topic))
+        view.load_model()  # at startup, rather than in whichever lookup or batch comes first
         self.halted: dict[int, MetadataLogError] = {}
         self.storage_problem: str | None = None
         self._stamped_at = 0.0
