@@ -127,17 +127,19 @@ def setup_logging(log_file: str | Path | None, max_bytes: int = LOG_MAX_BYTES, b
 
 GRACE_S = 10.0
 WORKERS = 32
+# A broker configures both plugins at startup; the rlmm waits this long for the rsm whose bucket holds snapshots.
+SNAPSHOT_RSM_WAIT_S = 30.0
 PARENT_POLL_S = 1.0
 # The broker's messages are small except listed segments; match the JVM adapter's limit.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _PREFIXES = {"rlmm.": ComponentName.REMOTE_LOG_METADATA_MANAGER, "rsm.": ComponentName.REMOTE_STORAGE_MANAGER}
 
 
-def _create_rlmm(config: Mapping[str, Any]) -> Any:
+def _create_rlmm(config: Mapping[str, Any], snapshot_source: Any | None = None) -> Any:
     from rlmm import RemoteLogMetadataManager
 
     # Without a logger librdkafka writes straight to stderr, unfiltered and unrotated.
-    return RemoteLogMetadataManager({"kafka.logger": client_logger(), **config})
+    return RemoteLogMetadataManager({"kafka.logger": client_logger(), **config}, snapshot_source=snapshot_source)
 
 
 def _create_rsm(config: Mapping[str, Any]) -> Any:
@@ -171,13 +173,14 @@ class AgentServer:
         exit_when_idle: bool = False,
         metrics_address: str = DEFAULT_METRICS_ADDRESS,
         archiver: ArchiverStatus | None = None,
+        snapshot_source: Any | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
         self.stopped = threading.Event()
         self.metrics = AgentMetrics()
         self.components = Components(
             {
-                ComponentName.REMOTE_LOG_METADATA_MANAGER: _create_rlmm,
+                ComponentName.REMOTE_LOG_METADATA_MANAGER: self._create_rlmm,
                 ComponentName.REMOTE_STORAGE_MANAGER: _create_rsm,
             },
             on_idle=self.stopped.set if exit_when_idle else None,
@@ -186,8 +189,34 @@ class AgentServer:
         self.metrics_port = metrics_port
         self.metrics_address = metrics_address
         self._archiver = archiver
+        self._snapshot_source = snapshot_source
         self._end_offsets: Any = None
         self._server: grpc.Server | None = None
+
+    def _create_rlmm(self, config: Mapping[str, Any]) -> Any:
+        return _create_rlmm(config, self._snapshot_source or self._bucket_snapshots(config))
+
+    def _bucket_snapshots(self, config: Mapping[str, Any]) -> Any | None:
+        """With `snapshot.location`, a new node bootstraps from snapshots in the bucket its rsm writes to."""
+        if not config.get("snapshot.location"):
+            return None
+        from rsm.snapshot_source import BucketSnapshotSource
+
+        deadline = time.monotonic() + SNAPSHOT_RSM_WAIT_S
+        while True:
+            try:
+                rsm = self.components.get(ComponentName.REMOTE_STORAGE_MANAGER, max(deadline - time.monotonic(), 0))
+                return BucketSnapshotSource(rsm.backend)
+            except NotConfiguredError as exc:  # the broker configures the rsm next; wait for it a little
+                if time.monotonic() >= deadline or self.stopped.wait(0.1):
+                    reason: Exception = exc
+                    break
+            except Exception as exc:  # the rsm failed to start: the node reads the topic instead
+                reason = exc
+                break
+        log.warning("snapshot.location is set but this agent's storage manager is not available (%s); "
+                    "the metadata view is built from the topic", reason)
+        return None
 
     def _rsm_snapshot(self) -> dict[str, Any] | None:
         try:
@@ -310,13 +339,15 @@ def serve(
     exit_when_idle: bool = False,
     metrics_address: str = DEFAULT_METRICS_ADDRESS,
     archiver: ArchiverStatus | None = None,
+    snapshot_source: Any | None = None,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or its parent's exit / idleness, if asked); see the module doc.
 
-    `archiver`: the audit archiver thread running beside the agent, exported as tierlog_archiver_*."""
+    `archiver`: the audit archiver thread running beside the agent, exported as tierlog_archiver_*.
+    `snapshot_source`: where the rlmm finds bootstrap snapshots (default: its rsm's bucket)."""
     agent = AgentServer(
         config, socket_path, metrics_port, exit_when_idle=exit_when_idle, metrics_address=metrics_address,
-        archiver=archiver,
+        archiver=archiver, snapshot_source=snapshot_source,
     ).start()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -23,24 +23,12 @@ from rlmm.archive import read_archive_file, read_snapshot, write_snapshot
 from rlmm.bootstrap import SnapshotRef, list_snapshots, read_verified, snapshot_key
 from rlmm.errors import RemoteStorageError, SnapshotError
 from rsm.backend import StorageBackend, read_all
+from rsm.snapshot_source import BucketSnapshotSource
 from tierlog.audit.archiver import list_archive_files
 
 log = logging.getLogger(__name__)
 
 _EVENT_FIELDS = ("segment", "partition_delete", "epoch_checkpoint")
-
-
-class BucketSnapshotSource:
-    """rlmm's `SnapshotSource` over a storage backend (the agent's bucket)."""
-
-    def __init__(self, store: StorageBackend) -> None:
-        self._store = store
-
-    def list_keys(self, prefix: str) -> Iterable[str]:
-        return [info.key for info in self._store.list(prefix)]
-
-    def read(self, key: str) -> bytes:
-        return read_all(self._store.get_range(key, 0))
 
 
 @dataclass(frozen=True, slots=True)

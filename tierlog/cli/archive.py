@@ -59,21 +59,39 @@ def cmd_archive(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
+    from rsm.snapshot_source import BucketSnapshotSource
     from tierlog.agent.server import serve
     from tierlog.audit.archiver import Archiver, ArchiverThread
+    from tierlog.audit.snapshots import SnapshotSettings, SnapshotWriterThread, start_snapshot_writer
 
     # The agent takes only component keys; the rest (bootstrap.servers, archive.*) serve the archiver.
     config = {k: v for k, v in settings.config.items() if k.startswith(("rlmm.", "rsm."))}
     thread: ArchiverThread | None = None
+    snapshots: SnapshotWriterThread | None = None
+    source = None
     if args.archive or (settings.get("archive.enable") or "").lower() == "true":
         location = settings.archive_location(None)
         broker = settings.get("broker.id") or "0"
         archive = archiver_settings(settings, group=True, instance_id=f"tierlog-archiver-broker-{broker}")
         thread = ArchiverThread(lambda: Archiver(open_location(location, settings), archive))
         thread.start()
+        snapshot_location = settings.get("snapshot.location")
+        if snapshot_location:
+            # Snapshots are folded from the archive, so they live in the archive's bucket; the rlmm reads them there.
+            store = open_location(location, settings)
+            source = BucketSnapshotSource(store)
+            interval_s = int(settings.get("snapshot.interval.ms") or 3_600_000) / 1000
+            try:
+                snapshot_settings = SnapshotSettings(snapshot_location, settings.metadata_topic(), interval_s)
+            except ValueError as exc:
+                raise CommandError(f"snapshot settings: {exc}", EXIT_USAGE) from exc
+            snapshots = start_snapshot_writer(store, snapshot_settings, settings.bootstrap())
     try:
-        serve(config, args.socket, args.metrics_port, metrics_address=args.metrics_address, archiver=thread)
+        serve(config, args.socket, args.metrics_port, metrics_address=args.metrics_address, archiver=thread,
+              snapshot_source=source)
     finally:
+        if snapshots is not None:
+            snapshots.stop()
         if thread is not None:
             thread.stop()
     return EXIT_OK
