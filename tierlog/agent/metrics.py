@@ -99,6 +99,9 @@ class ArchiverStatus(Protocol):
 
     restarts: int
 
+    @property
+    def gaps(self) -> int: ...
+
     def is_alive(self) -> bool: ...
 
 
@@ -114,6 +117,10 @@ class _ArchiverCollector(Collector):
         yield CounterMetricFamily(
             "tierlog_archiver_restarts", "times the audit archiver failed and started again (see the agent log)",
             value=self._archiver.restarts,
+        )
+        yield CounterMetricFamily(
+            "tierlog_archiver_gaps", "records compaction removed before the archiver copied them: the audit "
+            "trail has a hole (see the agent log for the offsets)", value=self._archiver.gaps,
         )
 
 

@@ -358,7 +358,7 @@ class Archiver:
 
 class ArchiverThread(threading.Thread):
     """Runs an Archiver in the background of the agent; after any failure it logs, waits and starts a new
-    one, which resumes from the archive. `restarts` and `error` (the last failure) are for inspection."""
+    one, which resumes from the archive. `restarts`, `gaps` and `error` (the last failure) are for inspection."""
 
     def __init__(self, make_archiver: Callable[[], Archiver]) -> None:
         super().__init__(name="tierlog-archiver", daemon=True)
@@ -366,12 +366,23 @@ class ArchiverThread(threading.Thread):
         self._stop_event = threading.Event()
         self.error: BaseException | None = None
         self.restarts = 0
+        self._current: Archiver | None = None
+        self._earlier_gaps = 0
+
+    @property
+    def gaps(self) -> int:
+        """Audit gaps found since the thread started, by every archiver it ran."""
+        current = self._current
+        return self._earlier_gaps + (len(current.stats.gaps) if current is not None else 0)
 
     def run(self) -> None:
         backoff_s = RETRY_MIN_S
         while not self._stop_event.is_set():
             try:
-                self._make_archiver().run(self._stop_event)
+                if self._current is not None:
+                    self._earlier_gaps += len(self._current.stats.gaps)
+                self._current = self._make_archiver()
+                self._current.run(self._stop_event)
             except Exception as exc:  # the agent keeps serving; the archiver starts again
                 self.error = exc
                 self.restarts += 1
