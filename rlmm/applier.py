@@ -7,10 +7,12 @@ fetched on a thread of their own, so no admin call ever runs on the apply path.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
@@ -99,7 +101,8 @@ class MetadataApplier:
                 messages = self._consumer.consume(1, 0.02)
                 if messages:
                     messages += self._consumer.consume(max_records - 1, 0)
-                    self._apply(messages)
+                    with _cyclic_gc_paused():
+                        self._apply(messages)
                 elif time.monotonic() - self._stamped_at > STAMP_INTERVAL_S:
                     self._stamp()
                 backoff_s = RETRY_MIN_S
@@ -308,6 +311,20 @@ class MetadataApplier:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=timeout_s)
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Decoding and applying a batch allocate many short-lived, acyclic containers (records, overlays); each burst
+    made the cyclic collector rescan the read model, about a quarter of a rebuild's time. Reference counting still
+    frees them; cycles made meanwhile wait for the next collection after the batch."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _position(message: Message) -> tuple[int, int]:
