@@ -94,7 +94,7 @@ class MetadataApplier:
     def _run(self) -> None:
         backoff_s = RETRY_MIN_S
         max_records = self._settings.batch_max_records
-        caught_up = True
+        behind = False
         while not self._stop.is_set():
             reopen: bool | None = None  # set when this round failed: whether the view must be reopened
             try:
@@ -103,13 +103,15 @@ class MetadataApplier:
                 messages = self._consumer.consume(1, 0.02)
                 if messages:
                     messages += self._consumer.consume(max_records - 1, 0)
+                    # A batch short of the maximum after full ones is the end of a backlog (a rebuild).
+                    backlog_done = behind and len(messages) < max_records
                     with _cyclic_gc_paused():
-                        self._apply(messages)
-                    caught_up = caught_up and len(messages) < max_records
+                        self._apply(messages, backlog_done)
+                    behind = len(messages) >= max_records
                 else:
-                    if not caught_up:  # a backlog (a rebuild) was just worked off
+                    if behind:  # the backlog ended with a full batch
                         _release_free_memory()
-                        caught_up = True
+                        behind = False
                     if time.monotonic() - self._stamped_at > STAMP_INTERVAL_S:
                         self._stamp()
                 backoff_s = RETRY_MIN_S
@@ -152,7 +154,7 @@ class MetadataApplier:
         for partition in halted:
             self._consumer.pause(partition)
 
-    def _apply(self, messages: list[Message]) -> None:
+    def _apply(self, messages: list[Message], backlog_done: bool = False) -> None:
         records, requests = self._decode(messages)
         while records:
             next_offsets: dict[int, int] = {}
@@ -166,6 +168,9 @@ class MetadataApplier:
                 records = [r for r in records
                            if r.metadata_partition != bad.metadata_partition or r.offset < bad.offset]
                 continue
+            if backlog_done:
+                # Before anyone hears the view caught up, so a rebuilt node holds what a restarted one holds.
+                _release_free_memory()
             self._after_commit(records, requests, outcomes, next_offsets)
             return
 
@@ -336,7 +341,7 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
 def _release_free_memory() -> None:
     """Hand the memory a backlog's fetch buffers and decoding left free back to the OS (glibc keeps it in each
-    thread's arena otherwise), so a rebuilt node holds what a restarted one holds. A no-op off glibc."""
+    thread's arena otherwise: about 160 MiB after a 200k-event rebuild). A no-op off glibc."""
     malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if malloc_trim is not None:
         malloc_trim(0)
