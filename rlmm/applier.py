@@ -175,31 +175,12 @@ class MetadataApplier:
             return
 
     def _decode(self, messages: list[Message]) -> tuple[list[ConsumedRecord], dict[tuple[int, int], str | None]]:
-        # A record that a later record of the same key in this chunk supersedes is neither decoded nor applied:
-        # replaying only the newest record of each key reaches the same view (compaction invariance), which is
-        # what makes a rebuild far behind the end cheap. Records this node's writes wait for are always applied,
-        # and so is every record of a metadata partition whose newest records cannot be decoded (it halts at the
-        # first bad record, with everything before it applied).
-        newest: dict[bytes, int] = {}
-        for index, message in enumerate(messages):
-            if message.error() is None:
-                newest[message.key() or b""] = index
-        decoded: dict[int, ConsumedRecord | Exception] = {}
-        unreadable: set[int] = set()
-        for index in newest.values():
-            message = messages[index]
-            try:
-                decoded[index] = self._read(message)
-            except (codec.DecodeError, InvalidArgumentError) as exc:
-                decoded[index] = exc
-                unreadable.add(_position(message)[0])
-        requests_of = [request_of(message) for message in messages]
-        with self._lock:
-            awaited = {i for i, request in enumerate(requests_of)
-                       if request is not None and self._writer.awaits_locked(request)}
+        # Every record is decoded and applied in log order, even one a later record of the same key supersedes:
+        # skipping those would make a node's view depend on where its consumer's chunks happened to end whenever
+        # the log holds a record the state machine drops (racing writers), and every node must agree.
         records: list[ConsumedRecord] = []
         requests: dict[tuple[int, int], str | None] = {}
-        for index, message in enumerate(messages):
+        for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._AUTO_OFFSET_RESET:
@@ -213,19 +194,13 @@ class MetadataApplier:
             partition, offset = _position(message)
             if partition in self.halted:
                 continue
-            read = decoded.get(index)
-            if read is None:
-                if partition not in unreadable and index not in awaited:
-                    continue  # superseded later in this chunk
-                try:
-                    read = self._read(message)
-                except (codec.DecodeError, InvalidArgumentError) as exc:
-                    read = exc
-            if isinstance(read, Exception):
-                self._halt(partition, offset, f"cannot read record ({read})")
+            try:
+                record = self._read(message)
+            except (codec.DecodeError, InvalidArgumentError) as exc:
+                self._halt(partition, offset, f"cannot read record ({exc})")
                 continue
-            records.append(read)
-            requests[(partition, offset)] = requests_of[index]
+            records.append(record)
+            requests[(partition, offset)] = request_of(message)
         return records, requests
 
     @staticmethod

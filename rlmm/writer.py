@@ -83,10 +83,6 @@ class MetadataWriter:
     def busy_locked(self, tp: TopicIdPartition) -> bool:
         return tp in self._writing
 
-    def awaits_locked(self, request: str) -> bool:
-        """Whether a write of this node waits for the record carrying `request` to be applied."""
-        return request in self._pending
-
     def begin_locked(self, tp: TopicIdPartition, metadata_partition: int, deadline: float) -> PendingWrite:
         self._writing.add(tp)
         return PendingWrite(Future(), tp, metadata_partition, deadline)
