@@ -222,6 +222,7 @@ class RemoteLogMetadataManager:
         return target is not None and mp not in self._applier.halted and self._applier.applied.get(mp, 0) >= target
 
     def _readable(self, tp: TopicIdPartition) -> None:
+        # On every lookup (the broker's fetch path): one metadata partition, no second pass through _ready_locked.
         _require(tp, TopicIdPartition, "topic_id_partition")
         with self._lock:
             self._check_open()
@@ -231,9 +232,11 @@ class RemoteLogMetadataManager:
                     f"here (on_partition_leadership_changes) or its remote data was deleted"
                 )
             mp = self._metadata_partition(tp)
-            if mp in self._applier.halted:
-                raise self._applier.halted[mp]
-            if not self._ready_locked(tp):
+            halted = self._applier.halted.get(mp)
+            if halted is not None:
+                raise halted
+            target = self._registered[tp]
+            if target is None or self._applier.applied.get(mp, 0) < target:
                 raise RemoteStorageNotReadyError(
                     f"remote log metadata for {tp} is still loading on broker {self.broker_id} "
                     f"(metadata partition {mp} applied to offset {self._applier.applied.get(mp, 0)}); retry"
