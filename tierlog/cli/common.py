@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tierlog.errors import TierlogError
+
 EXIT_OK = 0
 
 
@@ -54,7 +56,7 @@ SHORT_PREFIXES = ("rlmm.", "rsm.")
 KAFKA_LOGGER = "tierlog.librdkafka"
 
 
-class CommandError(Exception):
+class CommandError(TierlogError):
     """A failure the user can act on: the message says what is wrong and what to do."""
 
     def __init__(self, message: str, exit_code: int = EXIT_UNAVAILABLE) -> None:

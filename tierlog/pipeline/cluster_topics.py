@@ -9,8 +9,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tierlog.errors import TierlogError
 
-class ClusterUnavailableError(RuntimeError):
+
+class ClusterUnavailableError(TierlogError):
     """Kafka did not answer the metadata request within the timeout."""
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -23,18 +22,12 @@ from typing import TYPE_CHECKING, Any
 from rlmm.archive import ARCHIVE_ROOT
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.backend import ObjectInfo, StorageBackend
-from rsm.keys import INDEXES_SUFFIX, LOG_SUFFIX, segment_keys
+from rsm.keys import INDEXES_SUFFIX, LOG_SUFFIX, parse_object_key, segment_keys
+from tierlog.errors import TierlogError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-# rsm.keys' layout read backwards: optional hash directory, topic-topicId, partition, start-uuid.kind.
-_UUID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-SEGMENT_OBJECT = (
-    rf"^(?:[0-9a-f]{{4}}/)?(.+)-({_UUID})/(\d+)/(\d{{20}})-({_UUID})"
-    rf"({LOG_SUFFIX.replace('.', '[.]')}|{INDEXES_SUFFIX.replace('.', '[.]')})$"
-)
-_SEGMENT_OBJECT = re.compile(SEGMENT_OBJECT)
 DELETE_BATCH = 1000
 # Longer than any upload can take (a multipart upload's object carries the time the upload started) plus
 # the broker's metadata write after it.
@@ -46,7 +39,7 @@ ORPHAN_UNREFERENCED = "no segment in the metadata references it"
 ORPHAN_TOPIC_DELETED = "its topic no longer exists in the cluster"
 
 
-class MetadataBehindError(RuntimeError):
+class MetadataBehindError(TierlogError):
     """The metadata source had not caught up with the topic when the bucket was listed: deleting is unsafe."""
 
 
@@ -85,11 +78,11 @@ class BucketObject:
 
     @classmethod
     def of(cls, info: ObjectInfo) -> BucketObject:
-        match = _SEGMENT_OBJECT.match(info.key)
-        if match is None:
+        parsed = parse_object_key(info.key)
+        if parsed is None:
             return cls(info.key, info.size, info.last_modified_ms)
-        topic, topic_id, _partition, _start, segment_id, kind = match.groups()
-        return cls(info.key, info.size, info.last_modified_ms, segment_id, topic, topic_id, kind)
+        return cls(info.key, info.size, info.last_modified_ms, str(parsed.segment_id), parsed.topic,
+                   str(parsed.topic_id), parsed.suffix)
 
 
 @dataclass(frozen=True, slots=True)
