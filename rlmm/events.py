@@ -76,6 +76,10 @@ class EpochCheckpoint:
 MetadataEvent = RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata | EpochCheckpoint
 
 KeyKind = Literal["segment", "partition-delete", "epochs"]
+# An encoded key's fields, in order, joined by KEY_SEPARATOR; readers that cannot call RecordKey.decode (Spark
+# columns) split by these.
+KEY_SEPARATOR = ":"
+KEY_FIELDS = ("kind", "topic_id", "partition", "segment_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +92,15 @@ class RecordKey:
     segment_id: uuid.UUID | None = None
 
     def encode(self) -> bytes:
-        base = f"{self.kind}:{self.topic_id}:{self.partition}"
-        return (base if self.segment_id is None else f"{base}:{self.segment_id}").encode()
+        fields = [self.kind, str(self.topic_id), str(self.partition)]
+        if self.segment_id is not None:
+            fields.append(str(self.segment_id))
+        return KEY_SEPARATOR.join(fields).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> RecordKey:
         try:
-            parts = raw.decode().split(":")
+            parts = raw.decode().split(KEY_SEPARATOR)
             kind = parts[0]
             if kind == "segment" and len(parts) == 4:
                 return cls("segment", uuid.UUID(parts[1]), int(parts[2]), uuid.UUID(parts[3]))

@@ -237,8 +237,7 @@ class MetadataView:
     def user_partitions(self) -> list[TopicIdPartition]:
         found = []
         for key, value in self._cf[vf.PARTITION_META].items():
-            topic_id = uuid.UUID(bytes=bytes(key[:16]))
-            partition = int.from_bytes(key[16:20], "big")
+            topic_id, partition = vf.tp_of_key(bytes(key))
             found.append(TopicIdPartition(topic_id, vf.decode_partition_meta(bytes(value)).topic, partition))
         return found
 

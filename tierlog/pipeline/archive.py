@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from rlmm.archive import archived_event_schema, from_archived
-from rlmm.events import MetadataEvent, RecordKey
+from rlmm.events import KEY_FIELDS, KEY_SEPARATOR, MetadataEvent, RecordKey
 from tierlog.errors import TierlogError
 from tierlog.pipeline.session import spark_path
 
@@ -53,9 +53,9 @@ def read_archive(spark: SparkSession, location: str, metadata_topic: str) -> Dat
 
 def with_user_partition(frame: DataFrame) -> DataFrame:
     """Add `topic_id` and `partition` of the user partition a record belongs to, parsed from its key."""
-    parts = F.split(F.col("key"), ":")
-    return frame.withColumn("topic_id", parts.getItem(1)).withColumn(
-        "partition", parts.getItem(2).cast("int")
+    parts = F.split(F.col("key"), KEY_SEPARATOR)
+    return frame.withColumn("topic_id", parts.getItem(KEY_FIELDS.index("topic_id"))).withColumn(
+        "partition", parts.getItem(KEY_FIELDS.index("partition")).cast("int")
     )
 
 

@@ -9,7 +9,6 @@ compaction and the same state machine over the archive files read with rlmm.arch
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,8 +103,8 @@ def _entry_rows(folded: state.InMemoryState) -> Iterator[tuple[Any, ...]]:
 
 
 def _tp_of(key: bytes) -> tuple[str, int]:
-    # Every view key starts with the user partition (view_format.tp_key): topic id, then partition.
-    return str(uuid.UUID(bytes=key[:16])), int.from_bytes(key[16:vf.TP_KEY_LEN], "big")
+    topic_id, partition = vf.tp_of_key(key)
+    return str(topic_id), partition
 
 
 def view_entries(folded: state.InMemoryState) -> Iterator[tuple[str, bytes, bytes]]:
