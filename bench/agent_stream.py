@@ -47,7 +47,10 @@ def main() -> None:
     args = parser.parse_args()
     size = args.segment_mib * 1024 * 1024
     with tempfile.TemporaryDirectory(prefix="tlb-") as tmp:
-        base = Path(tmp)
+        # Laid out as a broker's log dir: the agent reads segment files only inside one.
+        (Path(tmp) / "meta.properties").write_text("version=1\n")
+        base = Path(tmp) / "bench-0"
+        base.mkdir()
         files = {
             name: base / f"00000000000000000000.{name}" for name in ("log", "index", "timeindex", "snapshot")
         }

@@ -58,7 +58,12 @@ CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     # The broker's log directories: copy_log_segment_data reads segment files only below them, so a caller
     # naming any other file (/etc/shadow) is refused. Unset (a library user's own files): no restriction.
     ConfigKey("log.dirs", _parse_log_dirs, default=()),
+    # Without log.dirs (Kafka hands the RSM none): read only files inside some Kafka log directory, the one
+    # each file's path leads to (a directory holding meta.properties). The agent turns it on for brokers.
+    ConfigKey("log.dirs.detect", parse_bool, default=False),
 )
+# What Kafka writes at the root of every log directory it formats.
+KAFKA_LOG_DIR_MARKER = "meta.properties"
 
 
 def parse_rsm_config(raw: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
@@ -103,6 +108,7 @@ class RemoteStorageManager:
         self._backend: StorageBackend = available_backends()[name].create(backend_config, self._metrics)
         self._hashed: bool = core["storage.hash.prefix"]
         self._log_dirs: tuple[Path, ...] = core["log.dirs"]
+        self._detect_log_dirs: bool = core["log.dirs.detect"]
         self._cache = IndexCache(
             core["index.cache.max.bytes"], core["index.cache.ttl.ms"] / 1000.0, self._metrics
         )
@@ -146,15 +152,23 @@ class RemoteStorageManager:
         return custom_metadata.encode(SegmentCustomMetadata(layout, self._hashed))
 
     def _require_in_log_dirs(self, data: LogSegmentData) -> None:
-        if not self._log_dirs:
+        if not self._log_dirs and not self._detect_log_dirs:
             return
         for path in data.files():
             # Resolved first: a symlink inside a log dir must not lead outside it.
             real = path.resolve()
-            if not any(real.is_relative_to(root) for root in self._log_dirs):
+            if self._log_dirs:
+                if not any(real.is_relative_to(root) for root in self._log_dirs):
+                    raise InvalidArgumentError(
+                        f"refusing to read {path} (resolves to {real}): segment files must lie in the broker's "
+                        f"log directories ({', '.join(map(str, self._log_dirs))}, config key log.dirs)"
+                    )
+            elif not (real.parent.parent / KAFKA_LOG_DIR_MARKER).is_file():
+                # A segment file lives in <log dir>/<topic>-<partition>/; the log dir holds meta.properties.
                 raise InvalidArgumentError(
-                    f"refusing to read {path} (resolves to {real}): segment files must lie in the broker's "
-                    f"log directories ({', '.join(map(str, self._log_dirs))}, config key log.dirs)"
+                    f"refusing to read {path} (resolves to {real}): segment files must lie in a partition "
+                    f"directory of a Kafka log directory (one holding {KAFKA_LOG_DIR_MARKER}); set log.dirs "
+                    "to the broker's log.dirs to name them"
                 )
 
     @staticmethod

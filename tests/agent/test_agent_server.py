@@ -40,6 +40,10 @@ def _segment(size: int) -> RemoteLogSegmentMetadata:
 
 
 def _copy(agent: AgentUnderTest, directory: Path, log: bytes) -> RemoteLogSegmentMetadata:
+    # Laid out as a broker's log dir: the agent reads segment files only inside one.
+    (directory / "meta.properties").write_text("version=1\n")
+    directory = directory / "orders-0"
+    directory.mkdir(exist_ok=True)
     files = {}
     for name, data in {"log": log, "index": b"\0" * 16, "timeindex": b"\0" * 24, "snapshot": b"snap"}.items():
         files[name] = directory / f"00000000000000000000.{name}"

@@ -58,6 +58,7 @@ def test_missing_state_dir_without_a_log_dir_is_named() -> None:
 
 
 def test_rsm_gets_its_own_keys_without_kafkas_broker_and_node_ids() -> None:
+    # Kafka passes its RSM no log.dirs: the rsm then reads only files inside a Kafka log directory.
     assert rsm_config({"storage.backend": "filesystem", "broker.id": "1", "node.id": "1"}) == {
-        "storage.backend": "filesystem"
+        "storage.backend": "filesystem", "log.dirs.detect": "true",
     }

@@ -64,6 +64,10 @@ def copy_segment(
     """Copy a segment (without a transaction index) through the agent; return its metadata with the
     custom metadata the copy returned."""
     segment = metadata or segment_metadata(TopicIdPartition(uuid.uuid4(), "orders", 0), len(log))
+    # Laid out as a broker's log dir: the agent reads segment files only inside one.
+    (directory / "meta.properties").write_text("version=1\n")
+    directory = directory / "orders-0"
+    directory.mkdir(exist_ok=True)
     files = {}
     for name, data in {"log": log, "index": b"\0" * 16, "timeindex": b"\0" * 24, "snapshot": b"snap"}.items():
         files[name] = directory / f"{segment.remote_log_segment_id.id}.{name}"

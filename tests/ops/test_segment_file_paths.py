@@ -107,3 +107,27 @@ def test_a_dot_dot_path_escaping_the_log_dir_is_refused(channel: grpc.Channel, t
     with pytest.raises(grpc.RpcError) as raised:
         _copy(channel, {**files, "index": sneaky})
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _broker_without_log_dirs(channel: grpc.Channel, root: Path) -> None:
+    # What Kafka hands its RSM: rsm.config.* and broker.id, no log.dirs.
+    pb_grpc.AgentStub(channel).Configure(pb.ConfigureRequest(
+        component=pb.REMOTE_STORAGE_MANAGER,
+        config={"storage.backend": "filesystem", "filesystem.root": str(root / "remote"), "broker.id": "1"},
+    ), timeout=30)
+
+
+def test_without_log_dirs_only_files_inside_a_kafka_log_dir_are_read(channel: grpc.Channel, tmp_path: Path) -> None:
+    _broker_without_log_dirs(channel, tmp_path)
+    log_dir = tmp_path / "kafka-logs"
+    (log_dir / "orders-0").mkdir(parents=True)
+    (log_dir / "meta.properties").write_text("version=1\n")
+
+    assert _copy(channel, _segment_files(log_dir / "orders-0")).HasField("custom_metadata")
+    with pytest.raises(grpc.RpcError) as failure:
+        _copy(channel, {**_segment_files(log_dir / "orders-0"), "log": Path("/etc/shadow")})
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "meta.properties" in (failure.value.details() or "")
+    with pytest.raises(grpc.RpcError) as failure:
+        _copy(channel, _segment_files(tmp_path / "elsewhere" / "orders-0"))
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT

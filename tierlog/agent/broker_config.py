@@ -81,15 +81,14 @@ def rsm_config(broker: Mapping[str, Any]) -> dict[str, Any]:
     """The rsm config for a broker's RSM configure() map: rsm.config.* as given, Kafka's additions removed.
 
     The broker's log directories (`log.dirs`, or `log.dir`, as the adapter forwards them) become the rsm's
-    `log.dirs`: the only directories a copy request may read from.
+    `log.dirs`: the only directories a copy request may read from. Without them (Kafka passes its RSM none),
+    the rsm reads only files inside a Kafka log directory (`log.dirs.detect`).
     """
     config = {k: v for k, v in broker.items() if k not in KAFKA_RSM_KEYS and k not in BROKER_LOG_DIR_KEYS}
     log_dirs = next((broker[k] for k in BROKER_LOG_DIR_KEYS if broker.get(k)), None)
     if log_dirs is None:
-        log.warning(
-            "the broker passed no log.dirs to the RSM: copy requests may name any file this agent can read; "
-            "set rsm.config.log.dirs to the broker's log.dirs"
-        )
+        # Kafka hands its RSM no log.dirs: read only files inside a Kafka log directory (meta.properties).
+        config.setdefault("log.dirs.detect", "true")
     else:
         config["log.dirs"] = log_dirs
     return config
