@@ -77,6 +77,9 @@ class MetadataApplier:
         self.applied: dict[int, int] = dict(view.applied_offsets(settings.metadata_topic))
         view.load_model()  # at startup, rather than in whichever lookup or batch comes first
         self.halted: dict[int, MetadataLogError] = {}
+        # Records applied to the view and records the state machine dropped, since this manager started.
+        self.records_applied = 0
+        self.records_dropped = 0
         self.storage_problem: str | None = None
         self._stamped_at = 0.0
         self._consumer.assign(self.applied)
@@ -244,7 +247,10 @@ class MetadataApplier:
             self.storage_problem = None
             self.applied.update(next_offsets)
             for record, outcome in zip(records, outcomes, strict=True):
-                if not outcome.applied:
+                if outcome.applied:
+                    self.records_applied += 1
+                else:
+                    self.records_dropped += 1
                     log.warning("metadata topic %s partition %d offset %d: record dropped: %s",
                                 self._settings.metadata_topic, record.metadata_partition, record.offset,
                                 outcome.reason)

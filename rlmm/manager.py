@@ -290,6 +290,11 @@ class RemoteLogMetadataManager:
         with self._lock:
             return dict(self._applier.applied)
 
+    def record_counts(self) -> tuple[int, int]:
+        """Records this manager applied to its view and records the state machine dropped (invalid), so far."""
+        with self._lock:
+            return self._applier.records_applied, self._applier.records_dropped
+
     def wait_caught_up(self, timeout_s: float) -> None:
         """Block until the view has applied every metadata partition up to its current end offset.
 

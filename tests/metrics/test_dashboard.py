@@ -189,6 +189,10 @@ def test_a_real_scrape_shows_the_traffic_the_agent_served(served: tuple[Scrape, 
     assert found.value("tierlog_rlmm_view_user_partitions") == 1
     assert found.value("tierlog_rlmm_applied_offset") >= 2  # the add and the update, at least
     assert found.value("tierlog_rlmm_halted_partitions") == 0
+    # The add and the update applied (and the lineage checkpoint after it); the refused update never reached
+    # the topic, so nothing was dropped.
+    assert found.value("tierlog_rlmm_records_applied_total") >= 2
+    assert found.value("tierlog_rlmm_records_dropped_total") == 0
     assert found.value("tierlog_rlmm_end_offsets_available") == 1
     assert found.value("tierlog_agent_component_ready", component="rlmm") == 1
     assert found.value("tierlog_archiver_running") == 1

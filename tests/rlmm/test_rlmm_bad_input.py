@@ -278,3 +278,22 @@ def test_a_kafka_client_setting_the_metadata_log_relies_on_is_refused_naming_it(
 ) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         make_manager(**{key: value})
+
+
+def test_records_the_state_machine_drops_are_counted_apart_from_those_it_applies(
+    make_manager: MakeManager, kafka_bootstrap: str, metadata_topic: str
+) -> None:
+    manager = make_manager()
+    register(manager, TP)
+    good = segment(TP, 0, 10, {0: 0})
+    manager.add_remote_log_segment_metadata(good).result(timeout=30)
+    applied_before, dropped_before = manager.record_counts()
+    # A foreign writer skips a state: Kafka's rules refuse COPY_SEGMENT_STARTED -> DELETE_SEGMENT_FINISHED.
+    invalid = good.create_with_update(update_of(good, RemoteLogSegmentState.DELETE_SEGMENT_FINISHED))
+    later = segment(TP, 11, 20, {0: 11})
+    _, (_, last) = produce(kafka_bootstrap, metadata_topic, [
+        (key_of(invalid).encode(), codec.encode(invalid)), (key_of(later).encode(), codec.encode(later))])
+    wait_until(lambda: manager.applied_offsets()[0] > last, timeout=30, description="both records applied")
+    applied, dropped = manager.record_counts()
+    assert (applied - applied_before, dropped - dropped_before) == (1, 1)
+    assert applied_before >= 1 and dropped_before == 0

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rlmm.event_log import OffsetReader
@@ -178,6 +178,15 @@ class RlmmCollector(Collector):
         yield halted_family
         yield GaugeMetricFamily(
             "tierlog_rlmm_halted_partitions", "metadata partitions this node stopped applying", value=len(halted)
+        )
+        applied_records, dropped_records = manager.record_counts()
+        yield CounterMetricFamily(
+            "tierlog_rlmm_records_applied", "metadata records this node applied to its view", value=applied_records
+        )
+        yield CounterMetricFamily(
+            "tierlog_rlmm_records_dropped",
+            "metadata records the state machine dropped as invalid (an invalid transition; the log names each)",
+            value=dropped_records,
         )
         if ends is not None:
             end_family = GaugeMetricFamily(
