@@ -246,9 +246,6 @@ class MetadataView:
             return self.segments_of(tp)
         return (vf.decode_segment(bytes(v)) for v in self._cf[vf.SEGMENTS].values())
 
-    def partition_delete_states(self) -> Iterator[RemotePartitionDeleteMetadata]:
-        return (vf.decode_partition_delete(bytes(v)) for v in self._cf[vf.PARTITIONS].values())
-
     def applied_offsets(self, metadata_topic: str) -> dict[int, int]:
         prefix = metadata_topic.encode() + b"\0"
         return {
