@@ -112,19 +112,19 @@ def test_no_import_cycles_between_modules() -> None:
         graph[name] = {t for t in targets if not name.startswith(t + ".")}
     visiting: set[str] = set()
     done: set[str] = set()
-    path: list[str] = []
+    trail: list[str] = []
 
     def visit(node: str) -> None:
         if node in done:
             return
         if node in visiting:
-            cycle = path[path.index(node):] + [node]
+            cycle = [*trail[trail.index(node):], node]
             pytest.fail("import cycle: " + " -> ".join(cycle))
         visiting.add(node)
-        path.append(node)
+        trail.append(node)
         for target in sorted(graph.get(node, ())):
             visit(target)
-        path.pop()
+        trail.pop()
         visiting.discard(node)
         done.add(node)
 

@@ -224,8 +224,8 @@ def test_an_agent_with_a_snapshot_location_bootstraps_its_rlmm_from_its_rsms_buc
     _history(writer, seed=5, partitions=3)
     _snapshot(kafka_bootstrap, metadata_topic, store)
     expected = writer.view_digest()
-    rlmm = manager_config(kafka_bootstrap, tmp_path / "agent-state", metadata_topic, partitions=PARTITIONS,
-                          **{"snapshot.location": LOCATION})
+    rlmm = {**manager_config(kafka_bootstrap, tmp_path / "agent-state", metadata_topic, partitions=PARTITIONS),
+            "snapshot.location": LOCATION}
     rsm = {"storage.backend": "s3", "s3.bucket": s3_endpoint.bucket, "s3.prefix": prefix,
            "s3.endpoint.url": s3_endpoint.endpoint, "s3.access.key.id": s3_endpoint.access_key,
            "s3.secret.access.key": s3_endpoint.secret_key, "s3.region": s3_endpoint.region}
