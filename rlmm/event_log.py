@@ -189,20 +189,39 @@ class OffsetReader:
             return {}
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            if self._admin is None:
-                self._admin = AdminClient(self._config)
-            try:
-                futures = self._admin.list_offsets(
-                    {TopicPartition(self.topic, p): spec for p in partitions}, request_timeout=timeout_s)
-                return {tp.partition: f.result(timeout=max(0.0, deadline - time.monotonic())).offset
-                        for tp, f in futures.items()}
-            except (KafkaException, TimeoutError) as exc:
-                self._admin = None  # the next call starts from fresh cluster metadata
-                if isinstance(exc, TimeoutError) or _is_timeout(exc):
-                    raise MetadataTimeoutError(
-                        f"listing offsets of metadata topic {self.topic} did not answer within {timeout_s}s"
-                    ) from exc
-                raise MetadataLogError(f"listing offsets of metadata topic {self.topic} failed: {exc}") from exc
+            while True:
+                if self._admin is None:
+                    self._admin = AdminClient(self._config)
+                try:
+                    futures = self._admin.list_offsets({TopicPartition(self.topic, p): spec for p in partitions},
+                                                       request_timeout=max(deadline - time.monotonic(), 0.1))
+                    return {tp.partition: f.result(timeout=max(0.0, deadline - time.monotonic())).offset
+                            for tp, f in futures.items()}
+                except (KafkaException, TimeoutError) as exc:
+                    self._admin = None  # the next attempt starts from fresh cluster metadata
+                    if isinstance(exc, TimeoutError) or _is_timeout(exc):
+                        raise MetadataTimeoutError(
+                            f"listing offsets of metadata topic {self.topic} did not answer within {timeout_s}s"
+                        ) from exc
+                    # A leader that just moved (fenced or stale leader epoch, not the leader any more) answers
+                    # again once the client has fresh metadata: retry until the deadline.
+                    if _is_leader_change(exc) and time.monotonic() + _RETRY_PAUSE_S < deadline:
+                        time.sleep(_RETRY_PAUSE_S)
+                        continue
+                    raise MetadataLogError(
+                        f"listing offsets of metadata topic {self.topic} failed: {exc}") from exc
+
+
+_RETRY_PAUSE_S = 0.2
+_LEADER_CHANGE_CODES = frozenset({
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REPLICA_NOT_AVAILABLE,
+})
+
+
+def _is_leader_change(exc: KafkaException) -> bool:
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and (error.code() in _LEADER_CHANGE_CODES or error.retriable())
 
 
 def _is_timeout(exc: KafkaException) -> bool:
