@@ -13,6 +13,7 @@ from urllib.request import urlopen
 import grpc
 import pytest
 from agent_testkit import AgentUnderTest
+from support.agent_segments import copy_segment
 
 from rlmm.errors import ConfigError
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
@@ -40,30 +41,7 @@ def _segment(size: int) -> RemoteLogSegmentMetadata:
 
 
 def _copy(agent: AgentUnderTest, directory: Path, log: bytes) -> RemoteLogSegmentMetadata:
-    # Laid out as a broker's log dir: the agent reads segment files only inside one.
-    (directory / "meta.properties").write_text("version=1\n")
-    directory = directory / "orders-0"
-    directory.mkdir(exist_ok=True)
-    files = {}
-    for name, data in {"log": log, "index": b"\0" * 16, "timeindex": b"\0" * 24, "snapshot": b"snap"}.items():
-        files[name] = directory / f"00000000000000000000.{name}"
-        files[name].write_bytes(data)
-    segment = _segment(len(log))
-    answer = agent.storage.CopyLogSegmentData(
-        pb.CopyRequest(
-            metadata=messages.segment_metadata_msg(segment),
-            log_segment=str(files["log"]),
-            offset_index=str(files["index"]),
-            time_index=str(files["timeindex"]),
-            producer_snapshot_index=str(files["snapshot"]),
-            leader_epoch_index=b"0\n1\n0 0\n",
-        ),
-        timeout=30,
-    )
-    custom = answer.custom_metadata if answer.HasField("custom_metadata") else None
-    return RemoteLogSegmentMetadata(
-        **{**{f: getattr(segment, f) for f in segment.__slots__}, "custom_metadata": custom}
-    )
+    return copy_segment(agent.storage, directory, log, _segment(len(log)))
 
 
 def test_socket_is_readable_and_writable_by_its_owner_only(agent: AgentUnderTest) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from metrics_testkit import copy_segment, fetch, fetch_index_chunks, scrape
+from metrics_testkit import fetch, fetch_index_chunks, scrape
+from support.agent_segments import copy_segment
 
 from tierlog.agent.proto import agent_pb2 as pb
 from tierlog.agent.proto import agent_pb2_grpc as pb_grpc

@@ -19,7 +19,8 @@ import promql_parser
 import pytest
 import yaml
 from confluent_kafka import Producer
-from metrics_testkit import Scrape, copy_segment, fetch, fetch_index_chunks, scrape, segment_metadata
+from metrics_testkit import Scrape, fetch, fetch_index_chunks, scrape
+from support.agent_segments import copy_segment, segment_metadata
 
 from rlmm import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, TopicIdPartition
 from rlmm.events import metadata_partition_for
