@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 from botocore.exceptions import ClientError
-from support.services import SERVICES_SCRIPT, Services, read_env_file
+from support.services import SERVICES_SCRIPT, Services
 from support.topics import admin_client, consume, create_topic, produce, unique_topic_name
 
+from dev.env import read_env_file
 from dev.kafka import KafkaCluster
 from dev.process import free_ports, pid_alive, wait_until
 from dev.s3 import GRPC_OFFSET, S3Endpoint

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from rsm_testkit import S3Server, SegmentFactory, SegmentFixture, metadata_for
 from support.s3_proxy import CountingS3Proxy
-from support.services import state_dir
 
+from dev.env import state_dir
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
 from rsm import LogSegmentData, RemoteStorageManager
 

@@ -10,12 +10,11 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
+from dev.env import REPO_ROOT, env_file, read_env_file
 from dev.process import port_is_open
 from dev.s3 import DEFAULT_REGION, S3Endpoint
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICES_SCRIPT = REPO_ROOT / "dev" / "services"
 REQUIRED_KEYS = ("KAFKA_BOOTSTRAP", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "S3_BUCKET")
 
@@ -58,29 +57,6 @@ class Services:
         host, _, port = self.kafka_bootstrap.split(",")[0].rpartition(":")
         s3_host, _, s3_port = self.s3.endpoint.removeprefix("http://").rstrip("/").rpartition(":")
         return port_is_open(int(port), host) and port_is_open(int(s3_port), s3_host)
-
-
-def state_dir() -> Path:
-    """dev/services' state directory: $TIERLOG_DEV_DIR, else <repo>/.dev."""
-    override = os.environ.get("TIERLOG_DEV_DIR")
-    return Path(override).resolve() if override else REPO_ROOT / ".dev"
-
-
-def env_file() -> Path:
-    return state_dir() / "services.env"
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=value lines, as dev/services writes them; blank lines and # comments ignored."""
-    values: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, sep, value = line.partition("=")
-            if not sep:
-                raise ValueError(f"{path}: line {line!r} is not KEY=value")
-            values[key.strip()] = value.strip()
-    return values
 
 
 def configured_services() -> Services | None:
