@@ -24,6 +24,8 @@ from rlmm.archive import write_snapshot
 from rlmm.bootstrap import SnapshotSource, list_snapshots, snapshot_key
 from rlmm.event_log import check_topic
 from rsm.backend import StorageBackend
+from tierlog.agent.components import ComponentName
+from tierlog.agent.server import AgentServer
 from tierlog.audit.archiver import Archiver, ArchiverSettings
 from tierlog.audit.snapshots import (
     BucketSnapshotSource,
@@ -38,9 +40,14 @@ LOCATION = "snapshots"
 
 
 @pytest.fixture
-def store(s3_endpoint: S3Endpoint) -> Iterator[StorageBackend]:
+def store_prefix() -> str:
+    return f"bootstrap-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def store(s3_endpoint: S3Endpoint, store_prefix: str) -> Iterator[StorageBackend]:
     """A fresh prefix of the dev bucket, emptied after the test."""
-    backend = open_store(f"s3://{s3_endpoint.bucket}/bootstrap-{uuid.uuid4().hex[:10]}", s3_settings(s3_endpoint))
+    backend = open_store(f"s3://{s3_endpoint.bucket}/{store_prefix}", s3_settings(s3_endpoint))
     try:
         yield backend
     finally:
@@ -213,20 +220,16 @@ def test_a_snapshot_of_another_topic_falls_back_to_the_topic_with_a_log_line(
 
 def test_an_agent_with_a_snapshot_location_bootstraps_its_rlmm_from_its_rsms_bucket(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
-    s3_endpoint: S3Endpoint, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    s3_endpoint: S3Endpoint, store: StorageBackend, store_prefix: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from tierlog.agent.components import ComponentName
-    from tierlog.agent.server import AgentServer
-
-    prefix = f"agent-bootstrap-{uuid.uuid4().hex[:10]}"
-    store = open_store(f"s3://{s3_endpoint.bucket}/{prefix}", s3_settings(s3_endpoint))
     writer = make_manager(partitions=PARTITIONS)
     _history(writer, seed=5, partitions=3)
     _snapshot(kafka_bootstrap, metadata_topic, store)
     expected = writer.view_digest()
     rlmm = {**manager_config(kafka_bootstrap, tmp_path / "agent-state", metadata_topic, partitions=PARTITIONS),
             "snapshot.location": LOCATION}
-    rsm = {"storage.backend": "s3", "s3.bucket": s3_endpoint.bucket, "s3.prefix": prefix,
+    rsm = {"storage.backend": "s3", "s3.bucket": s3_endpoint.bucket, "s3.prefix": store_prefix,
            "s3.endpoint.url": s3_endpoint.endpoint, "s3.access.key.id": s3_endpoint.access_key,
            "s3.secret.access.key": s3_endpoint.secret_key, "s3.region": s3_endpoint.region}
     config = {**{f"rlmm.{k}": str(v) for k, v in rlmm.items()}, **{f"rsm.{k}": v for k, v in rsm.items()}}
@@ -239,7 +242,3 @@ def test_an_agent_with_a_snapshot_location_bootstraps_its_rlmm_from_its_rsms_buc
         assert any("bootstrapped" in r.getMessage() for r in caplog.records)
     finally:
         agent.stop()
-        keys = [info.key for info in store.list("")]
-        if keys:
-            store.delete(keys)
-        store.close()
