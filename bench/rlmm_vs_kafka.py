@@ -61,8 +61,9 @@ from rlmm import (  # noqa: E402
 from rlmm.event_log import TopicSettings, check_topic  # noqa: E402
 from rlmm.events import RecordKey  # noqa: E402
 from rsm.backend import StorageBackend  # noqa: E402
+from rsm.snapshot_source import BucketSnapshotSource  # noqa: E402
 from tierlog.audit.archiver import Archiver, ArchiverSettings  # noqa: E402
-from tierlog.audit.snapshots import BucketSnapshotSource, SnapshotSettings, write_snapshot_now  # noqa: E402
+from tierlog.audit.snapshots import SnapshotSettings, write_snapshot_now  # noqa: E402
 from tierlog.pipeline.locations import open_store  # noqa: E402
 from tierlog.pipeline.session import S3Settings  # noqa: E402
 

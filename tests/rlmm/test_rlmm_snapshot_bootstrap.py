@@ -24,15 +24,11 @@ from rlmm.archive import write_snapshot
 from rlmm.bootstrap import SnapshotSource, list_snapshots, snapshot_key
 from rlmm.event_log import check_topic
 from rsm.backend import StorageBackend
+from rsm.snapshot_source import BucketSnapshotSource
 from tierlog.agent.components import ComponentName
 from tierlog.agent.server import AgentServer
 from tierlog.audit.archiver import Archiver, ArchiverSettings
-from tierlog.audit.snapshots import (
-    BucketSnapshotSource,
-    SnapshotSettings,
-    start_snapshot_writer,
-    write_snapshot_now,
-)
+from tierlog.audit.snapshots import SnapshotSettings, start_snapshot_writer, write_snapshot_now
 from tierlog.pipeline.locations import open_store
 
 PARTITIONS = 2
