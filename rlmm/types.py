@@ -22,6 +22,11 @@ def kafka_uuid_text(value: uuid.UUID) -> str:
     return base64.urlsafe_b64encode(value.bytes).decode("ascii").rstrip("=")
 
 
+def kafka_uuid(most_significant: int, least_significant: int) -> uuid.UUID:
+    """A Kafka Uuid (two signed 64-bit halves, as client libraries expose it) as a Python UUID."""
+    return uuid.UUID(int=((most_significant & (2**64 - 1)) << 64) | (least_significant & (2**64 - 1)))
+
+
 def parse_uuid(text: str) -> uuid.UUID:
     """A Uuid written either as Kafka prints it (22 url-safe base64 characters) or as hex (dashes optional).
 

@@ -13,8 +13,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from dev.demo import S3Location, wait_for
-from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
-from tierlog.agent.client import AgentClient, kafka_uuid
+from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition, kafka_uuid
+from tierlog.agent.client import AgentClient
 
 
 @dataclass(frozen=True)

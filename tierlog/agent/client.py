@@ -4,7 +4,6 @@ ask what the broker's rlmm holds for a partition, or whether the agent is health
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,3 @@ class AgentClient:
             for m in self._metadata.ListRemoteLogSegments(query, timeout=self.timeout)
         ]
 
-
-def kafka_uuid(most_significant: int, least_significant: int) -> uuid.UUID:
-    """A Kafka Uuid (two signed 64-bit halves, as client libraries expose it) as a Python UUID."""
-    return uuid.UUID(int=((most_significant & (2**64 - 1)) << 64) | (least_significant & (2**64 - 1)))

@@ -4,23 +4,16 @@ reached the metadata (Kafka sends none for a partition it no longer hosts) shows
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rlmm.types import kafka_uuid
 from tierlog.errors import TierlogError
 
 
 class ClusterUnavailableError(TierlogError):
     """Kafka did not answer the metadata request within the timeout."""
-
-
-def _topic_uuid(kafka_uuid: Any) -> str:
-    # confluent_kafka's Uuid prints Kafka's base64 form; the metadata and the bucket use the canonical one.
-    high = kafka_uuid.get_most_significant_bits() & (2**64 - 1)
-    low = kafka_uuid.get_least_significant_bits() & (2**64 - 1)
-    return str(uuid.UUID(int=(high << 64) | low))
 
 
 def topic_ids_by_name(client_config: Mapping[str, Any], timeout_s: float) -> dict[str, str]:
@@ -37,7 +30,9 @@ def topic_ids_by_name(client_config: Mapping[str, Any], timeout_s: float) -> dic
         ids = {}
         for name, future in described.items():
             try:
-                ids[name] = _topic_uuid(future.result(timeout=timeout_s).topic_id)
+                # The metadata and the bucket name topics by the canonical UUID, not Kafka's base64 form.
+                topic_id = future.result(timeout=timeout_s).topic_id
+                ids[name] = str(kafka_uuid(topic_id.get_most_significant_bits(), topic_id.get_least_significant_bits()))
             except KafkaException as exc:
                 if "UNKNOWN_TOPIC" not in str(exc):  # deleted between the two calls: simply not there
                     raise
