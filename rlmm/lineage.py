@@ -114,8 +114,10 @@ def is_stale(store: LineageReader, checkpoint: EpochCheckpoint) -> bool:
     return seen is not None and checkpoint.reflects_offset is not None and checkpoint.reflects_offset < seen
 
 
-def apply_checkpoint(store: LineageStore, checkpoint: EpochCheckpoint) -> None:
-    """Fold a checkpoint: authoritative when it saw all the store saw, else only its highest offsets count."""
+def apply_checkpoint(store: LineageStore, checkpoint: EpochCheckpoint) -> bool:
+    """Fold a checkpoint: authoritative when it saw all the store saw, else only its highest offsets count.
+
+    Returns whether it was stale."""
     tp = checkpoint.topic_id_partition
     stale = is_stale(store, checkpoint)
     wanted = {lineage.epoch: lineage for lineage in checkpoint.epochs}
@@ -142,9 +144,11 @@ def apply_checkpoint(store: LineageStore, checkpoint: EpochCheckpoint) -> None:
             elif md.state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED:
                 store.index_put(tp, epoch, start, segment_id)
         _put_or_drop(store, tp, new)
-    # After a stale checkpoint the newest one on the topic no longer describes the lineage: the next write for the
-    # partition appends a current one (see `pending_checkpoint`), so a compacted rebuild finds it.
+    # After a stale checkpoint the newest one on the topic no longer describes the lineage: its writer appends a
+    # current one as soon as it applies it (rlmm.writer), and failing that the partition's next write does (see
+    # `pending_checkpoint`), so a compacted rebuild finds it.
     store.set_checkpointed_lineage(tp, None if stale else digest(store, tp))
+    return stale
 
 
 def digest(store: LineageReader, tp: TopicIdPartition) -> bytes:

@@ -64,10 +64,16 @@ def is_valid_partition_transition(
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """Whether a record changed the state; `reason` says why one was dropped."""
+    """Whether a record changed the state; `reason` says why one was dropped.
+
+    `stale` marks a checkpoint computed before a record already applied (rlmm.lineage.is_stale): applied for its
+    highest offsets only, so the newest `epochs:` record no longer describes the lineage until its writer
+    appends a current one.
+    """
 
     applied: bool
     reason: str | None = None
+    stale: bool = False
 
     @classmethod
     def dropped(cls, reason: str) -> Outcome:
@@ -75,6 +81,7 @@ class Outcome:
 
 
 APPLIED = Outcome(True)
+STALE = Outcome(True, stale=True)
 
 
 class StateReader(LineageReader, Protocol):
@@ -203,8 +210,7 @@ def _apply_checkpoint(store: StateStore, checkpoint: EpochCheckpoint) -> Outcome
     tp = checkpoint.topic_id_partition
     if is_deleted(store, tp):
         return Outcome.dropped(f"epoch checkpoint for {tp}: the partition's remote data was deleted")
-    lineage.apply_checkpoint(store, checkpoint)
-    return APPLIED
+    return STALE if lineage.apply_checkpoint(store, checkpoint) else APPLIED
 
 
 # --- queries (Kafka's RemoteLogMetadataCache read paths) -----------------------------------------------
