@@ -12,7 +12,7 @@ import gc
 import logging
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,6 +269,30 @@ class MetadataView:
     def _write(self, batch: WriteBatch) -> None:
         options = WriteOptions()
         self._db.write(batch, options)
+
+    def load_entries(self, metadata_topic: str, entries: Iterable[tuple[str, bytes, bytes]],
+                     next_offsets: Mapping[int, int], batch_entries: int = 200_000) -> None:
+        """Bulk-load an EMPTY view with (column family, key, value) entries as this view stores them (a
+        snapshot's), then the metadata-topic offsets they reflect: a view that resumes from those offsets.
+
+        The offsets go in the last batch, so an interrupted load never looks like a view that applied them."""
+        if any(next(iter(self._cf[family].keys()), None) is not None for family in vf.ALL_FAMILIES):
+            raise ViewFormatError(f"view at {self.path} is not empty; entries load only into an empty view")
+        handles = self._handles
+        batch = WriteBatch(raw_mode=True)
+        pending = 0
+        for family, key, value in entries:
+            if family not in handles or family == vf.APPLIED:
+                raise ViewFormatError(f"cannot load an entry of column family {family!r} into the view")
+            batch.put(key, value, handles[family])
+            pending += 1
+            if pending >= batch_entries:
+                self._write(batch)
+                batch = WriteBatch(raw_mode=True)
+                pending = 0
+        for partition, offset in next_offsets.items():
+            batch.put(vf.applied_key(metadata_topic, partition), vf.encode_offset(offset), handles[vf.APPLIED])
+        self._write(batch)
 
 
 def _epoch_of(lineage: EpochLineage) -> int:
