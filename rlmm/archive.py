@@ -2,8 +2,11 @@
 position (`archived_event_schema`), the archive's object keys and files, and the snapshot file.
 
 Archive files live under `audit/<metadata topic>/<partition>/<first offset:020d>-<last offset:020d>.avro`.
-A snapshot is one container file of the same records (newest per key, no tombstones, in (metadata
-partition, offset) order) whose file metadata names the topic and the end offsets it reflects.
+A snapshot is one container file whose file metadata names the topic and the end offsets it reflects. Format 1
+holds the same records as the archive (newest per key, no tombstones, in (metadata partition, offset) order),
+which a loader replays. Format 2 holds the materialized view itself: every entry (column family, key, value) as
+`rlmm.view` stores them in the view format it names, grouped in chunks of one family, with the view's digest,
+so a loader writes them as they are.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import fastavro
 
+from rlmm import view_format
 from rlmm.codec import decode_datum, from_datum, registry
 from rlmm.errors import SnapshotError
 from rlmm.events import MetadataEvent
@@ -28,6 +32,13 @@ META_TOPIC = "tierlog.metadata.topic"
 META_PARTITION = "tierlog.metadata.partition"
 META_FORMAT = "tierlog.archive.format"
 END_OFFSETS_META = "tierlog.snapshot.end_offsets"
+SNAPSHOT_FORMAT_META = "tierlog.snapshot.format"  # absent in format 1 files, which predate it
+VIEW_FORMAT_META = "tierlog.snapshot.view_format"
+VIEW_DIGEST_META = "tierlog.snapshot.view_digest"
+RECORDS_FORMAT = 1
+VIEW_FORMAT = 2
+# Entries per chunk: a chunk is one Avro datum, so this bounds what a reader holds at once.
+_CHUNK_ENTRIES = 20_000
 _FILE_NAME = re.compile(r"^(?P<first>\d{20})-(?P<last>\d{20})\.avro$")
 
 
@@ -157,34 +168,116 @@ def from_archived(datum: dict[str, Any]) -> MetadataEvent | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotHeader:
+    """What a snapshot's file metadata says: the topic, the offsets it reflects, its format and, for the view
+    format, the view format version of its entries and the view digest they make."""
+
+    metadata_topic: str
+    end_offsets: Mapping[int, int]
+    format: int = RECORDS_FORMAT
+    view_format: int | None = None
+    view_digest: str | None = None
+
+
 def write_snapshot(
     out: BinaryIO, metadata_topic: str, records: Iterable[dict[str, Any]], end_offsets: dict[int, int]
 ) -> None:
-    """Write archive datums (already compacted and ordered) as a snapshot file."""
+    """Write archive datums (already compacted and ordered) as a snapshot file of format 1."""
     fastavro.writer(
-        out, fastavro.parse_schema(archived_event_schema()), records, codec="deflate",
+        out, _parsed_archive_schema(), records, codec="deflate",
         metadata={
             META_TOPIC: metadata_topic,
-            END_OFFSETS_META: json.dumps({str(k): v for k, v in end_offsets.items()}),
+            END_OFFSETS_META: _encode_ends(end_offsets),
         },
     )
 
 
-def read_snapshot(path: Path) -> tuple[str, dict[int, int], Iterator[dict[str, Any]]]:
-    handle = path.open("rb")
+def view_chunk_schema() -> dict[str, Any]:
+    """Schema of one chunk of a format 2 snapshot: entries of one column family, keys and values in step."""
+    return {
+        "type": "record",
+        "name": "ViewChunk",
+        "namespace": "io.tierlog.snapshot",
+        "doc": "Entries of one column family of the materialized view, as rlmm.view stores them.",
+        "fields": [
+            {"name": "family", "type": "string"},
+            {"name": "keys", "type": {"type": "array", "items": "bytes"}},
+            {"name": "values", "type": {"type": "array", "items": "bytes"}},
+        ],
+    }
+
+
+def write_view_snapshot(
+    out: BinaryIO, metadata_topic: str, entries: Iterable[tuple[str, bytes, bytes]], end_offsets: Mapping[int, int],
+    view_digest: str,
+) -> None:
+    """Write a view's entries (in the current view format) and its digest as a snapshot file of format 2."""
+    fastavro.writer(
+        out, fastavro.parse_schema(view_chunk_schema()), _chunks(entries), codec="deflate",
+        metadata={
+            META_TOPIC: metadata_topic,
+            END_OFFSETS_META: _encode_ends(end_offsets),
+            SNAPSHOT_FORMAT_META: str(VIEW_FORMAT),
+            VIEW_FORMAT_META: str(view_format.FORMAT_VERSION),
+            VIEW_DIGEST_META: view_digest,
+        },
+    )
+
+
+def _chunks(entries: Iterable[tuple[str, bytes, bytes]]) -> Iterator[dict[str, Any]]:
+    family: str | None = None
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for entry_family, key, value in entries:
+        if entry_family != family or len(keys) >= _CHUNK_ENTRIES:
+            if keys:
+                yield {"family": family, "keys": keys, "values": values}
+            family, keys, values = entry_family, [], []
+        keys.append(key)
+        values.append(value)
+    if keys:
+        yield {"family": family, "keys": keys, "values": values}
+
+
+def view_entries(chunks: Iterable[dict[str, Any]]) -> Iterator[tuple[str, bytes, bytes]]:
+    """The (column family, key, value) entries of a format 2 snapshot's chunks."""
+    for chunk in chunks:
+        family, keys, values = chunk["family"], chunk["keys"], chunk["values"]
+        if len(keys) != len(values):
+            raise SnapshotError(f"a chunk of column family {family} has {len(keys)} keys but {len(values)} values")
+        for key, value in zip(keys, values, strict=True):
+            yield family, key, value
+
+
+def _encode_ends(end_offsets: Mapping[int, int]) -> str:
+    return json.dumps({str(k): v for k, v in end_offsets.items()})
+
+
+def read_snapshot(source: Path | BinaryIO) -> tuple[SnapshotHeader, Iterator[dict[str, Any]]]:
+    """A snapshot's header and its datums: archive records (format 1) or view chunks (format 2), read lazily."""
+    handle: BinaryIO = source.open("rb") if isinstance(source, Path) else source
+    name = source if isinstance(source, Path) else "the snapshot"
     try:
         reader = fastavro.reader(handle)
         meta = reader.metadata
-        topic = meta[META_TOPIC]
         ends = {int(k): int(v) for k, v in json.loads(meta[END_OFFSETS_META]).items()}
+        version = int(meta.get(SNAPSHOT_FORMAT_META, RECORDS_FORMAT))
+        if version == VIEW_FORMAT:
+            header = SnapshotHeader(meta[META_TOPIC], ends, version, int(meta[VIEW_FORMAT_META]),
+                                    meta[VIEW_DIGEST_META])
+        elif version == RECORDS_FORMAT:
+            header = SnapshotHeader(meta[META_TOPIC], ends)
+        else:
+            raise ValueError(f"snapshot format {version}, this tierlog reads {RECORDS_FORMAT} and {VIEW_FORMAT}")
     except (KeyError, ValueError, OSError) as exc:
         handle.close()
-        raise SnapshotError(f"{path} is not a tierlog snapshot ({exc}); build one with `tierlog` snapshot") from exc
+        raise SnapshotError(f"{name} is not a tierlog snapshot ({exc}); build one with `tierlog` snapshot") from exc
 
-    def records() -> Iterator[dict[str, Any]]:
+    def datums() -> Iterator[dict[str, Any]]:
         with handle:
             for datum in reader:
                 assert isinstance(datum, dict)
                 yield datum
 
-    return topic, ends, records()
+    return header, datums()

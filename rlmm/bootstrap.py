@@ -7,6 +7,7 @@ is `rlmm.archive`'s); rlmm reads them through `SnapshotSource`, so it never impo
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import re
 import shutil
@@ -15,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rlmm.archive import read_snapshot
 from rlmm.config import ConfigKey, parse_int, parse_str
 from rlmm.errors import SnapshotError
 from rlmm.event_log import OffsetReader, TopicInfo
-from rlmm.snapshot import load_snapshot
+from rlmm.snapshot import load_into
 from rlmm.view import MetadataView
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ CONFIG_KEYS = (
     # have dropped tombstones the snapshot's records still need to see.
     ConfigKey(MAX_AGE_KEY, parse_int, None, check=lambda v: v >= 0, requirement=">= 0"),
 )
+_STAGING = "bootstrap-view"  # where a snapshot is loaded before it becomes the state dir's view
 _NAME = re.compile(r"^(?P<created>\d{20})-(?P<sha256>[0-9a-f]{64})\.avro$")
 
 
@@ -121,7 +124,7 @@ def bootstrap_from_snapshot(
                 return ref
             return None
         except Exception as exc:  # corrupt, foreign, unreadable: any of them leaves the topic, which always works
-            shutil.rmtree(Path(state_dir) / "view", ignore_errors=True)
+            shutil.rmtree(Path(state_dir) / _STAGING, ignore_errors=True)
             log.warning("snapshot %s is unusable (%s); trying an older one, else rebuilding from the topic",
                         ref.key, exc)
     return None
@@ -135,29 +138,29 @@ def has_view(state_dir: str | Path) -> bool:
 def _load(ref: SnapshotRef, source: SnapshotSource, state_dir: Path, metadata_topic: str,
           position: TopicPosition) -> bool:
     data = read_verified(source, ref)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    local = state_dir / "bootstrap-snapshot.avro"
-    local.write_bytes(data)
+    header, datums = read_snapshot(io.BytesIO(data))
+    if header.metadata_topic != metadata_topic:
+        raise SnapshotError(f"it holds topic {header.metadata_topic}, not {metadata_topic}")
+    behind = {p: e for p, e in header.end_offsets.items() if position.log_start_offsets.get(p, 0) > e}
+    if behind:
+        log.warning("snapshot %s is stale: the topic no longer holds the records after its end offsets %s; "
+                    "rebuilding from the topic", ref.key, behind)
+        return False
+    # Loaded beside the view's place and moved there once complete: a load cut short (a crash, a bad snapshot)
+    # never leaves a view that the next start would resume from.
+    staging = state_dir / _STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    view = MetadataView(staging)
     try:
-        topic, ends = load_snapshot(local, state_dir)
-    finally:
-        local.unlink(missing_ok=True)
-    if topic != metadata_topic:
-        raise SnapshotError(f"it holds topic {topic}, not {metadata_topic}")
-    view = MetadataView.open(state_dir)
-    try:
+        load_into(view, header, datums)
         # The view resumes as if it had last applied a batch when the snapshot was taken: the manager's
         # staleness rules (tombstone window, topic id) then hold for it as for any other view.
         view.set_source(metadata_topic, position.topic_id, ref.created_ms)
     finally:
         view.close()
-    behind = {p: e for p, e in ends.items() if position.log_start_offsets.get(p, 0) > e}
-    if behind:
-        shutil.rmtree(state_dir / "view", ignore_errors=True)
-        log.warning("snapshot %s is stale: the topic no longer holds the records after its end offsets %s; "
-                    "rebuilding from the topic", ref.key, behind)
-        return False
-    log.info("bootstrapped %s from snapshot %s; tailing the topic from its end offsets", state_dir, ref.key)
+    staging.rename(state_dir / "view")
+    log.info("bootstrapped %s from snapshot %s (format %d); tailing the topic from its end offsets", state_dir,
+             ref.key, header.format)
     return True
 
 

@@ -1,52 +1,110 @@
-"""Bootstrap snapshots: a compacted copy of the metadata log that a new node loads instead of the topic.
+"""Bootstrap snapshots: a copy of the materialized view (or, in format 1, of the compacted metadata log) that a
+new node loads instead of the topic.
 
-The file format is `rlmm.archive`'s; this module materializes a snapshot into an empty view.
+The file format is `rlmm.archive`'s. This module materializes a snapshot into an empty view: format 2 by writing
+its entries as they are and then checking that the view they make has the digest the snapshot states, format 1 by
+replaying its records. It also applies archive records to a view and lists the entries a format 2 snapshot holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from rlmm.archive import from_archived, read_snapshot
+from rlmm import view_format as vf
+from rlmm.archive import VIEW_FORMAT, SnapshotHeader, from_archived, read_snapshot, view_entries
 from rlmm.errors import SnapshotError
 from rlmm.events import RecordKey
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
 
 _BATCH = 5000
 
+Progress = Callable[[int], None]
+
 
 def load_snapshot(
-    path: str | Path, state_dir: str | Path, progress: Callable[[int], None] | None = None
+    path: str | Path, state_dir: str | Path, progress: Progress | None = None
 ) -> tuple[str, dict[int, int]]:
-    """Materialize a snapshot into an EMPTY state dir; a manager started on it resumes from the end offsets."""
+    """Materialize a snapshot into an EMPTY state dir; a manager started on it resumes from the end offsets.
+
+    `progress` gets the number of the file's datums loaded so far (records in format 1, chunks in format 2)."""
     path = Path(path)
     view_dir = Path(state_dir) / "view"
     if view_dir.exists() and any(view_dir.iterdir()):
         raise SnapshotError(f"state dir {state_dir} already holds a view; load a snapshot only into an empty one")
-    topic, ends, datums = read_snapshot(path)
+    header, datums = read_snapshot(path)
     view = MetadataView.open(state_dir)
     try:
-        batch: list[ConsumedRecord] = []
-        reached: dict[int, int] = {}
-        loaded = 0
-        for datum in datums:
-            event = from_archived(datum)
-            if datum["metadata_topic"] != topic:
-                raise SnapshotError(f"{path}: record at offset {datum['offset']} belongs to {datum['metadata_topic']}")
-            batch.append(ConsumedRecord(datum["metadata_partition"], datum["offset"],
-                                        RecordKey.decode(datum["key"].encode()), event))
-            reached[datum["metadata_partition"]] = datum["offset"] + 1
-            if len(batch) >= _BATCH:
-                apply_records(view, topic, batch, reached)
-                loaded += len(batch)
-                batch = []
-                if progress:
-                    progress(loaded)
-        apply_records(view, topic, batch, ends)
-        loaded += len(batch)
-        if progress:
-            progress(loaded)
+        load_into(view, header, datums, progress)
     finally:
         view.close()
-    return topic, ends
+    return header.metadata_topic, dict(header.end_offsets)
+
+
+def load_into(view: MetadataView, header: SnapshotHeader, datums: Iterable[dict[str, Any]],
+              progress: Progress | None = None) -> None:
+    """Materialize a snapshot read with `rlmm.archive.read_snapshot` into an empty view; SnapshotError when a
+    format 2 snapshot's entries do not make the view digest it states, or were written for another view format."""
+    if header.format != VIEW_FORMAT:
+        apply_archived(view, header.metadata_topic, datums, header.end_offsets, progress)
+        return
+    if header.view_format != vf.FORMAT_VERSION:
+        raise SnapshotError(f"its entries are in view format {header.view_format}, this tierlog stores "
+                            f"{vf.FORMAT_VERSION}")
+    view.load_entries(header.metadata_topic, view_entries(_counted(datums, progress)), header.end_offsets)
+    # The file's sha256 proves it arrived as written; the digest proves what it made is the view it describes.
+    loaded = view.digest()
+    if loaded != header.view_digest:
+        raise SnapshotError(f"its entries make a view with digest {loaded}, the snapshot states {header.view_digest}")
+
+
+def _counted(datums: Iterable[dict[str, Any]], progress: Progress | None) -> Iterator[dict[str, Any]]:
+    for count, datum in enumerate(datums, 1):
+        yield datum
+        if progress:
+            progress(count)
+
+
+def apply_archived(view: MetadataView, metadata_topic: str, datums: Iterable[dict[str, Any]],
+                   ends: Mapping[int, int] | None = None, progress: Progress | None = None) -> dict[int, int]:
+    """Apply archive datums (tombstones too) past the offsets the view applied, in their order, committed in
+    batches with the offsets they reach, as a node applies the topic. `ends` are offsets the view reflects once
+    done even past the last datum (a format 1 snapshot's end offsets). Returns the view's applied offsets."""
+    reached = view.applied_offsets(metadata_topic)
+    batch: list[ConsumedRecord] = []
+    applied = 0
+    for datum in datums:
+        if datum["metadata_topic"] != metadata_topic:
+            raise SnapshotError(f"record at offset {datum['offset']} belongs to {datum['metadata_topic']}, not "
+                                f"{metadata_topic}")
+        partition, offset = datum["metadata_partition"], datum["offset"]
+        if offset < reached.get(partition, 0):
+            continue
+        batch.append(ConsumedRecord(partition, offset, RecordKey.decode(datum["key"].encode()), from_archived(datum)))
+        reached[partition] = offset + 1
+        if len(batch) >= _BATCH:
+            apply_records(view, metadata_topic, batch, dict(reached))
+            applied += len(batch)
+            batch = []
+            if progress:
+                progress(applied)
+    for partition, end in (ends or {}).items():
+        reached[partition] = max(end, reached.get(partition, 0))
+    apply_records(view, metadata_topic, batch, dict(reached))
+    if progress:
+        progress(applied + len(batch))
+    return reached
+
+
+def snapshot_entries(view: MetadataView) -> Iterator[tuple[str, bytes, bytes]]:
+    """What a format 2 snapshot of the view holds: its content, then each user partition's bookkeeping (lineage
+    checkpoint digest and position), which decides the checkpoint the node's next write appends."""
+    yield from view.entries()
+    metas = sorted(
+        (vf.tp_key_of(tp), vf.encode_partition_meta(
+            vf.PartitionMeta(tp.topic, view.checkpointed_lineage(tp), view.lineage_position(tp))))
+        for tp in view.user_partitions()
+    )
+    for key, value in metas:
+        yield vf.PARTITION_META, key, value

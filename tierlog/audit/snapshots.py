@@ -1,7 +1,9 @@
-"""Periodic bootstrap snapshots: folds the audit archive, on top of the newest snapshot, into a new snapshot.
+"""Periodic bootstrap snapshots: applies the audit archive, on top of the newest snapshot, to a view and writes
+that view as a new snapshot.
 
-Each file is `rlmm.archive`'s snapshot format stored under `rlmm.bootstrap`'s key layout (creation time and
-sha256 in the name), so new nodes verify it before use. `SnapshotWriterThread` runs beside the archiver.
+Each file is `rlmm.archive`'s snapshot format 2 (the view's entries and digest) stored under `rlmm.bootstrap`'s
+key layout (creation time and sha256 in the name), so new nodes verify it before use. `SnapshotWriterThread` runs
+beside the archiver.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,16 +21,16 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
-from rlmm.archive import read_archive_file, read_snapshot, write_snapshot
+from rlmm.archive import read_archive_file, read_snapshot, write_view_snapshot
 from rlmm.bootstrap import SnapshotRef, list_snapshots, read_verified, snapshot_key
 from rlmm.errors import RemoteStorageError, SnapshotError
+from rlmm.snapshot import apply_archived, load_into, snapshot_entries
+from rlmm.view import MetadataView
 from rsm.backend import StorageBackend, read_all
 from rsm.snapshot_source import BucketSnapshotSource
 from tierlog.audit.archiver import list_archive_files
 
 log = logging.getLogger(__name__)
-
-_EVENT_FIELDS = ("segment", "partition_delete", "epoch_checkpoint")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,33 +49,8 @@ class SnapshotSettings:
             raise ValueError(f"keep must be >= 1, got {self.keep}")
 
 
-@dataclass(frozen=True, slots=True)
-class Folded:
-    """The newest record of every live key (archive datums, in metadata partition and offset order) and the
-    offset each metadata partition is folded up to."""
-
-    records: list[dict[str, Any]]
-    end_offsets: dict[int, int]
-
-
-def fold(base: Folded, archived: Iterable[dict[str, Any]]) -> Folded:
-    """Apply archive datums past `base`'s end offsets: a record replaces its key's, a tombstone drops it."""
-    latest = {datum["key"]: datum for datum in base.records}
-    ends = dict(base.end_offsets)
-    for datum in archived:
-        partition, offset = datum["metadata_partition"], datum["offset"]
-        if offset < ends.get(partition, 0):
-            continue
-        if all(datum[name] is None for name in _EVENT_FIELDS):
-            latest.pop(datum["key"], None)
-        else:
-            latest[datum["key"]] = datum
-        ends[partition] = offset + 1
-    ordered = sorted(latest.values(), key=lambda d: (d["metadata_partition"], d["offset"]))
-    return Folded(ordered, ends)
-
-
-def archived_records(store: StorageBackend, metadata_topic: str, after: dict[int, int]) -> Iterator[dict[str, Any]]:
+def archived_records(store: StorageBackend, metadata_topic: str, after: Mapping[int, int]
+                     ) -> Iterator[dict[str, Any]]:
     """Every archived datum of the topic at or past `after` (per partition), file by file, in offset order."""
     for archive_file in list_archive_files(store, metadata_topic):
         if archive_file.last_offset < after.get(archive_file.metadata_partition, 0):
@@ -81,40 +58,48 @@ def archived_records(store: StorageBackend, metadata_topic: str, after: dict[int
         yield from read_archive_file(read_all(store.get_range(archive_file.key, 0)))
 
 
-def newest_snapshot(store: StorageBackend, settings: SnapshotSettings, topic_id: str) -> Folded | None:
-    """The content of the newest snapshot that verifies, or None when there is none."""
+def materialize_newest(store: StorageBackend, settings: SnapshotSettings, topic_id: str, work: Path
+                       ) -> MetadataView:
+    """An open view under `work` holding the newest snapshot that loads, or an empty one when none does."""
     source = BucketSnapshotSource(store)
-    for ref in list_snapshots(source, settings.location, settings.metadata_topic, topic_id):
+    for attempt, ref in enumerate(list_snapshots(source, settings.location, settings.metadata_topic, topic_id)):
+        view = MetadataView(work / f"base-{attempt}")
         try:
-            return _read_folded(read_verified(source, ref))
+            header, datums = read_snapshot(io.BytesIO(read_verified(source, ref)))
+            if header.metadata_topic != settings.metadata_topic:
+                raise SnapshotError(f"it holds topic {header.metadata_topic}")
+            load_into(view, header, datums)
+            return view
         except (SnapshotError, ValueError) as exc:
+            view.close()
             log.warning("snapshot %s is unusable as a base (%s); trying an older one", ref.key, exc)
-    return None
-
-
-def _read_folded(data: bytes) -> Folded:
-    with tempfile.TemporaryDirectory(prefix="tierlog-snapshot-") as tmp:
-        path = Path(tmp) / "base.avro"
-        path.write_bytes(data)
-        _topic, ends, records = read_snapshot(path)
-        return Folded(list(records), ends)
+    return MetadataView(work / "base-empty")
 
 
 def write_snapshot_now(store: StorageBackend, settings: SnapshotSettings, topic_id: str,
                        now_ms: int | None = None) -> str | None:
     """Write a snapshot of everything archived so far; the new key, or None when nothing changed since the
-    newest snapshot (or nothing is archived yet)."""
-    base = newest_snapshot(store, settings, topic_id) or Folded([], {})
-    folded = fold(base, archived_records(store, settings.metadata_topic, base.end_offsets))
-    if not folded.end_offsets or folded.end_offsets == base.end_offsets:
-        return None
-    buffer = io.BytesIO()
-    write_snapshot(buffer, settings.metadata_topic, folded.records, folded.end_offsets)
+    newest snapshot (or nothing is archived yet).
+
+    The newest snapshot's view plus every archived record after it, applied in log order as a node applies the
+    topic, is the view a node that replayed the whole topic holds; the snapshot carries it entry by entry."""
+    topic = settings.metadata_topic
+    with tempfile.TemporaryDirectory(prefix="tierlog-snapshot-") as work:
+        view = materialize_newest(store, settings, topic_id, Path(work))
+        try:
+            base = view.applied_offsets(topic)
+            ends = apply_archived(view, topic, archived_records(store, topic, base))
+            if not ends or ends == base:
+                return None
+            buffer = io.BytesIO()
+            write_view_snapshot(buffer, topic, snapshot_entries(view), ends, view.digest())
+        finally:
+            view.close()
     data = buffer.getvalue()
     created = int(time.time() * 1000) if now_ms is None else now_ms
-    key = snapshot_key(settings.location, settings.metadata_topic, topic_id, created, data)
+    key = snapshot_key(settings.location, topic, topic_id, created, data)
     store.put(key, data)
-    log.info("wrote snapshot %s: %d records up to offsets %s", key, len(folded.records), folded.end_offsets)
+    log.info("wrote snapshot %s (%d bytes) up to offsets %s", key, len(data), ends)
     _prune(store, settings, topic_id)
     return key
 
