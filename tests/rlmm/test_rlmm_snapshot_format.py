@@ -1,0 +1,173 @@
+"""Snapshot format 2: the materialized view written entry by entry, loaded as it is and checked against the digest
+it states; format 1 (archive records, replayed) still loads."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rlmm_testkit import LogWriter, make_tp, workload
+
+from rlmm import codec
+from rlmm import view_format as vf
+from rlmm.archive import (
+    RECORDS_FORMAT,
+    VIEW_FORMAT,
+    read_snapshot,
+    to_archived,
+    view_entries,
+    write_snapshot,
+    write_view_snapshot,
+)
+from rlmm.errors import SnapshotError, ViewFormatError
+from rlmm.lineage import pending_checkpoint
+from rlmm.snapshot import apply_archived, load_into, load_snapshot, snapshot_entries
+from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate
+from rlmm.view import MetadataView
+
+TOPIC = "meta"
+
+
+def _archived_log(seed: int, partitions: int = 4) -> list[dict[str, Any]]:
+    """A metadata log as the manager writes it (segments, checkpoints, tombstones), as archive datums."""
+    rng = random.Random(seed)
+    writer = LogWriter()
+    for number in range(partitions):
+        for write in workload(rng, make_tp(f"snap-{seed}", number), uploads=15, delete_partition=number == 0):
+            if isinstance(write, RemoteLogSegmentMetadata):
+                writer.add(write)
+            elif isinstance(write, RemoteLogSegmentMetadataUpdate):
+                writer.update(write)
+            else:
+                writer.delete_partition(write)
+    return [to_archived(TOPIC, 0, offset, 0, key.encode(), None if event is None else codec.encode(event))
+            for offset, (key, event) in enumerate(writer.log)]
+
+
+def _replayed(path: Path, datums: list[dict[str, Any]]) -> MetadataView:
+    """A view that applied the whole log in order, as a node that rebuilt from the topic."""
+    view = MetadataView(path)
+    apply_archived(view, TOPIC, datums)
+    return view
+
+
+def _view_snapshot(view: MetadataView) -> bytes:
+    out = io.BytesIO()
+    write_view_snapshot(out, TOPIC, snapshot_entries(view), view.applied_offsets(TOPIC), view.digest())
+    return out.getvalue()
+
+
+def _load(path: Path, data: bytes) -> MetadataView:
+    view = MetadataView(path)
+    header, datums = read_snapshot(io.BytesIO(data))
+    try:
+        load_into(view, header, datums)
+    except Exception:
+        view.close()
+        raise
+    return view
+
+
+def test_a_view_snapshot_round_trips_its_header_and_entries_across_chunks() -> None:
+    entries = [(vf.EPOCH_INDEX, i.to_bytes(8, "big"), b"x" * (i % 7)) for i in range(45_000)]
+    entries += [(vf.PARTITION_META, b"k", b"v"), (vf.SEGMENTS, b"a", b""), (vf.SEGMENTS, b"b", b"2")]
+    out = io.BytesIO()
+    write_view_snapshot(out, TOPIC, entries, {0: 7, 3: 9}, "d" * 64)
+
+    header, datums = read_snapshot(io.BytesIO(out.getvalue()))
+
+    assert (header.metadata_topic, dict(header.end_offsets), header.format) == (TOPIC, {0: 7, 3: 9}, VIEW_FORMAT)
+    assert (header.view_format, header.view_digest) == (vf.FORMAT_VERSION, "d" * 64)
+    assert list(view_entries(datums)) == entries
+
+
+def test_a_snapshot_without_a_format_is_format_1() -> None:
+    out = io.BytesIO()
+    write_snapshot(out, TOPIC, [], {0: 3})
+    header, _ = read_snapshot(io.BytesIO(out.getvalue()))
+    assert (header.format, header.view_format, header.view_digest) == (RECORDS_FORMAT, None, None)
+
+
+def test_a_loaded_view_snapshot_equals_the_view_it_was_taken_of_bookkeeping_included(tmp_path: Path) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(1))
+    loaded = _load(tmp_path / "loaded", _view_snapshot(replayed))
+    try:
+        assert list(snapshot_entries(loaded)) == list(snapshot_entries(replayed))
+        assert loaded.applied_offsets(TOPIC) == replayed.applied_offsets(TOPIC)
+        # The partition bookkeeping decides the checkpoint a node's next write appends: the same on both.
+        tps = replayed.user_partitions()
+        assert tps and loaded.user_partitions() == tps
+        assert [pending_checkpoint(loaded, tp, 5, 0) for tp in tps] == \
+            [pending_checkpoint(replayed, tp, 5, 0) for tp in tps]
+        assert [loaded.lineage_position(tp) for tp in tps] == [replayed.lineage_position(tp) for tp in tps]
+    finally:
+        loaded.close()
+        replayed.close()
+
+
+def test_a_view_snapshot_whose_entries_do_not_make_its_digest_is_refused(tmp_path: Path) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(2))
+    entries = list(snapshot_entries(replayed))
+    family, key, value = entries[0]
+    entries[0] = (family, key, value + b"\x00")
+    out = io.BytesIO()
+    write_view_snapshot(out, TOPIC, entries, replayed.applied_offsets(TOPIC), replayed.digest())
+    replayed.close()
+
+    with pytest.raises(SnapshotError, match="digest"):
+        _load(tmp_path / "loaded", out.getvalue())
+
+
+def test_a_view_snapshot_of_another_view_format_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(3))
+    monkeypatch.setattr(vf, "FORMAT_VERSION", vf.FORMAT_VERSION + 1)  # written by a tierlog with a newer view
+    data = _view_snapshot(replayed)
+    replayed.close()
+    monkeypatch.undo()
+
+    with pytest.raises(SnapshotError, match="view format"):
+        _load(tmp_path / "loaded", data)
+
+
+def test_a_format_1_snapshot_still_loads_by_replaying_its_records(tmp_path: Path) -> None:
+    datums = _archived_log(4)
+    replayed = _replayed(tmp_path / "replayed", datums)
+    expected = replayed.digest()
+    replayed.close()
+    snapshot = tmp_path / "v1.avro"
+    with snapshot.open("wb") as out:
+        write_snapshot(out, TOPIC, datums, {0: len(datums)})
+
+    assert load_snapshot(snapshot, tmp_path / "node") == (TOPIC, {0: len(datums)})
+    view = MetadataView.open(tmp_path / "node")
+    try:
+        assert view.digest() == expected
+    finally:
+        view.close()
+
+
+def test_load_snapshot_materializes_a_view_snapshot_file(tmp_path: Path) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(5))
+    expected, ends = replayed.digest(), replayed.applied_offsets(TOPIC)
+    snapshot = tmp_path / "v2.avro"
+    snapshot.write_bytes(_view_snapshot(replayed))
+    replayed.close()
+
+    assert load_snapshot(snapshot, tmp_path / "node") == (TOPIC, ends)
+    view = MetadataView.open(tmp_path / "node")
+    try:
+        assert (view.digest(), view.applied_offsets(TOPIC)) == (expected, ends)
+    finally:
+        view.close()
+
+
+def test_entries_load_only_into_an_empty_view(tmp_path: Path) -> None:
+    view = _replayed(tmp_path / "replayed", _archived_log(6))
+    try:
+        with pytest.raises(ViewFormatError, match="not empty"):
+            view.load_entries(TOPIC, [], {0: 1})
+    finally:
+        view.close()
