@@ -14,7 +14,7 @@ import bisect
 import hashlib
 import logging
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -202,7 +202,10 @@ def _apply_partition_delete(store: StateStore, incoming: RemotePartitionDeleteMe
 
 def is_deleted(store: StateReader, tp: TopicIdPartition) -> bool:
     """Whether the partition's remote data was deleted (DELETE_PARTITION_FINISHED applied)."""
-    delete = store.partition_delete(tp)
+    return delete_finished(store.partition_delete(tp))
+
+
+def delete_finished(delete: RemotePartitionDeleteMetadata | None) -> bool:
     return delete is not None and delete.state is P.DELETE_PARTITION_FINISHED
 
 
@@ -214,14 +217,21 @@ def _apply_checkpoint(store: StateStore, checkpoint: EpochCheckpoint) -> Outcome
 
 
 # --- queries (Kafka's RemoteLogMetadataCache read paths) -----------------------------------------------
+# One place per rule: the stores answer through these functions, and the read model's lookup snapshots
+# (rlmm.read_model) precompute their answers with the same helpers.
 
 def segment_for_offset(
     store: StateReader, tp: TopicIdPartition, epoch: int, offset: int
 ) -> RemoteLogSegmentMetadata | None:
     md = store.floor_segment(tp, epoch, offset)
-    if md is None or md.state is not S.COPY_SEGMENT_FINISHED:
-        return None
-    return md if offset <= md.epoch_end_offset(epoch) else None
+    end = None if md is None else lookup_end(md, epoch)
+    return md if end is not None and offset <= end else None
+
+
+def lookup_end(md: RemoteLogSegmentMetadata, epoch: int) -> int | None:
+    """The last offset a lookup in `epoch` answers with `md` (the floor entry of its index), or None when it
+    answers nothing: Kafka returns only COPY_SEGMENT_FINISHED segments, and only within the epoch's range."""
+    return md.epoch_end_offset(epoch) if md.state is S.COPY_SEGMENT_FINISHED else None
 
 
 def floor_segment_of(
@@ -235,9 +245,16 @@ def floor_segment_of(
 def next_segment_with_txn_index(
     store: StateReader, tp: TopicIdPartition, epoch: int, offset: int
 ) -> RemoteLogSegmentMetadata | None:
-    md = segment_for_offset(store, tp, epoch, offset)
+    return next_with_txn_index(lambda at: segment_for_offset(store, tp, epoch, at), offset)
+
+
+def next_with_txn_index(
+    segment_at: Callable[[int], RemoteLogSegmentMetadata | None], offset: int
+) -> RemoteLogSegmentMetadata | None:
+    """Kafka's walk: the segment for `offset`, then forward in the epoch past segments with no transactions."""
+    md = segment_at(offset)
     while md is not None and md.txn_idx_empty:
-        md = segment_for_offset(store, tp, epoch, md.end_offset + 1)
+        md = segment_at(md.end_offset + 1)
     return md
 
 
@@ -249,15 +266,25 @@ def highest_offset_for_epoch(store: StateReader, tp: TopicIdPartition, epoch: in
 _LISTED = (S.COPY_SEGMENT_STARTED, S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED)
 
 
+def is_listed(md: RemoteLogSegmentMetadata) -> bool:
+    """Whether listings show the segment: every state but DELETE_SEGMENT_FINISHED."""
+    return md.state in _LISTED
+
+
+def listing_order(md: RemoteLogSegmentMetadata) -> tuple[int, int, bytes]:
+    """Listings go by start offset, as Kafka's; ties by end offset, then segment id bytes."""
+    return md.start_offset, md.end_offset, md.remote_log_segment_id.id.bytes
+
+
 def list_segments(
     store: StateReader, tp: TopicIdPartition, epoch: int | None = None
 ) -> list[RemoteLogSegmentMetadata]:
     """Segments not finished deleting (containing `epoch` when given), by start offset then id."""
     found = [
         md for md in store.segments_of(tp)
-        if md.state in _LISTED and (epoch is None or epoch in md.segment_leader_epochs)
+        if is_listed(md) and (epoch is None or epoch in md.segment_leader_epochs)
     ]
-    found.sort(key=lambda md: (md.start_offset, md.end_offset, md.remote_log_segment_id.id.bytes))
+    found.sort(key=listing_order)
     return found
 
 
@@ -495,6 +522,32 @@ def prepare_partition_delete(store: StateReader, metadata: RemotePartitionDelete
             f"put_remote_partition_delete_metadata: partition {metadata.topic_id_partition} cannot go from "
             f"{current.state.name if current else 'no delete state'} to {metadata.state.name}"
         )
+
+
+def corrections_after(
+    store: StateReader, event: MetadataEvent, outcome: Outcome, event_timestamp_ms: int, broker_id: int,
+) -> list[tuple[RecordKey, MetadataEvent]]:
+    """What the writer of `event` appends once it applied it, when the record left the newest record of its key
+    describing something other than the state (racing writers): compaction keeps only that newest record, so a
+    rebuild from the compacted topic would otherwise differ from a node that applied every record.
+
+    - A stale checkpoint (computed before a lineage change another writer's record made): a current checkpoint.
+    - A dropped segment or partition-delete record (another writer moved the state on first): the key's current
+      state, restated; it is a valid same-state transition, so every node applies it and nothing changes.
+    """
+    if outcome.stale and isinstance(event, EpochCheckpoint):
+        checkpoint = pending_checkpoint(store, event.topic_id_partition, event_timestamp_ms, broker_id)
+        return [] if checkpoint is None else [(epochs_key(event.topic_id_partition), checkpoint)]
+    if outcome.applied:
+        return []
+    current: MetadataEvent | None = None
+    if isinstance(event, RemoteLogSegmentMetadata):
+        current = store.segment(event.remote_log_segment_id)
+    elif isinstance(event, RemotePartitionDeleteMetadata):
+        current = store.partition_delete(event.topic_id_partition)
+    # Nothing to restate when the key holds no state: a record dropped because its partition was deleted, which
+    # the partition's kept DELETE_PARTITION_FINISHED record refuses in every replay alike.
+    return [] if current is None else [(key_of(current), current)]
 
 
 def records_after(

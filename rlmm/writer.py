@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 REQUEST_HEADER = "tierlog.request"
 # How often the timer thread serves delivery reports and checks deadlines.
 TICK_S = 0.05
+# Corrections one write may append in a row (rlmm.state.corrections_after): each is needed only when another
+# writer's record landed first, so a longer chain means two writers keep racing; the next write settles it.
+MAX_CORRECTIONS = 3
 
 Record = tuple[RecordKey, MetadataEvent | None]
 
@@ -46,6 +49,7 @@ class PendingWrite:
     acked: set[str] = field(default_factory=set)
     applied: set[str] = field(default_factory=set)
     primary: str = ""
+    corrections: int = 0  # corrections appended for this write, or before it (a restatement's chain)
 
 
 @dataclass(frozen=True)
@@ -112,12 +116,35 @@ class MetadataWriter:
             if not outcome.applied:
                 self._finish_locked(pending, RemoteStorageError(
                     f"metadata write for {pending.tp} was rejected when applied: {outcome.reason}"))
-                return []
+                return self._restate_locked(view, pending, record, outcome)
             assert record.event is not None
             follow_ups = self.register_locked(pending, state.records_after(
                 view, record.key, record.event, pending.doomed, _now_ms(), self._broker_id), primary=False)
+        elif outcome.stale and record.event is not None and pending.corrections < MAX_CORRECTIONS:
+            # Our checkpoint landed after another writer's lineage change: append a current one before the write
+            # completes, so the newest checkpoint on the topic describes the lineage again.
+            pending.corrections += 1
+            follow_ups = self.register_locked(pending, state.corrections_after(
+                view, record.event, outcome, _now_ms(), self._broker_id), primary=False)
         self._maybe_complete_locked(pending)
         return follow_ups
+
+    def _restate_locked(
+        self, view: MetadataView, dropped: PendingWrite, record: ConsumedRecord, outcome: state.Outcome
+    ) -> list[Append]:
+        """After our record was dropped, append its key's current state again (a write of its own, whose caller
+        already heard of the rejection), so that the newest record of the key describes the state."""
+        if record.event is None or dropped.corrections >= MAX_CORRECTIONS:
+            return []
+        restated = state.corrections_after(view, record.event, outcome, _now_ms(), self._broker_id)
+        if not restated:
+            return []
+        log.info("metadata record for %s at offset %d was dropped (%s); restating the current state of %s",
+                 dropped.tp, record.offset, outcome.reason, record.key.encode().decode(errors="replace"))
+        restating = self.begin_locked(dropped.tp, dropped.metadata_partition,
+                                      time.monotonic() + self._timeout_ms / 1000)
+        restating.corrections = dropped.corrections + 1
+        return self.register_locked(restating, restated, primary=True)
 
     def fail_partition_locked(self, metadata_partition: int, error: BaseException) -> None:
         for pending in self._distinct_pending():

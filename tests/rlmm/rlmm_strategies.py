@@ -18,8 +18,10 @@ from rlmm.errors import RemoteStorageError
 from rlmm.events import MetadataEvent, RecordKey, key_of
 from rlmm.state import (
     InMemoryState,
+    Outcome,
     StateStore,
     apply_record,
+    corrections_after,
     highest_offset_for_epoch,
     list_segments,
     next_segment_with_txn_index,
@@ -277,22 +279,46 @@ def feed_kafka_model(model: ReferenceModel, event: MetadataEvent | None) -> None
 class RacingWriter:
     """One broker's write path with a view that lags the topic: it checks a call against what it has applied,
     appends the event, and appends the follow-ups (checkpoint, tombstone) it computed once its view held the
-    event; other writers' records may land in between at any point."""
+    event; other writers' records may land in between at any point. Like rlmm.writer, when its view applies one
+    of its own records that another writer's record overtook (a stale checkpoint, a dropped event), it appends
+    the correction rlmm.state.corrections_after calls for."""
 
     broker_id: int
     topic: list[TopicRecord]
     view: InMemoryState = field(default_factory=InMemoryState)
     applied: int = 0  # records of `topic` applied to `view`
     in_flight: tuple[int, RecordKey, MetadataEvent] | None = None
-    outbox: list[tuple[RecordKey, MetadataEvent | None]] = field(default_factory=list)
+    outbox: list[tuple[RecordKey, MetadataEvent | None, str]] = field(default_factory=list)
     owned: list[RemoteLogSegmentMetadata] = field(default_factory=list)
+    # This writer's own records by offset: "event" (an API call's), "follow" (checkpoints, tombstones) or
+    # "restated" (a correction that is an event of its own, with follow-ups of its own); and their outcomes.
+    mine: dict[int, str] = field(default_factory=dict)
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
 
     def catch_up(self, count: int) -> None:
         upto = min(len(self.topic), self.applied + count)
-        replay_at_offsets(self.topic[self.applied:upto], self.view)
+        owed: list[tuple[str, RecordKey, MetadataEvent, Outcome]] = []
+        for offset, key, event in self.topic[self.applied:upto]:
+            outcome = apply_record(self.view, key, event, offset)
+            role = self.mine.get(offset)
+            if role is not None and event is not None:
+                self.outcomes[offset] = outcome
+                owed.append((role, key, event, outcome))
         self.applied = upto
+        # What the writer appends once a batch is applied, in the order of its records.
+        for role, key, event, outcome in owed:
+            if role == "restated" and outcome.applied:
+                self._queue(records_after(self.view, key, event, (), 0, self.broker_id), "follow")
+            if role == "follow" and outcome.stale:
+                self._queue(corrections_after(self.view, event, outcome, 0, self.broker_id), "follow")
+            elif role != "follow" and not outcome.applied:
+                self._queue(corrections_after(self.view, event, outcome, 0, self.broker_id), "restated")
 
-    def append(self, key: RecordKey, event: MetadataEvent | None) -> None:
+    def _queue(self, records: Iterable[tuple[RecordKey, MetadataEvent | None]], role: str) -> None:
+        self.outbox += [(key, event, role) for key, event in records]
+
+    def append(self, key: RecordKey, event: MetadataEvent | None, role: str = "follow") -> None:
+        self.mine[len(self.topic)] = role
         self.topic.append((len(self.topic), key, event))
 
     def idle(self) -> bool:
@@ -304,20 +330,21 @@ class RacingWriter:
         recovery = pending_checkpoint(self.view, WRITER_TP, 0, self.broker_id)
         if recovery is not None:
             self.append(key_of(recovery), recovery)
-        self.append(key_of(event), event)
+        self.append(key_of(event), event, "event")
         self.in_flight = (len(self.topic) - 1, key_of(event), event)
 
     def see_own_write(self, extra: int) -> None:
         """The view applies up to the event (and `extra` records after it); the follow-ups are computed now."""
         assert self.in_flight is not None
         offset, key, event = self.in_flight
-        self.catch_up(max(0, offset + 1 - self.applied) + extra)
-        self.outbox = records_after(self.view, key, event, (), 0, self.broker_id)
         self.in_flight = None
+        self.catch_up(max(0, offset + 1 - self.applied) + extra)
+        if self.outcomes[offset].applied:  # a dropped event has no follow-ups, only its restatement
+            self._queue(records_after(self.view, key, event, (), 0, self.broker_id), "follow")
 
     def flush(self) -> None:
-        for key, event in self.outbox:
-            self.append(key, event)
+        for key, event, role in self.outbox:
+            self.append(key, event, role)
         self.outbox = []
 
 
@@ -394,3 +421,15 @@ def settle(scenario: RacingScenario) -> None:
             writer.append(key_of(recovery), recovery)
     for writer in scenario.writers:
         writer.catch_up(len(scenario.topic))
+
+
+def drain(scenario: RacingScenario, rounds: int = 20) -> None:
+    """Every writer applies the whole topic and appends the corrections its own records call for, until none is
+    owed: what the writers do by themselves once their calls stop (no further write needed)."""
+    for _ in range(rounds):
+        for writer in scenario.writers:
+            writer.catch_up(len(scenario.topic))
+            writer.flush()
+        if all(writer.applied == len(scenario.topic) and writer.idle() for writer in scenario.writers):
+            return
+    raise AssertionError(f"the writers kept correcting each other for {rounds} rounds")
