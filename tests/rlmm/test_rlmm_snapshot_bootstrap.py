@@ -20,15 +20,25 @@ from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
 from rlmm import RemoteLogMetadataManager
-from rlmm.archive import write_snapshot
-from rlmm.bootstrap import SnapshotSource, list_snapshots, snapshot_key
+from rlmm.archive import read_snapshot, view_entries, write_snapshot, write_view_snapshot
+from rlmm.bootstrap import (
+    SnapshotSource,
+    TopicPosition,
+    bootstrap_from_snapshot,
+    has_view,
+    list_snapshots,
+    snapshot_key,
+)
 from rlmm.event_log import check_topic
+from rlmm.lineage import pending_checkpoint
+from rlmm.snapshot import snapshot_entries
+from rlmm.view import MetadataView
 from rsm.backend import StorageBackend
 from rsm.snapshot_source import BucketSnapshotSource
 from tierlog.agent.components import ComponentName
 from tierlog.agent.server import AgentServer
 from tierlog.audit.archiver import Archiver, ArchiverSettings
-from tierlog.audit.snapshots import SnapshotSettings, start_snapshot_writer, write_snapshot_now
+from tierlog.audit.snapshots import SnapshotSettings, archived_records, start_snapshot_writer, write_snapshot_now
 from tierlog.pipeline.locations import open_store
 
 PARTITIONS = 2
@@ -238,3 +248,155 @@ def test_an_agent_with_a_snapshot_location_bootstraps_its_rlmm_from_its_rsms_buc
         assert any("bootstrapped" in r.getMessage() for r in caplog.records)
     finally:
         agent.stop()
+
+
+def _put_snapshot(store: StorageBackend, metadata_topic: str, topic_id: str, data: bytes) -> str:
+    """Store snapshot bytes under their own digest, as the newest snapshot."""
+    key = snapshot_key(LOCATION, metadata_topic, topic_id, int(time.time() * 1000), data)
+    store.put(key, data)
+    return key
+
+
+def _format_1_snapshot(store: StorageBackend, metadata_topic: str) -> bytes:
+    """A snapshot as tierlog wrote them before format 2 (and the Spark job still does): archive records, replayed."""
+    records = list(archived_records(store, metadata_topic, {}))
+    ends = {p: max(d["offset"] for d in records if d["metadata_partition"] == p) + 1
+            for p in {d["metadata_partition"] for d in records}}
+    out = io.BytesIO()
+    write_snapshot(out, metadata_topic, records, ends)
+    return out.getvalue()
+
+
+def _lookups(manager: RemoteLogMetadataManager, tps: list[Any]) -> list[object]:
+    """Every answer a broker asks for, for each segment listed: listing, size, highest offset, floor lookup."""
+    answers: list[object] = []
+    for tp in tps:
+        listed = manager.list_remote_log_segments(tp)
+        answers.append(listed)
+        for md in listed:
+            for epoch, start in md.segment_leader_epochs.items():
+                answers += [manager.highest_offset_for_epoch(tp, epoch), manager.remote_log_size(tp, epoch),
+                            manager.remote_log_segment_metadata(tp, epoch, start),
+                            manager.next_segment_with_txn_index(tp, epoch, start)]
+    return answers
+
+
+def _bookkeeping(state_dir: Path) -> tuple[list[tuple[str, bytes, bytes]], list[object]]:
+    """A closed node's whole view (partition bookkeeping included) and the checkpoint its next write appends."""
+    view = MetadataView.open(state_dir, read_only=True)
+    try:
+        return list(snapshot_entries(view)), [pending_checkpoint(view, tp, 1, 0) for tp in view.user_partitions()]
+    finally:
+        view.close()
+
+
+def test_a_node_bootstrapped_from_a_view_snapshot_equals_a_topic_rebuild_in_lookups_and_bookkeeping(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=11, partitions=4)
+    key = _snapshot(kafka_bootstrap, metadata_topic, store)
+    header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
+    assert header.format == 2 and header.view_digest == writer.view_digest()
+    _history(writer, seed=12, partitions=2)
+    expected = writer.view_digest()
+    tps = [make_tp(f"bootstrap-{seed}", p) for seed, count in ((11, 4), (12, 2)) for p in range(count)]
+
+    node = _node(kafka_bootstrap, metadata_topic, tmp_path / "from-snapshot", BucketSnapshotSource(store))
+    rebuilt = make_manager(partitions=PARTITIONS, state_dir=tmp_path / "from-topic")
+    try:
+        for manager in (node, rebuilt):
+            register(manager, *tps)
+            wait_digest(manager, expected)
+            manager.wait_caught_up(60)
+        assert _lookups(node, tps) == _lookups(rebuilt, tps)
+        assert node.applied_offsets() == rebuilt.applied_offsets()
+    finally:
+        node.close()
+        rebuilt.close()
+    assert _bookkeeping(tmp_path / "from-snapshot") == _bookkeeping(tmp_path / "from-topic")
+
+
+def test_a_snapshot_whose_entries_do_not_make_its_digest_falls_back_to_the_topic_with_a_log_line(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=13, partitions=2)
+    good = _snapshot(kafka_bootstrap, metadata_topic, store)
+    header, datums = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(good)))
+    entries = list(view_entries(datums))
+    family, entry_key, value = entries[len(entries) // 2]
+    entries[len(entries) // 2] = (family, entry_key, value[:-1])  # a writer bug: the sha256 still matches
+    forged = io.BytesIO()
+    assert header.view_digest is not None
+    write_view_snapshot(forged, metadata_topic, entries, header.end_offsets, header.view_digest)
+    store.delete([good])
+    bad = _put_snapshot(store, metadata_topic, _topic_id(kafka_bootstrap, metadata_topic), forged.getvalue())
+    expected = writer.view_digest()
+
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
+        assert any("unusable" in r.getMessage() and bad in r.getMessage() and "digest" in r.getMessage()
+                   for r in caplog.records)
+        assert not any("bootstrapped" in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)
+
+
+def test_a_snapshot_behind_the_topics_log_start_leaves_the_state_dir_empty_with_a_log_line(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=14, partitions=2)
+    key = _snapshot(kafka_bootstrap, metadata_topic, store)
+    header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
+    # As if retention had removed records the snapshot does not hold: the topic starts past its end offsets.
+    position = TopicPosition(_topic_id(kafka_bootstrap, metadata_topic), 86_400_000,
+                             {p: end + 1 for p, end in header.end_offsets.items()})
+
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"):
+        loaded = bootstrap_from_snapshot(tmp_path / "node", BucketSnapshotSource(store), LOCATION, metadata_topic,
+                                         position, int(time.time() * 1000))
+    assert loaded is None
+    assert any("stale" in r.getMessage() and key in r.getMessage() for r in caplog.records)
+    assert not has_view(tmp_path / "node")
+    assert not (tmp_path / "node" / "bootstrap-view").exists()
+
+
+def test_a_format_1_snapshot_still_bootstraps_a_node(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=15, partitions=3)
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
+    _put_snapshot(store, metadata_topic, _topic_id(kafka_bootstrap, metadata_topic),
+                  _format_1_snapshot(store, metadata_topic))
+    _history(writer, seed=16, partitions=1)
+    expected = writer.view_digest()
+
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
+        assert any("bootstrapped" in r.getMessage() and "format 1" in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)
+
+
+def test_the_snapshot_writer_continues_from_a_format_1_snapshot_to_the_topics_view(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=17, partitions=2)
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
+    topic_id = _topic_id(kafka_bootstrap, metadata_topic)
+    _put_snapshot(store, metadata_topic, topic_id, _format_1_snapshot(store, metadata_topic))
+    _history(writer, seed=18, partitions=2)
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
+
+    key = write_snapshot_now(store, SnapshotSettings(LOCATION, metadata_topic), topic_id)
+
+    assert key is not None
+    header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
+    assert (header.format, header.view_digest) == (2, writer.view_digest())
