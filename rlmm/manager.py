@@ -12,11 +12,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
 from rlmm import bootstrap, state
+from rlmm import view_format as vf
 from rlmm.applier import ApplierSettings, MetadataApplier
 from rlmm.client_security import librdkafka_settings
 from rlmm.config import ConfigKey, parse_bool, parse_config, parse_int, parse_str
@@ -38,6 +40,7 @@ from rlmm.event_log import (
     ensure_topic,
 )
 from rlmm.events import MetadataEvent, key_of, metadata_partition_for, segment_key
+from rlmm.read_model import PartitionSnapshot
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
@@ -99,6 +102,8 @@ class RemoteLogMetadataManager:
         startup_s = self._cfg["startup.timeout.ms"] / 1000
         self._lock = threading.Condition()
         self._registered: dict[TopicIdPartition, int | None] = {}  # tp -> metadata offset it must reach
+        # Partitions found registered and caught up under the lock, until stopped (see _snapshot).
+        self._readable_now: dict[TopicIdPartition, _Readable] = {}
         self._closed = False
         offsets = OffsetReader(self.metadata_topic, client)
         admin = AdminClient(client)
@@ -211,6 +216,9 @@ class RemoteLogMetadataManager:
         with self._lock:
             for tp in partitions:
                 self._registered.pop(tp, None)
+                readable = self._readable_now.pop(tp, None)
+                if readable is not None:
+                    self._view.model.unwatch(readable.key)
 
     def is_ready(self, tp: TopicIdPartition) -> bool:
         with self._lock:
@@ -221,62 +229,77 @@ class RemoteLogMetadataManager:
         mp = self._metadata_partition(tp)
         return target is not None and mp not in self._applier.halted and self._applier.applied.get(mp, 0) >= target
 
-    def _readable(self, tp: TopicIdPartition) -> None:
-        # On every lookup (the broker's fetch path): one metadata partition, no second pass through _ready_locked.
+    def _snapshot(self, tp: TopicIdPartition) -> PartitionSnapshot:
+        """The partition's lookup snapshot, once registration, deletion, halt and readiness allow reads.
+
+        On the broker's fetch path, so it takes no lock for a partition already found readable: readiness never
+        goes back while tp stays registered, and tp leaves `_readable_now` when stopped; a halt or a deletion the
+        snapshot shows sends the call through the full checks again (the applier unregisters a deleted partition).
+        """
+        readable = self._readable_now.get(tp) if type(tp) is TopicIdPartition else None
+        if readable is not None and readable.metadata_partition not in self._applier.halted:
+            snapshot = self._view.model.snapshots.get(readable.key)
+            if snapshot is not None and not snapshot.deleted:
+                return snapshot
         _require(tp, TopicIdPartition, "topic_id_partition")
         with self._lock:
-            self._check_open()
-            if tp not in self._registered or state.is_deleted(self._view, tp):
-                raise RemoteResourceNotFoundError(
-                    f"no remote log metadata for {tp} on broker {self.broker_id}: the partition is not assigned "
-                    f"here (on_partition_leadership_changes) or its remote data was deleted"
-                )
-            mp = self._metadata_partition(tp)
-            halted = self._applier.halted.get(mp)
-            if halted is not None:
-                raise halted
-            target = self._registered[tp]
-            if target is None or self._applier.applied.get(mp, 0) < target:
-                raise RemoteStorageNotReadyError(
-                    f"remote log metadata for {tp} is still loading on broker {self.broker_id} "
-                    f"(metadata partition {mp} applied to offset {self._applier.applied.get(mp, 0)}); retry"
-                )
+            mp = self._check_readable_locked(tp)
+            key = vf.tp_key_of(tp)
+            self._readable_now[tp] = _Readable(key, mp)
+            return self._view.model.watch(key)
 
-    # --- reads ----------------------------------------------------------------------------------------------
+    def _check_readable_locked(self, tp: TopicIdPartition) -> int:
+        """Raise what Kafka's manager raises for a read of tp now; else tp's metadata partition."""
+        self._check_open()
+        if tp not in self._registered or state.is_deleted(self._view, tp):
+            raise RemoteResourceNotFoundError(
+                f"no remote log metadata for {tp} on broker {self.broker_id}: the partition is not assigned "
+                f"here (on_partition_leadership_changes) or its remote data was deleted"
+            )
+        mp = self._metadata_partition(tp)
+        halted = self._applier.halted.get(mp)
+        if halted is not None:
+            raise halted
+        target = self._registered[tp]
+        if target is None or self._applier.applied.get(mp, 0) < target:
+            raise RemoteStorageNotReadyError(
+                f"remote log metadata for {tp} is still loading on broker {self.broker_id} "
+                f"(metadata partition {mp} applied to offset {self._applier.applied.get(mp, 0)}); retry"
+            )
+        return mp
+
+    # --- reads: the partition's snapshot (rlmm.read_model), after plain type checks --------------------------
 
     def remote_log_segment_metadata(
         self, tp: TopicIdPartition, leader_epoch: int, offset: int
     ) -> RemoteLogSegmentMetadata | None:
-        _require_int(leader_epoch, "leader_epoch")
-        _require_int(offset, "offset")
-        self._readable(tp)
-        return state.segment_for_offset(self._view, tp, leader_epoch, offset)
+        if type(leader_epoch) is not int or leader_epoch < 0:
+            _require_int(leader_epoch, "leader_epoch")
+        if type(offset) is not int or offset < 0:
+            _require_int(offset, "offset")
+        return self._snapshot(tp).segment_for_offset(leader_epoch, offset)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
         _require_int(leader_epoch, "leader_epoch")
-        self._readable(tp)
-        return state.highest_offset_for_epoch(self._view, tp, leader_epoch)
+        return self._snapshot(tp).highest_offset_for_epoch(leader_epoch)
 
     def list_remote_log_segments(
         self, tp: TopicIdPartition, leader_epoch: int | None = None
     ) -> list[RemoteLogSegmentMetadata]:
         if leader_epoch is not None:
             _require_int(leader_epoch, "leader_epoch")
-        self._readable(tp)
-        return state.list_segments(self._view, tp, leader_epoch)
+        return self._snapshot(tp).list_segments(leader_epoch)
 
     def remote_log_size(self, tp: TopicIdPartition, leader_epoch: int) -> int:
         _require_int(leader_epoch, "leader_epoch")
-        self._readable(tp)
-        return state.remote_log_size(self._view, tp, leader_epoch)
+        return self._snapshot(tp).remote_log_size(leader_epoch)
 
     def next_segment_with_txn_index(
         self, tp: TopicIdPartition, leader_epoch: int, offset: int
     ) -> RemoteLogSegmentMetadata | None:
         _require_int(leader_epoch, "leader_epoch")
         _require_int(offset, "offset")
-        self._readable(tp)
-        return state.next_segment_with_txn_index(self._view, tp, leader_epoch, offset)
+        return self._snapshot(tp).next_segment_with_txn_index(leader_epoch, offset)
 
     def view_digest(self) -> str:
         return self._view.digest()
@@ -331,10 +354,19 @@ class RemoteLogMetadataManager:
             if self._closed:
                 return
             self._closed = True
+            self._readable_now.clear()
         self._applier.close(timeout_s=10)
         self._writer.close(timeout_s=5)
         self._consumer.close()
         self._view.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Readable:
+    """A partition found readable: its read model key and its metadata partition, for lookups without the lock."""
+
+    key: bytes
+    metadata_partition: int
 
 
 def _open_view(

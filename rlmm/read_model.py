@@ -1,10 +1,11 @@
 """The view's committed state, decoded, in memory: what every lookup and the apply path read.
 
 RocksDB stays the durable truth. The model is loaded from it once and then follows it: the applier's batch folds
-its changes in right after their WriteBatch is written, one user partition at a time under a short lock, so a
-lookup costs a few dict and bisect operations instead of a RocksDB read and an Avro decode.
+its changes in right after their WriteBatch is written, one user partition at a time under a short lock.
 
-One writer (the applier's thread) changes the model; any thread reads it through `ReadModel.lock`.
+One writer (the applier's thread) changes the model; any thread reads it through `ReadModel.lock`. For the user
+partitions a manager serves, the model also publishes a `PartitionSnapshot` per partition: immutable, replaced
+whole as each batch folds in, so the broker's lookups read it with no lock, in a dict read and a bisect.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
+from rlmm import state
 from rlmm import view_format as vf
 from rlmm.events import EpochLineage
 from rlmm.types import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata, TopicIdPartition
@@ -73,15 +75,236 @@ class PartitionChanges:
     index: dict[tuple[int, int], uuid.UUID | None] = field(default_factory=dict)
 
 
+# --- lookup snapshots: what the manager's reads see of a partition, one committed batch at a time ---------------
+# Published objects are never changed: a fold builds a partition's next snapshot beside the current one, copying
+# only the epochs and listings the batch touched, and swaps one reference (atomic under the GIL).
+
+Answer = tuple[RemoteLogSegmentMetadata, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class EpochFloors:
+    """One leader epoch's offset index for lookups: the sorted starts and, per start, what a lookup from it answers:
+    the segment and the last offset of the epoch in it (state.lookup_end), or None for nothing."""
+
+    starts: list[int]
+    answers: list[Answer]
+
+    def segment_for_offset(self, offset: int) -> RemoteLogSegmentMetadata | None:
+        position = bisect.bisect_right(self.starts, offset)
+        if position:
+            answer = self.answers[position - 1]
+            if answer is not None and offset <= answer[1]:
+                return answer[0]
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Segments a listing shows (state.is_listed), in listing order (state.listing_order), and their total size."""
+
+    segments: list[RemoteLogSegmentMetadata] = field(default_factory=list)
+    size: int = 0
+
+
+_NO_LISTING = Listing()
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSnapshot:
+    """One user partition as lookups see it after a committed batch. `deleted` stays set once seen until a checked
+    read replaces the snapshot (ReadModel.watch): the partition may be forgotten after its delete finished while the
+    manager still has to refuse it."""
+
+    deleted: bool = False
+    floors: dict[int, EpochFloors] = field(default_factory=dict)
+    listings: dict[int, Listing] = field(default_factory=dict)  # per leader epoch the segments contain
+    everything: Listing = _NO_LISTING
+    lineages: dict[int, EpochLineage] = field(default_factory=dict)
+
+    def segment_for_offset(self, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+        floors = self.floors.get(epoch)
+        return None if floors is None else floors.segment_for_offset(offset)
+
+    def next_segment_with_txn_index(self, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+        floors = self.floors.get(epoch)
+        return None if floors is None else state.next_with_txn_index(floors.segment_for_offset, offset)
+
+    def list_segments(self, epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
+        listing = self.everything if epoch is None else self.listings.get(epoch, _NO_LISTING)
+        return list(listing.segments)
+
+    def remote_log_size(self, epoch: int) -> int:
+        return self.listings.get(epoch, _NO_LISTING).size
+
+    def highest_offset_for_epoch(self, epoch: int) -> int | None:
+        lineage = self.lineages.get(epoch)
+        return None if lineage is None else lineage.highest_log_offset
+
+
+_NOTHING = PartitionSnapshot()
+_GONE = PartitionSnapshot(deleted=True)
+
+
+def _answer(md: RemoteLogSegmentMetadata | None, epoch: int) -> Answer:
+    end = None if md is None else state.lookup_end(md, epoch)
+    return None if md is None or end is None else (md, end)
+
+
+def snapshot_of(partition: PartitionModel | None) -> PartitionSnapshot:
+    """A partition's snapshot built from scratch (when a partition is first watched; the reference for folds)."""
+    if partition is None:
+        return _NOTHING
+    floors = {
+        epoch: EpochFloors(list(index.starts), [_answer(partition.segments.get(index.ids[start]), epoch)
+                                                for start in index.starts])
+        for epoch, index in partition.index.items() if index.starts
+    }
+    listed = sorted(filter(state.is_listed, partition.segments.values()), key=state.listing_order)
+    by_epoch: dict[int, list[RemoteLogSegmentMetadata]] = {}
+    for md in listed:
+        for epoch in md.segment_leader_epochs:
+            by_epoch.setdefault(epoch, []).append(md)
+    return PartitionSnapshot(
+        state.delete_finished(partition.delete), floors,
+        {epoch: _listing(segments) for epoch, segments in by_epoch.items()}, _listing(listed),
+        dict(partition.lineages),
+    )
+
+
+def _listing(segments: list[RemoteLogSegmentMetadata]) -> Listing:
+    return Listing(segments, sum(md.segment_size_in_bytes for md in segments)) if segments else _NO_LISTING
+
+
+def _folded(
+    snapshot: PartitionSnapshot, partition: PartitionModel, change: PartitionChanges,
+    before: dict[uuid.UUID, RemoteLogSegmentMetadata | None],
+) -> PartitionSnapshot:
+    """`snapshot` after `change` folded into `partition` (`before`: the changed segments as they were)."""
+    relisting = _Relisting(snapshot)
+    touched: dict[int, set[int]] = {}  # epoch -> starts whose answer may have changed
+    for epoch, start in change.index:
+        touched.setdefault(epoch, set()).add(start)
+    for segment_id in change.segments:
+        old, new = before.get(segment_id), partition.segments.get(segment_id)
+        if old is new:
+            continue
+        # The index maps a segment only at its own epochs' starts, so these are the answers that name it.
+        for md in (old, new):
+            if md is not None:
+                for epoch, start in md.segment_leader_epochs.items():
+                    touched.setdefault(epoch, set()).add(start)
+        if old is not None and state.is_listed(old):
+            relisting.remove(old)
+        if new is not None and state.is_listed(new):
+            relisting.add(new)
+    floors = snapshot.floors
+    if touched:
+        floors = dict(floors)
+        for epoch, starts in touched.items():
+            _refloor(floors, epoch, starts, partition)
+    listings, everything = relisting.done()
+    return PartitionSnapshot(
+        snapshot.deleted or state.delete_finished(partition.delete), floors, listings, everything,
+        dict(partition.lineages) if change.lineages else snapshot.lineages,
+    )
+
+
+def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], partition: PartitionModel) -> None:
+    """Replace `floors[epoch]` by a copy whose answers at `starts` follow the partition's index and segments."""
+    index = partition.index.get(epoch)
+    current = floors.get(epoch)
+    sorted_starts = [] if current is None else list(current.starts)
+    answers = [] if current is None else list(current.answers)
+    for start in starts:
+        segment = None if index is None else index.ids.get(start)
+        position = bisect.bisect_left(sorted_starts, start)
+        present = position < len(sorted_starts) and sorted_starts[position] == start
+        if segment is None:
+            if present:
+                del sorted_starts[position], answers[position]
+            continue
+        answer = _answer(partition.segments.get(segment), epoch)
+        if present:
+            answers[position] = answer
+        else:
+            sorted_starts.insert(position, start)
+            answers.insert(position, answer)
+    if sorted_starts:
+        floors[epoch] = EpochFloors(sorted_starts, answers)
+    else:
+        floors.pop(epoch, None)
+
+
+class _Relisting:
+    """Copy-on-write edits of a snapshot's listings: each listing a fold touches is copied once."""
+
+    def __init__(self, snapshot: PartitionSnapshot) -> None:
+        self._snapshot = snapshot
+        self._edits: dict[int | None, tuple[list[RemoteLogSegmentMetadata], list[int]]] = {}  # None: everything
+
+    def _edit(self, epoch: int | None) -> tuple[list[RemoteLogSegmentMetadata], list[int]]:
+        edit = self._edits.get(epoch)
+        if edit is None:
+            base = self._snapshot.everything if epoch is None else self._snapshot.listings.get(epoch, _NO_LISTING)
+            edit = self._edits[epoch] = (list(base.segments), [base.size])
+        return edit
+
+    def remove(self, md: RemoteLogSegmentMetadata) -> None:
+        order = state.listing_order(md)
+        for epoch in (None, *md.segment_leader_epochs):
+            segments, size = self._edit(epoch)
+            position = bisect.bisect_left(segments, order, key=state.listing_order)
+            if position < len(segments) and state.listing_order(segments[position]) == order:
+                size[0] -= segments.pop(position).segment_size_in_bytes
+
+    def add(self, md: RemoteLogSegmentMetadata) -> None:
+        order = state.listing_order(md)
+        for epoch in (None, *md.segment_leader_epochs):
+            segments, size = self._edit(epoch)
+            segments.insert(bisect.bisect_left(segments, order, key=state.listing_order), md)
+            size[0] += md.segment_size_in_bytes
+
+    def done(self) -> tuple[dict[int, Listing], Listing]:
+        listings = self._snapshot.listings
+        everything = self._snapshot.everything
+        if self._edits:
+            listings = dict(listings)
+        for epoch, (segments, size) in self._edits.items():
+            listing = Listing(segments, size[0]) if segments else _NO_LISTING
+            if epoch is None:
+                everything = listing
+            elif segments:
+                listings[epoch] = listing
+            else:
+                listings.pop(epoch, None)
+        return listings, everything
+
+
 class ReadModel:
     """Per user partition (keyed by its view key): segments, delete state, lineages, offset index, bookkeeping."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.partitions: dict[bytes, PartitionModel] = {}
+        # The watched partitions' lookup snapshots, each replaced whole under the lock; read without it.
+        self.snapshots: dict[bytes, PartitionSnapshot] = {}
 
     def get(self, tp_key: bytes) -> PartitionModel | None:
         return self.partitions.get(tp_key)
+
+    def watch(self, tp_key: bytes) -> PartitionSnapshot:
+        """Publish the partition's snapshot from now on, and return it: the one published, unless that one shows a
+        deletion, which is then checked again against the model (its caller has just found tp not deleted)."""
+        with self.lock:
+            snapshot = self.snapshots.get(tp_key)
+            if snapshot is None or snapshot.deleted:
+                snapshot = self.snapshots[tp_key] = snapshot_of(self.partitions.get(tp_key))
+            return snapshot
+
+    def unwatch(self, tp_key: bytes) -> None:
+        with self.lock:
+            self.snapshots.pop(tp_key, None)
 
     def fold(self, changes: dict[bytes, tuple[TopicIdPartition | None, PartitionChanges]]) -> None:
         """Apply a committed batch; each partition changes whole under the lock, so a lookup sees it before or
@@ -92,10 +315,13 @@ class ReadModel:
 
     def _fold_partition(self, tp_key: bytes, tp: TopicIdPartition | None, change: PartitionChanges) -> None:
         partition = self.partitions.get(tp_key)
+        snapshot = self.snapshots.get(tp_key)
         if partition is None:
             if tp is None:  # only deletions for a partition the model never held
                 return
             partition = self.partitions[tp_key] = PartitionModel(tp)
+        before = {} if snapshot is None else {segment_id: partition.segments.get(segment_id)
+                                               for segment_id in change.segments}
         if change.meta is not None:
             partition.meta = change.meta[0]
             if partition.meta is not None and partition.meta.topic != partition.tp.topic:
@@ -124,6 +350,10 @@ class ReadModel:
                     del partition.index[epoch]
         if partition.empty():
             del self.partitions[tp_key]
+            if snapshot is not None:
+                self.snapshots[tp_key] = _GONE if snapshot.deleted else _NOTHING
+        elif snapshot is not None:
+            self.snapshots[tp_key] = _folded(snapshot, partition, change, before)
 
     @classmethod
     def load(cls, families: dict[str, object]) -> ReadModel:

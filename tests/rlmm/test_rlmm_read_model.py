@@ -10,10 +10,19 @@ import tempfile
 from typing import Any
 
 from hypothesis import given
-from rlmm_strategies import Scenario, assert_same_answers, histories
+from rlmm_strategies import (
+    PARTITIONS,
+    QUERIED_EPOCHS,
+    Scenario,
+    assert_same_answers,
+    histories,
+    interesting_offsets,
+)
 from test_rlmm_view_properties import VIEW_SETTINGS, apply_in_batches, batch_cuts
 
-from rlmm.read_model import ReadModel
+from rlmm import view_format as vf
+from rlmm.read_model import PartitionSnapshot, ReadModel, snapshot_of
+from rlmm.types import TopicIdPartition
 from rlmm.view import MetadataView
 
 
@@ -41,3 +50,50 @@ def test_the_folded_read_model_is_the_one_loaded_from_rocksdb(scenario: Scenario
             assert_same_answers(scenario, reopened.batch())  # an empty batch reads the loaded model
         finally:
             reopened.close()
+
+
+@VIEW_SETTINGS
+@given(histories(), batch_cuts)
+def test_each_folded_batch_publishes_the_snapshot_built_from_the_model(scenario: Scenario, cuts: list[int]) -> None:
+    log = scenario.writer.log
+    with tempfile.TemporaryDirectory() as directory:
+        view = MetadataView.open(directory)
+        try:
+            model = view.model
+            keys = [vf.tp_key_of(tp) for tp in PARTITIONS]
+            for key in keys:
+                model.watch(key)
+            start = 0
+            for end in [*sorted(set(cuts)), len(log)]:
+                if end > start:
+                    apply_in_batches(view, log[:end], [], start)
+                    start = end
+                for key in keys:
+                    _assert_is_snapshot_of(model.snapshots[key], model, key)
+            for tp, key in zip(PARTITIONS, keys, strict=True):
+                if not scenario.model.is_deleted(tp):
+                    _assert_answers_like_the_reference(scenario, tp, model.snapshots[key])
+        finally:
+            view.close()
+
+
+def _assert_is_snapshot_of(folded: PartitionSnapshot, model: ReadModel, key: bytes) -> None:
+    partition = model.get(key)
+    if partition is None and folded.deleted:  # forgotten after its delete finished: refused until checked again
+        assert folded == PartitionSnapshot(deleted=True)
+    else:
+        assert folded == snapshot_of(partition)
+
+
+def _assert_answers_like_the_reference(scenario: Scenario, tp: TopicIdPartition, snapshot: PartitionSnapshot) -> None:
+    reference = scenario.model
+    assert snapshot.list_segments() == reference.list_remote_log_segments(tp)
+    for epoch in QUERIED_EPOCHS:
+        assert snapshot.list_segments(epoch) == reference.list_remote_log_segments(tp, epoch)
+        assert snapshot.remote_log_size(epoch) == reference.remote_log_size(tp, epoch)
+        assert snapshot.highest_offset_for_epoch(epoch) == reference.highest_offset_for_epoch(tp, epoch)
+        for offset in interesting_offsets(scenario.added[tp]):
+            assert snapshot.segment_for_offset(epoch, offset) == reference.remote_log_segment_metadata(
+                tp, epoch, offset), (epoch, offset)
+            assert snapshot.next_segment_with_txn_index(epoch, offset) == reference.next_segment_with_txn_index(
+                tp, epoch, offset), (epoch, offset)
