@@ -2,7 +2,8 @@
 
 Like Kafka's ConsumerTask. A record that cannot be decoded or applied halts only its metadata partition; a
 failed commit (disk full) is retried with backoff and the view reopened; end offsets for readiness are
-fetched on a thread of their own, so no admin call ever runs on the apply path.
+fetched on a thread of their own, so no admin call ever runs on the apply path. A backlog (a rebuild, a node
+that was away) is read in windows, each replayed as Kafka's log cleaner would leave it (`CompactedWindow`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message
 
 from rlmm import codec, state
+from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
 from rlmm.event_log import EventConsumer, OffsetReader
-from rlmm.events import RecordKey
+from rlmm.events import KEY_SEPARATOR, RecordKey
 from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition
 from rlmm.view import ConsumedRecord, MetadataView
 from rlmm.writer import Append, MetadataWriter, request_of
@@ -37,6 +40,12 @@ OFFSETS_TIMEOUT_S = 5.0
 # commit (one small put, not one per batch), and this often on a quiet topic.
 STAMP_MIN_INTERVAL_S = 1.0
 STAMP_INTERVAL_S = 10.0
+# A backlog is replayed in windows of at most this many records or seconds, each committed with the offsets it
+# reaches: progress is kept across a crash and the newest record per key held in memory stays bounded.
+WINDOW_MAX_RECORDS = 400_000
+WINDOW_MAX_S = 20.0
+# A backlog has ended when a consume waiting this long returns less than a full batch.
+WINDOW_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,63 @@ class _ApplyFailure(Exception):
 
 class _CommitFailure(Exception):
     """Writing the view failed (disk full, I/O error): transient, retried after reopening the view."""
+
+
+class WindowRecord(NamedTuple):
+    """One consumed record of a backlog window, undecoded."""
+
+    metadata_partition: int
+    offset: int
+    key: bytes
+    value: bytes | None
+    request: str | None
+
+
+class CompactedWindow:
+    """A window of a backlog as Kafka's log cleaner would leave it: the newest record of each key (by its raw bytes;
+    superseded records are never decoded), replayed in (metadata partition, offset) order. DESIGN.md "Compaction
+    invariance": a log that keeps the newest record of every key replays to the view every record replays to.
+
+    A key one of this node's pending writes touched keeps every record from that write on (and the newest before
+    it), so the writer sees its record applied with the outcome a full replay gives it. A segment tombstone for a
+    segment the view does not hold leaves nothing to replay of its key: applied, it would change nothing.
+    """
+
+    def __init__(self, is_own_pending: Callable[[str], bool], holds_segment: Callable[[bytes], bool]) -> None:
+        self._is_own_pending = is_own_pending
+        self._holds_segment = holds_segment
+        self._newest: dict[bytes, WindowRecord] = {}
+        self._every: dict[bytes, list[WindowRecord]] = {}
+        self.ends: dict[int, int] = {}  # metadata partition -> the offset after its last record in the window
+        self.records = 0
+
+    def add(self, record: WindowRecord) -> None:
+        self.records += 1
+        self.ends[record.metadata_partition] = record.offset + 1
+        key = record.key
+        every = self._every.get(key)
+        if every is not None:
+            every.append(record)
+        elif record.request is not None and self._is_own_pending(record.request):
+            before = self._newest.pop(key, None)
+            self._every[key] = [record] if before is None else [before, record]
+        elif record.value is None and key.startswith(_SEGMENT_KEY_PREFIX) and not self._holds_segment(key):
+            self._newest.pop(key, None)
+        else:
+            self._newest[key] = record
+
+    def replay_order(self) -> list[WindowRecord]:
+        """The records to apply, in (metadata partition, offset) order."""
+        kept = [*self._newest.values(), *(record for every in self._every.values() for record in every)]
+        kept.sort(key=_window_position)
+        return kept
+
+
+_SEGMENT_KEY_PREFIX = b"segment" + KEY_SEPARATOR.encode()
+
+
+def _window_position(record: WindowRecord) -> tuple[int, int]:
+    return record.metadata_partition, record.offset
 
 
 class MetadataApplier:
@@ -97,7 +163,6 @@ class MetadataApplier:
     def _run(self) -> None:
         backoff_s = RETRY_MIN_S
         max_records = self._settings.batch_max_records
-        behind = False
         while not self._stop.is_set():
             reopen: bool | None = None  # set when this round failed: whether the view must be reopened
             try:
@@ -106,17 +171,13 @@ class MetadataApplier:
                 messages = self._consumer.consume(1, 0.02)
                 if messages:
                     messages += self._consumer.consume(max_records - 1, 0)
-                    # A batch short of the maximum after full ones is the end of a backlog (a rebuild).
-                    backlog_done = behind and len(messages) < max_records
-                    with _cyclic_gc_paused():
-                        self._apply(messages, backlog_done)
-                    behind = len(messages) >= max_records
-                else:
-                    if behind:  # the backlog ended with a full batch
-                        _release_free_memory()
-                        behind = False
-                    if time.monotonic() - self._stamped_at > STAMP_INTERVAL_S:
-                        self._stamp()
+                    if len(messages) >= max_records:  # a backlog: a rebuild, or a node that was away
+                        self._catch_up(messages)
+                    else:
+                        with _cyclic_gc_paused():
+                            self._apply(messages)
+                elif time.monotonic() - self._stamped_at > STAMP_INTERVAL_S:
+                    self._stamp()
                 backoff_s = RETRY_MIN_S
             except _CommitFailure as exc:
                 with self._lock:
@@ -157,12 +218,84 @@ class MetadataApplier:
         for partition in halted:
             self._consumer.pause(partition)
 
-    def _apply(self, messages: list[Message], backlog_done: bool = False) -> None:
+    def _apply(self, messages: list[Message]) -> None:
+        """The live path: every record decoded and applied in log order."""
         records, requests = self._decode(messages)
-        while records:
-            next_offsets: dict[int, int] = {}
+        self._commit_records(records, requests, {})
+
+    def _catch_up(self, messages: list[Message]) -> None:
+        """Read a backlog window by window, each replayed compacted and committed with the offsets it reaches.
+
+        A crash between windows resumes from the last one committed: every record it skipped is superseded by a
+        record the resumed node reads again or has applied."""
+        with _cyclic_gc_paused():
+            while True:
+                window = CompactedWindow(self._is_own_pending, self._holds_segment)
+                caught_up = self._fill(window, messages)
+                messages = []
+                self._apply_window(window)
+                if caught_up or self._stop.is_set():
+                    return
+
+    def _fill(self, window: CompactedWindow, messages: list[Message]) -> bool:
+        """Add records to the window until it is full (False) or the backlog ended (True)."""
+        max_records = self._settings.batch_max_records
+        started = time.monotonic()
+        while True:
+            self._add(window, messages)
+            if window.records >= WINDOW_MAX_RECORDS or time.monotonic() - started >= WINDOW_MAX_S or \
+                    self._stop.is_set():
+                return False
+            messages = self._consumer.consume(max_records, WINDOW_POLL_S)
+            if len(messages) < max_records:
+                self._add(window, messages)
+                return True
+
+    def _add(self, window: CompactedWindow, messages: list[Message]) -> None:
+        for message in messages:
+            if message.error() is not None:
+                self._consume_error(message)
+                continue
+            partition, offset = _position(message)
+            if partition not in self.halted:
+                window.add(WindowRecord(partition, offset, message.key() or b"", message.value(),
+                                        request_of(message)))
+
+    def _apply_window(self, window: CompactedWindow) -> None:
+        records: list[ConsumedRecord] = []
+        requests: dict[tuple[int, int], str | None] = {}
+        # A partition halted while the window was read keeps its offset where it was.
+        ends = {partition: end for partition, end in window.ends.items() if partition not in self.halted}
+        for raw in window.replay_order():
+            partition = raw.metadata_partition
+            if partition in self.halted:
+                continue
+            try:
+                key = RecordKey.decode(raw.key)
+                event = None if raw.value is None else codec.decode(raw.value)
+            except (codec.DecodeError, InvalidArgumentError) as exc:
+                self._halt(partition, raw.offset, f"cannot read record ({exc})")
+                # What came before it in the window is applied; the node resumes from it once fixed.
+                ends[partition] = raw.offset
+                continue
+            records.append(ConsumedRecord(partition, raw.offset, key, event, raw.value))
+            requests[(partition, raw.offset)] = raw.request
+        self._commit_records(records, requests, ends, release_memory=True)
+
+    def _commit_records(
+        self, records: list[ConsumedRecord], requests: dict[tuple[int, int], str | None], ends: dict[int, int],
+        release_memory: bool = False,
+    ) -> None:
+        """Apply the records and commit them with the offsets they reach (at least `ends`: a window's end, past
+        the records it skipped); a record that cannot be applied halts its partition at its offset."""
+        ends = dict(ends)
+        while True:
+            next_offsets = dict(ends)
             for record in records:
-                next_offsets[record.metadata_partition] = record.offset + 1
+                partition = record.metadata_partition
+                next_offsets[partition] = max(next_offsets.get(partition, 0), record.offset + 1)
+            if not next_offsets:
+                return
             try:
                 outcomes = self._commit(records, next_offsets)
             except _ApplyFailure as failure:
@@ -170,29 +303,48 @@ class MetadataApplier:
                 self._halt(bad.metadata_partition, bad.offset, f"cannot apply record ({failure.cause!r})")
                 records = [r for r in records
                            if r.metadata_partition != bad.metadata_partition or r.offset < bad.offset]
+                ends[bad.metadata_partition] = bad.offset
                 continue
-            if backlog_done:
+            if release_memory:
                 # Before anyone hears the view caught up, so a rebuilt node holds what a restarted one holds.
                 _release_free_memory()
             self._after_commit(records, requests, outcomes, next_offsets)
             return
 
+    def _is_own_pending(self, request: str) -> bool:
+        # The writer registers a request id before producing its record, so a consumed record of a write of this
+        # node still waiting to be applied is always found. A dict lookup: safe without the lock.
+        return request in self._writer._pending
+
+    def _holds_segment(self, raw_key: bytes) -> bool:
+        """Whether the committed view holds the segment a segment key names (True for a key that does not parse,
+        so the record is kept and halts its partition like any unreadable record)."""
+        try:
+            key = RecordKey.decode(raw_key)
+        except InvalidArgumentError:
+            return True
+        partition = self._view.model.get(vf.tp_key(key.topic_id, key.partition))
+        return partition is not None and key.segment_id in partition.segments
+
+    def _consume_error(self, message: Message) -> None:
+        error = message.error()
+        assert error is not None
+        if error.code() == KafkaError._AUTO_OFFSET_RESET:
+            partition = message.partition() or 0
+            self._halt(partition, self.applied.get(partition, 0),
+                       f"the stored offset is no longer on the log ({error.str()}); restart the "
+                       f"manager so that it rebuilds its view from the topic")
+        elif error.code() != KafkaError._PARTITION_EOF:
+            log.warning("metadata topic %s: %s", self._settings.metadata_topic, error.str())
+
     def _decode(self, messages: list[Message]) -> tuple[list[ConsumedRecord], dict[tuple[int, int], str | None]]:
         # Every record is decoded and applied in log order, even one a later record of the same key supersedes:
-        # skipping those would make a node's view depend on where its consumer's chunks happened to end whenever
-        # the log holds a record the state machine drops (racing writers), and every node must agree.
+        # on the live path a batch is no window of a backlog, and chunks ending anywhere must not change the view.
         records: list[ConsumedRecord] = []
         requests: dict[tuple[int, int], str | None] = {}
         for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._AUTO_OFFSET_RESET:
-                    partition = message.partition() or 0
-                    self._halt(partition, self.applied.get(partition, 0),
-                               f"the stored offset is no longer on the log ({error.str()}); restart the "
-                               f"manager so that it rebuilds its view from the topic")
-                elif error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("metadata topic %s: %s", self._settings.metadata_topic, error.str())
+            if message.error() is not None:
+                self._consume_error(message)
                 continue
             partition, offset = _position(message)
             if partition in self.halted:
