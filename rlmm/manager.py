@@ -135,6 +135,8 @@ class RemoteLogMetadataManager:
             ApplierSettings(self.metadata_topic, topic.topic_id, self.broker_id, self._cfg["apply.batch.max.records"]),
             self._view, consumer, offsets, self._writer, self._lock, self._registered, self._metadata_partition,
         )
+        # The view keeps one read model for its life (loaded by the applier above); lookups go to it directly.
+        self._model = self._view.model
 
     # --- context manager -----------------------------------------------------------------------------------
 
@@ -218,7 +220,7 @@ class RemoteLogMetadataManager:
                 self._registered.pop(tp, None)
                 readable = self._readable_now.pop(tp, None)
                 if readable is not None:
-                    self._view.model.unwatch(readable.key)
+                    self._model.unwatch(readable.key)
 
     def is_ready(self, tp: TopicIdPartition) -> bool:
         with self._lock:
@@ -238,7 +240,7 @@ class RemoteLogMetadataManager:
         """
         readable = self._readable_now.get(tp) if type(tp) is TopicIdPartition else None
         if readable is not None and readable.metadata_partition not in self._applier.halted:
-            snapshot = self._view.model.snapshots.get(readable.key)
+            snapshot = self._model.snapshots.get(readable.key)
             if snapshot is not None and not snapshot.deleted:
                 return snapshot
         _require(tp, TopicIdPartition, "topic_id_partition")
@@ -246,7 +248,7 @@ class RemoteLogMetadataManager:
             mp = self._check_readable_locked(tp)
             key = vf.tp_key_of(tp)
             self._readable_now[tp] = _Readable(key, mp)
-            return self._view.model.watch(key)
+            return self._model.watch(key)
 
     def _check_readable_locked(self, tp: TopicIdPartition) -> int:
         """Raise what Kafka's manager raises for a read of tp now; else tp's metadata partition."""
@@ -277,7 +279,8 @@ class RemoteLogMetadataManager:
             _require_int(leader_epoch, "leader_epoch")
         if type(offset) is not int or offset < 0:
             _require_int(offset, "offset")
-        return self._snapshot(tp).segment_for_offset(leader_epoch, offset)
+        floors = self._snapshot(tp).floors.get(leader_epoch)
+        return None if floors is None else floors.segment_for_offset(offset)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
         _require_int(leader_epoch, "leader_epoch")
