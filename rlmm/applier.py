@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message
@@ -75,6 +76,22 @@ class WindowRecord(NamedTuple):
     key: bytes
     value: bytes | None
     request: str | None
+
+    def decoded(self) -> ConsumedRecord:
+        """The record decoded (DecodeError or InvalidArgumentError for bytes no tierlog wrote)."""
+        event = None if self.value is None else codec.decode(self.value)
+        return ConsumedRecord(self.metadata_partition, self.offset, RecordKey.decode(self.key), event, self.value)
+
+
+def holds_segment(view: MetadataView, raw_key: bytes) -> bool:
+    """Whether the committed view holds the segment a segment record key names (True for a key that does not
+    parse, so that its record is kept and halts its partition like any unreadable record)."""
+    try:
+        key = RecordKey.decode(raw_key)
+    except InvalidArgumentError:
+        return True
+    partition = view.model.get(vf.tp_key(key.topic_id, key.partition))
+    return partition is not None and key.segment_id in partition.segments
 
 
 class CompactedWindow:
@@ -230,7 +247,7 @@ class MetadataApplier:
         record the resumed node reads again or has applied."""
         with _cyclic_gc_paused():
             while True:
-                window = CompactedWindow(self._is_own_pending, self._holds_segment)
+                window = CompactedWindow(self._is_own_pending, partial(holds_segment, self._view))
                 caught_up = self._fill(window, messages)
                 messages = []
                 self._apply_window(window)
@@ -271,14 +288,12 @@ class MetadataApplier:
             if partition in self.halted:
                 continue
             try:
-                key = RecordKey.decode(raw.key)
-                event = None if raw.value is None else codec.decode(raw.value)
+                records.append(raw.decoded())
             except (codec.DecodeError, InvalidArgumentError) as exc:
                 self._halt(partition, raw.offset, f"cannot read record ({exc})")
                 # What came before it in the window is applied; the node resumes from it once fixed.
                 ends[partition] = raw.offset
                 continue
-            records.append(ConsumedRecord(partition, raw.offset, key, event, raw.value))
             requests[(partition, raw.offset)] = raw.request
         self._commit_records(records, requests, ends, release_memory=True)
 
@@ -315,16 +330,6 @@ class MetadataApplier:
         # The writer registers a request id before producing its record, so a consumed record of a write of this
         # node still waiting to be applied is always found. A dict lookup: safe without the lock.
         return request in self._writer._pending
-
-    def _holds_segment(self, raw_key: bytes) -> bool:
-        """Whether the committed view holds the segment a segment key names (True for a key that does not parse,
-        so the record is kept and halts its partition like any unreadable record)."""
-        try:
-            key = RecordKey.decode(raw_key)
-        except InvalidArgumentError:
-            return True
-        partition = self._view.model.get(vf.tp_key(key.topic_id, key.partition))
-        return partition is not None and key.segment_id in partition.segments
 
     def _consume_error(self, message: Message) -> None:
         error = message.error()

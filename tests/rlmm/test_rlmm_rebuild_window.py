@@ -1,0 +1,206 @@
+"""A backlog replayed in compacted windows (rlmm.applier.CompactedWindow) reaches the view of a compacted replay of
+the log, and of a full replay whenever the log is compaction-consistent; a crash between windows resumes from the
+last window committed; records of this node's pending writes are applied with the outcome a full replay gives.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from rlmm_strategies import (
+    RacingScenario,
+    Scenario,
+    TopicRecord,
+    compacted_at_offsets,
+    histories,
+    racing_histories,
+    replay_at_offsets,
+    settle,
+)
+from rlmm_testkit import decoded, drive, make_tp, read_topic, register, replay, segment, update_of, workload
+
+from rlmm import RemoteLogMetadataManager, codec
+from rlmm.applier import CompactedWindow, WindowRecord, holds_segment
+from rlmm.events import key_of, segment_key
+from rlmm.state import Outcome
+from rlmm.types import RemoteLogSegmentState
+from rlmm.view import ConsumedRecord, MetadataView, apply_records
+
+S = RemoteLogSegmentState
+TOPIC = "tierlog-test-metadata"
+# Each example opens a RocksDB view of its own.
+WINDOW_SETTINGS = settings(max_examples=40, deadline=None,
+                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+window_cuts = st.lists(st.integers(0, 200), max_size=5)
+
+
+def window_of(view: MetadataView, records: Sequence[TopicRecord], requests: Mapping[int, str] | None = None,
+              pending: frozenset[str] = frozenset()) -> CompactedWindow:
+    """The window an applier reads from `records` (offsets of metadata partition 0) over `view`."""
+    window = CompactedWindow(pending.__contains__, partial(holds_segment, view))
+    for offset, key, event in records:
+        window.add(WindowRecord(0, offset, key.encode(), None if event is None else codec.encode(event),
+                                (requests or {}).get(offset)))
+    return window
+
+
+def apply_window(view: MetadataView, window: CompactedWindow) -> list[tuple[ConsumedRecord, Outcome]]:
+    """Decode the window's records, apply them and commit them with the window's end offsets, as the applier does."""
+    records = [raw.decoded() for raw in window.replay_order()]
+    return list(zip(records, apply_records(view, TOPIC, records, window.ends), strict=True))
+
+
+def rebuild_in_windows(view: MetadataView, records: Sequence[TopicRecord], cuts: Sequence[int], start: int = 0
+                       ) -> None:
+    for end in [*sorted(set(cuts)), len(records)]:
+        if end > start:
+            apply_window(view, window_of(view, records[start:end]))
+            start = end
+
+
+def with_view(body: Callable[[MetadataView], None]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        view = MetadataView.open(Path(directory))
+        try:
+            body(view)
+        finally:
+            view.close()
+
+
+def topic_of(scenario: Scenario) -> list[TopicRecord]:
+    return [(offset, key, event) for offset, (key, event) in enumerate(scenario.writer.log)]
+
+
+@WINDOW_SETTINGS
+@given(histories(), window_cuts)
+def test_windows_of_any_size_over_a_writers_log_reach_the_digest_of_the_full_replay(
+    scenario: Scenario, cuts: list[int]
+) -> None:
+    def body(view: MetadataView) -> None:
+        rebuild_in_windows(view, topic_of(scenario), cuts)
+        assert view.digest() == scenario.writer.store.digest()
+    with_view(body)
+
+
+@WINDOW_SETTINGS
+@given(racing_histories())
+def test_one_window_over_a_racing_log_reaches_the_digest_of_its_compacted_replay(scenario: RacingScenario) -> None:
+    # Unsettled racing writers: the log holds dropped records and stale checkpoints.
+    compacted = replay_at_offsets(compacted_at_offsets(scenario.topic, keep_tombstones=True))
+
+    def body(view: MetadataView) -> None:
+        rebuild_in_windows(view, scenario.topic, [])
+        assert view.digest() == compacted.digest()
+    with_view(body)
+
+
+@WINDOW_SETTINGS
+@given(racing_histories(), window_cuts)
+def test_windows_of_any_size_over_a_compaction_consistent_racing_log_reach_the_full_replay(
+    scenario: RacingScenario, cuts: list[int]
+) -> None:
+    settle(scenario)
+    full = replay_at_offsets(scenario.topic).digest()
+    assume(replay_at_offsets(compacted_at_offsets(scenario.topic)).digest() == full)
+
+    def body(view: MetadataView) -> None:
+        rebuild_in_windows(view, scenario.topic, cuts)
+        assert view.digest() == full
+    with_view(body)
+
+
+@WINDOW_SETTINGS
+@given(histories(), st.integers(0, 200), window_cuts)
+def test_a_crash_between_windows_resumes_from_the_last_committed_window_to_the_full_replays_digest(
+    scenario: Scenario, cut: int, cuts: list[int]
+) -> None:
+    records = topic_of(scenario)
+    cut = min(cut, len(records))
+    with tempfile.TemporaryDirectory() as directory:
+        view = MetadataView.open(Path(directory))
+        rebuild_in_windows(view, records[:cut], [])
+        window_of(view, records[cut:])  # read, never committed: the node crashed before the window's end
+        view.close()
+        view = MetadataView.open(Path(directory))
+        try:
+            resume = view.applied_offsets(TOPIC).get(0, 0)
+            assert resume == cut
+            rebuild_in_windows(view, records, [c for c in cuts if c > resume], start=resume)
+            assert view.digest() == scenario.writer.store.digest()
+        finally:
+            view.close()
+
+
+def test_a_tombstoned_segment_the_view_never_held_leaves_nothing_to_replay() -> None:
+    tp = make_tp()
+    added = segment(tp, 0, 9, {0: 0})
+    finished = added.create_with_update(update_of(added, S.COPY_SEGMENT_FINISHED))
+    key = segment_key(added.remote_log_segment_id)
+    records: list[TopicRecord] = [(0, key, added), (1, key, finished), (2, key, None)]
+
+    def body(view: MetadataView) -> None:
+        assert window_of(view, records).replay_order() == []
+        apply_window(view, window_of(view, records[:2]))
+        kept = window_of(view, records[2:]).replay_order()
+        assert [(raw.offset, raw.value) for raw in kept] == [(2, None)]
+        apply_window(view, window_of(view, records[2:]))
+        assert view.segment(added.remote_log_segment_id) is None
+        assert view.applied_offsets(TOPIC) == {0: 3}
+    with_view(body)
+
+
+def test_a_pending_write_of_this_node_is_applied_with_the_outcome_a_full_replay_gives_it() -> None:
+    tp = make_tp()
+    added = segment(tp, 0, 9, {0: 0})
+    finished = added.create_with_update(update_of(added, S.COPY_SEGMENT_FINISHED))
+    deleting = finished.create_with_update(update_of(finished, S.DELETE_SEGMENT_STARTED))
+    key = key_of(added)
+    # This node's late COPY_SEGMENT_FINISHED lands after another node started deleting the segment.
+    records: list[TopicRecord] = [(0, key, added), (1, key, finished), (2, key, deleting), (3, key, finished)]
+    full = replay((k, e) for _, k, e in records)
+
+    def body(view: MetadataView) -> None:
+        window = window_of(view, records, requests={3: "mine"}, pending=frozenset({"mine"}))
+        assert [raw.offset for raw in window.replay_order()] == [2, 3]
+        outcomes = {record.offset: outcome for record, outcome in apply_window(view, window)}
+        assert not outcomes[3].applied and "invalid transition" in (outcomes[3].reason or "")
+        assert view.segment(added.remote_log_segment_id) == full.segment(added.remote_log_segment_id)
+    with_view(body)
+
+
+def test_the_same_records_without_a_pending_write_replay_only_the_newest() -> None:
+    tp = make_tp()
+    added = segment(tp, 0, 9, {0: 0})
+    finished = added.create_with_update(update_of(added, S.COPY_SEGMENT_FINISHED))
+    key = key_of(added)
+    records: list[TopicRecord] = [(0, key, added), (1, key, finished)]
+
+    def body(view: MetadataView) -> None:
+        window = window_of(view, records, requests={1: "someone-else"}, pending=frozenset({"mine"}))
+        assert [raw.offset for raw in window.replay_order()] == [1]
+    with_view(body)
+
+
+# --- the real manager on the shared broker: every batch full, so every read goes through windows -------------
+
+WINDOWED = {"apply.batch.max.records": 2}
+
+
+def test_a_node_reading_only_windows_completes_its_own_writes_and_matches_a_replay_of_its_topic(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str
+) -> None:
+    writer = make_manager(broker_id=0, partitions=2, **WINDOWED)
+    tps = [make_tp("orders", p) for p in range(3)]
+    register(writer, *tps)
+    drive(writer, {tp: workload(random.Random(30 + tp.partition), tp, uploads=8) for tp in tps})
+    writer.wait_caught_up(60)
+    assert writer.view_digest() == replay(decoded(read_topic(kafka_bootstrap, metadata_topic))).digest()
+    rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
+    rebuilt.wait_caught_up(60)
+    assert rebuilt.view_digest() == writer.view_digest()
