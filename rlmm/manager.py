@@ -275,12 +275,13 @@ class RemoteLogMetadataManager:
     def remote_log_segment_metadata(
         self, tp: TopicIdPartition, leader_epoch: int, offset: int
     ) -> RemoteLogSegmentMetadata | None:
+        # The broker's fetch path: a plain non-negative int passes without a call; anything else gets
+        # _require_int's checks and messages.
         if type(leader_epoch) is not int or leader_epoch < 0:
             _require_int(leader_epoch, "leader_epoch")
         if type(offset) is not int or offset < 0:
             _require_int(offset, "offset")
-        floors = self._snapshot(tp).floors.get(leader_epoch)
-        return None if floors is None else floors.segment_for_offset(offset)
+        return self._snapshot(tp).segment_for_offset(leader_epoch, offset)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
         _require_int(leader_epoch, "leader_epoch")

@@ -147,8 +147,10 @@ _GONE = PartitionSnapshot(deleted=True)
 
 
 def _answer(md: RemoteLogSegmentMetadata | None, epoch: int) -> Answer:
-    end = None if md is None else state.lookup_end(md, epoch)
-    return None if md is None or end is None else (md, end)
+    if md is None:
+        return None
+    end = state.lookup_end(md, epoch)
+    return None if end is None else (md, end)
 
 
 def snapshot_of(partition: PartitionModel | None) -> PartitionSnapshot:
