@@ -43,7 +43,7 @@ STAMP_MIN_INTERVAL_S = 1.0
 STAMP_INTERVAL_S = 10.0
 # A backlog is replayed in windows of at most this many records or seconds, each committed with the offsets it
 # reaches: progress is kept across a crash and the newest record per key held in memory stays bounded.
-WINDOW_MAX_RECORDS = 400_000
+WINDOW_MAX_RECORDS = 50_000
 WINDOW_MAX_S = 20.0
 # A backlog has ended when a consume waiting this long returns less than a full batch.
 WINDOW_POLL_S = 0.1
