@@ -107,38 +107,37 @@ class CompactedWindow:
     def __init__(self, is_own_pending: Callable[[str], bool], holds_segment: Callable[[bytes], bool]) -> None:
         self._is_own_pending = is_own_pending
         self._holds_segment = holds_segment
-        self._newest: dict[bytes, WindowRecord] = {}
-        self._every: dict[bytes, list[WindowRecord]] = {}
+        # Plain tuples (metadata partition, offset, key, value, request): most records are superseded, so adding
+        # one must cost little; only the records replayed become WindowRecords.
+        self._newest: dict[bytes, _Entry] = {}
+        self._every: dict[bytes, list[_Entry]] = {}
         self.ends: dict[int, int] = {}  # metadata partition -> the offset after its last record in the window
         self.records = 0
 
-    def add(self, record: WindowRecord) -> None:
+    def add(self, partition: int, offset: int, key: bytes, value: bytes | None, request: str | None) -> None:
         self.records += 1
-        self.ends[record.metadata_partition] = record.offset + 1
-        key = record.key
+        self.ends[partition] = offset + 1
+        entry = (partition, offset, key, value, request)
         every = self._every.get(key)
         if every is not None:
-            every.append(record)
-        elif record.request is not None and self._is_own_pending(record.request):
+            every.append(entry)
+        elif request is not None and self._is_own_pending(request):
             before = self._newest.pop(key, None)
-            self._every[key] = [record] if before is None else [before, record]
-        elif record.value is None and key.startswith(_SEGMENT_KEY_PREFIX) and not self._holds_segment(key):
+            self._every[key] = [entry] if before is None else [before, entry]
+        elif value is None and key.startswith(_SEGMENT_KEY_PREFIX) and not self._holds_segment(key):
             self._newest.pop(key, None)
         else:
-            self._newest[key] = record
+            self._newest[key] = entry
 
     def replay_order(self) -> list[WindowRecord]:
         """The records to apply, in (metadata partition, offset) order."""
-        kept = [*self._newest.values(), *(record for every in self._every.values() for record in every)]
-        kept.sort(key=_window_position)
-        return kept
+        kept = [*self._newest.values(), *(entry for every in self._every.values() for entry in every)]
+        kept.sort()  # (partition, offset) come first and are unique
+        return [WindowRecord(*entry) for entry in kept]
 
 
+_Entry = tuple[int, int, bytes, bytes | None, str | None]
 _SEGMENT_KEY_PREFIX = b"segment" + KEY_SEPARATOR.encode()
-
-
-def _window_position(record: WindowRecord) -> tuple[int, int]:
-    return record.metadata_partition, record.offset
 
 
 class MetadataApplier:
@@ -269,14 +268,18 @@ class MetadataApplier:
                 return True
 
     def _add(self, window: CompactedWindow, messages: list[Message]) -> None:
+        # Per consumed record, the least work: most are superseded within the window. A record of this node's
+        # write was registered before it was produced, so with nothing pending no record in hand can be ours.
+        own_writes = bool(self._writer._pending)
+        add, halted = window.add, self.halted
         for message in messages:
             if message.error() is not None:
                 self._consume_error(message)
                 continue
-            partition, offset = _position(message)
-            if partition not in self.halted:
-                window.add(WindowRecord(partition, offset, message.key() or b"", message.value(),
-                                        request_of(message)))
+            partition = message.partition()
+            if partition not in halted:
+                add(partition, message.offset(), message.key() or b"", message.value(),  # type: ignore[arg-type]
+                    request_of(message) if own_writes else None)  # (consumed records always have a position)
 
     def _apply_window(self, window: CompactedWindow) -> None:
         records: list[ConsumedRecord] = []

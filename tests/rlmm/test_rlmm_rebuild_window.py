@@ -26,7 +26,7 @@ from rlmm_strategies import (
 from rlmm_testkit import decoded, drive, make_tp, read_topic, register, replay, segment, update_of, workload
 
 from rlmm import RemoteLogMetadataManager, codec
-from rlmm.applier import CompactedWindow, WindowRecord, holds_segment
+from rlmm.applier import CompactedWindow, holds_segment
 from rlmm.events import key_of, segment_key
 from rlmm.state import Outcome
 from rlmm.types import RemoteLogSegmentState
@@ -45,8 +45,8 @@ def window_of(view: MetadataView, records: Sequence[TopicRecord], requests: Mapp
     """The window an applier reads from `records` (offsets of metadata partition 0) over `view`."""
     window = CompactedWindow(pending.__contains__, partial(holds_segment, view))
     for offset, key, event in records:
-        window.add(WindowRecord(0, offset, key.encode(), None if event is None else codec.encode(event),
-                                (requests or {}).get(offset)))
+        window.add(0, offset, key.encode(), None if event is None else codec.encode(event),
+                   (requests or {}).get(offset))
     return window
 
 
