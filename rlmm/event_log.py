@@ -237,7 +237,9 @@ class EventConsumer:
         self.partitions = partitions
         self._consumer = Consumer(_client_settings(
             client_config,
-            defaults={"fetch.wait.max.ms": 50},
+            # librdkafka prefetches up to this much per consumer (default 64 MiB): a rebuild reads faster than it
+            # applies, so a bigger queue only made a rebuilt node hold more memory than a restarted one.
+            defaults={"fetch.wait.max.ms": 50, "queued.max.messages.kbytes": 8192},
             required={
                 "group.id": "tierlog-unused",  # the client needs one; offsets live in the view, never in a group
                 "enable.auto.commit": False,
