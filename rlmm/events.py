@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from rlmm.errors import InvalidArgumentError
@@ -100,18 +101,37 @@ class RecordKey:
     @classmethod
     def decode(cls, raw: bytes) -> RecordKey:
         try:
-            parts = raw.decode().split(KEY_SEPARATOR)
-            kind = parts[0]
-            if kind == "segment" and len(parts) == 4:
-                return cls("segment", uuid.UUID(parts[1]), int(parts[2]), uuid.UUID(parts[3]))
-            if kind in ("partition-delete", "epochs") and len(parts) == 3:
-                return cls(kind, uuid.UUID(parts[1]), int(parts[2]))  # type: ignore[arg-type]
+            if raw.startswith(b"segment" + _SEPARATOR):
+                parts = raw.decode().split(KEY_SEPARATOR)
+                if len(parts) == 4:
+                    return cls("segment", _topic_id(parts[1]), int(parts[2]), uuid.UUID(parts[3]))
+            else:
+                return _user_partition_key(raw)
         except (UnicodeDecodeError, ValueError):
             pass
         raise InvalidArgumentError(f"not a tierlog metadata record key: {raw!r}")
 
     def same_user_partition(self, tp: TopicIdPartition) -> bool:
         return self.topic_id == tp.topic_id and self.partition == tp.partition
+
+
+_SEPARATOR = KEY_SEPARATOR.encode()
+
+
+# A rebuild decodes millions of keys naming a few thousand user partitions: each topic id, and each key of a user
+# partition's own records, is parsed once.
+@lru_cache(maxsize=65536)
+def _topic_id(text: str) -> uuid.UUID:
+    return uuid.UUID(text)
+
+
+@lru_cache(maxsize=65536)
+def _user_partition_key(raw: bytes) -> RecordKey:
+    parts = raw.decode().split(KEY_SEPARATOR)
+    kind = parts[0]
+    if kind in ("partition-delete", "epochs") and len(parts) == 3:
+        return RecordKey(kind, _topic_id(parts[1]), int(parts[2]))  # type: ignore[arg-type]
+    raise ValueError(kind)
 
 
 def segment_key(segment_id: RemoteLogSegmentId) -> RecordKey:

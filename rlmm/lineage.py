@@ -102,10 +102,15 @@ def _advance(store: LineageStore, tp: TopicIdPartition, offset: int | None) -> N
 
 
 def _put_or_drop(store: LineageStore, tp: TopicIdPartition, lineage: EpochLineage) -> None:
-    if lineage.highest_log_offset is None and not lineage.displaced_segment_ids:
-        store.remove_lineage(tp, lineage.epoch)
-    else:
+    if _kept(lineage):
         store.put_lineage(tp, lineage)
+    else:
+        store.remove_lineage(tp, lineage.epoch)
+
+
+def _kept(lineage: EpochLineage) -> bool:
+    """Whether an epoch's lineage says anything (an empty one is not stored)."""
+    return lineage.highest_log_offset is not None or bool(lineage.displaced_segment_ids)
 
 
 def is_stale(store: LineageReader, checkpoint: EpochCheckpoint) -> bool:
@@ -117,18 +122,26 @@ def is_stale(store: LineageReader, checkpoint: EpochCheckpoint) -> bool:
 def apply_checkpoint(store: LineageStore, checkpoint: EpochCheckpoint) -> bool:
     """Fold a checkpoint: authoritative when it saw all the store saw, else only its highest offsets count.
 
-    Returns whether it was stale."""
+    Returns whether it was stale. An epoch the checkpoint states as the store holds it costs a comparison only, and
+    the lineage digest is taken from the epochs as folded, not read back from the store."""
     tp = checkpoint.topic_id_partition
     stale = is_stale(store, checkpoint)
     wanted = {lineage.epoch: lineage for lineage in checkpoint.epochs}
     current = {lineage.epoch: lineage for lineage in store.lineages_of(tp)}
     segments: dict[uuid.UUID, RemoteLogSegmentMetadata] | None = None
+    folded: list[EpochLineage] = []
     for epoch in sorted(wanted.keys() | current.keys()):
-        old = current.get(epoch, EpochLineage(epoch, None))
-        new = wanted.get(epoch, EpochLineage(epoch, None))
+        old, new = current.get(epoch), wanted.get(epoch)
+        if old is not None and old == new:
+            folded.append(old)
+            continue
+        old = old or EpochLineage(epoch, None)
+        new = new or EpochLineage(epoch, None)
         # A highest offset never goes down, even under a checkpoint another writer computed before it.
         highest = max((h for h in (old.highest_log_offset, new.highest_log_offset) if h is not None), default=None)
         new = EpochLineage(epoch, highest, old.displaced_segment_ids if stale else new.displaced_segment_ids)
+        if _kept(new):
+            folded.append(new)
         if old == new:
             continue
         for segment_id in sorted(old.displaced_segment_ids ^ new.displaced_segment_ids):
@@ -147,15 +160,17 @@ def apply_checkpoint(store: LineageStore, checkpoint: EpochCheckpoint) -> bool:
     # After a stale checkpoint the newest one on the topic no longer describes the lineage: its writer appends a
     # current one as soon as it applies it (rlmm.writer), and failing that the partition's next write does (see
     # `pending_checkpoint`), so a compacted rebuild finds it.
-    store.set_checkpointed_lineage(tp, None if stale else digest(store, tp))
+    store.set_checkpointed_lineage(tp, None if stale else _digest_of(folded))
     return stale
 
 
 def digest(store: LineageReader, tp: TopicIdPartition) -> bytes:
-    h = hashlib.sha256()
-    for lineage in sorted(store.lineages_of(tp), key=lambda lin: lin.epoch):
-        h.update(view_format.encode_lineage(lineage))
-    return h.digest()
+    return _digest_of(sorted(store.lineages_of(tp), key=lambda lin: lin.epoch))
+
+
+def _digest_of(lineages: list[EpochLineage]) -> bytes:
+    """sha256 over the epochs' view encodings, in epoch order."""
+    return hashlib.sha256(b"".join(map(view_format.encode_lineage, lineages))).digest()
 
 
 def pending_checkpoint(
