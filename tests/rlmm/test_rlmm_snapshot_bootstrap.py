@@ -38,7 +38,13 @@ from rsm.snapshot_source import BucketSnapshotSource
 from tierlog.agent.components import ComponentName
 from tierlog.agent.server import AgentServer
 from tierlog.audit.archiver import Archiver, ArchiverSettings
-from tierlog.audit.snapshots import SnapshotSettings, archived_records, start_snapshot_writer, write_snapshot_now
+from tierlog.audit.snapshots import (
+    SnapshotSettings,
+    SnapshotWriterThread,
+    archived_records,
+    start_snapshot_writer,
+    write_snapshot_now,
+)
 from tierlog.pipeline.locations import open_store
 
 PARTITIONS = 2
@@ -400,3 +406,28 @@ def test_the_snapshot_writer_continues_from_a_format_1_snapshot_to_the_topics_vi
     assert key is not None
     header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
     assert (header.format, header.view_digest) == (2, writer.view_digest())
+
+
+def test_the_snapshot_writer_thread_survives_a_failed_round_and_writes_at_the_next(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=19, partitions=1)
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
+    topic_id = _topic_id(kafka_bootstrap, metadata_topic)
+    rounds: list[int] = []
+
+    def flaky_topic_id() -> str:
+        rounds.append(1)
+        if len(rounds) == 1:  # RocksDB and other libraries raise bare Exception on failure
+            raise Exception("the scratch view's disk is full")
+        return topic_id
+
+    thread = SnapshotWriterThread(store, SnapshotSettings(LOCATION, metadata_topic, interval_s=0.2), flaky_topic_id)
+    thread.start()
+    try:
+        wait_until(lambda: bool(thread.written), timeout=30, description="a snapshot written after a failed round")
+    finally:
+        thread.stop()
+    assert len(rounds) >= 2

@@ -150,7 +150,7 @@ class SnapshotWriterThread(threading.Thread):
                 key = write_snapshot_now(self._store, self._settings, self._topic_id())
                 if key is not None:
                     self.written.append(key)
-            except (RemoteStorageError, OSError, ValueError):
+            except Exception:  # the bucket, Kafka, or the scratch view's RocksDB (which raises bare Exception)
                 log.exception("writing a bootstrap snapshot of %s failed; retrying in %.0f s",
                               self._settings.metadata_topic, self._settings.interval_s)
             self._stop_event.wait(self._settings.interval_s)
