@@ -324,22 +324,28 @@ def test_a_node_bootstrapped_from_a_view_snapshot_equals_a_topic_rebuild_in_look
     assert _bookkeeping(tmp_path / "from-snapshot") == _bookkeeping(tmp_path / "from-topic")
 
 
+def _forge_entries(kafka_bootstrap: str, metadata_topic: str, store: StorageBackend) -> str:
+    """Replace the newest snapshot with one whose entries differ from what its digest states (a writer bug: its
+    sha256 still matches, so only the view digest tells); the forged snapshot's key."""
+    good = _snapshot(kafka_bootstrap, metadata_topic, store)
+    header, datums = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(good)))
+    entries = list(view_entries(datums))
+    family, entry_key, value = entries[len(entries) // 2]
+    entries[len(entries) // 2] = (family, entry_key, value[:-1])
+    forged = io.BytesIO()
+    assert header.view_digest is not None
+    write_view_snapshot(forged, metadata_topic, entries, header.end_offsets, header.view_digest)
+    store.delete([good])
+    return _put_snapshot(store, metadata_topic, _topic_id(kafka_bootstrap, metadata_topic), forged.getvalue())
+
+
 def test_a_snapshot_whose_entries_do_not_make_its_digest_falls_back_to_the_topic_with_a_log_line(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     writer = make_manager(partitions=PARTITIONS)
     _history(writer, seed=13, partitions=2)
-    good = _snapshot(kafka_bootstrap, metadata_topic, store)
-    header, datums = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(good)))
-    entries = list(view_entries(datums))
-    family, entry_key, value = entries[len(entries) // 2]
-    entries[len(entries) // 2] = (family, entry_key, value[:-1])  # a writer bug: the sha256 still matches
-    forged = io.BytesIO()
-    assert header.view_digest is not None
-    write_view_snapshot(forged, metadata_topic, entries, header.end_offsets, header.view_digest)
-    store.delete([good])
-    bad = _put_snapshot(store, metadata_topic, _topic_id(kafka_bootstrap, metadata_topic), forged.getvalue())
+    bad = _forge_entries(kafka_bootstrap, metadata_topic, store)
     expected = writer.view_digest()
 
     with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
@@ -348,6 +354,23 @@ def test_a_snapshot_whose_entries_do_not_make_its_digest_falls_back_to_the_topic
                    for r in caplog.records)
         assert not any("bootstrapped" in r.getMessage() for r in caplog.records)
         wait_digest(node, expected)
+
+
+def test_a_snapshot_refused_after_loading_leaves_no_view_behind(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=20, partitions=1)
+    _forge_entries(kafka_bootstrap, metadata_topic, store)
+    position = TopicPosition(_topic_id(kafka_bootstrap, metadata_topic), 86_400_000, {})
+
+    loaded = bootstrap_from_snapshot(tmp_path / "node", BucketSnapshotSource(store), LOCATION, metadata_topic,
+                                     position, int(time.time() * 1000))
+
+    assert loaded is None
+    assert not has_view(tmp_path / "node")  # a start after this one rebuilds from the topic, not from a partial view
+    assert not (tmp_path / "node" / "bootstrap-view").exists()
 
 
 def test_a_snapshot_behind_the_topics_log_start_leaves_the_state_dir_empty_with_a_log_line(
