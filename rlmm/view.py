@@ -68,7 +68,8 @@ class ConsumedRecord:
 
 
 class MetadataView:
-    """Committed view state; every read goes to RocksDB, so any thread may query it."""
+    """Committed view state: per-partition reads go to the in-memory read model under its lock, whole-view reads to
+    RocksDB, so any thread may query it (the manager's lookups read the model's partition snapshots, lock-free)."""
 
     def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
