@@ -102,8 +102,10 @@ class RemoteLogMetadataManager:
         startup_s = self._cfg["startup.timeout.ms"] / 1000
         self._lock = threading.Condition()
         self._registered: dict[TopicIdPartition, int | None] = {}  # tp -> metadata offset it must reach
-        # Partitions found registered and caught up under the lock, until stopped (see _snapshot).
-        self._readable_now: dict[TopicIdPartition, _Readable] = {}
+        # Partitions found registered and caught up under the lock, until stopped (see _snapshot). Keyed by topic id
+        # (as an int) and partition, not by TopicIdPartition, whose hash and equality run Python code (UUID's): the
+        # costliest step of a lookup. The entry carries the topic name, which must match too.
+        self._readable_now: dict[tuple[int, int], _Readable] = {}
         self._closed = False
         offsets = OffsetReader(self.metadata_topic, client)
         admin = AdminClient(client)
@@ -218,7 +220,8 @@ class RemoteLogMetadataManager:
         with self._lock:
             for tp in partitions:
                 self._registered.pop(tp, None)
-                readable = self._readable_now.pop(tp, None)
+                # Whatever name the entry has: a partition still registered is found readable again when next read.
+                readable = self._readable_now.pop((tp.topic_id.int, tp.partition), None)
                 if readable is not None:
                     self._model.unwatch(readable.key)
 
@@ -238,8 +241,9 @@ class RemoteLogMetadataManager:
         goes back while tp stays registered, and tp leaves `_readable_now` when stopped; a halt or a deletion the
         snapshot shows sends the call through the full checks again (the applier unregisters a deleted partition).
         """
-        readable = self._readable_now.get(tp) if type(tp) is TopicIdPartition else None
-        if readable is not None and readable.metadata_partition not in self._applier.halted:
+        readable = self._readable_now.get((tp.topic_id.int, tp.partition)) if type(tp) is TopicIdPartition else None
+        if readable is not None and readable.topic == tp.topic and \
+                readable.metadata_partition not in self._applier.halted:
             snapshot = self._model.snapshots.get(readable.key)
             if snapshot is not None and not snapshot.deleted:
                 return snapshot
@@ -247,7 +251,7 @@ class RemoteLogMetadataManager:
         with self._lock:
             mp = self._check_readable_locked(tp)
             key = vf.tp_key_of(tp)
-            self._readable_now[tp] = _Readable(key, mp)
+            self._readable_now[(tp.topic_id.int, tp.partition)] = _Readable(tp.topic, key, mp)
             return self._model.watch(key)
 
     def _check_readable_locked(self, tp: TopicIdPartition) -> int:
@@ -367,8 +371,10 @@ class RemoteLogMetadataManager:
 
 @dataclass(frozen=True, slots=True)
 class _Readable:
-    """A partition found readable: its read model key and its metadata partition, for lookups without the lock."""
+    """A partition found readable: its topic name, read model key and metadata partition, for lookups without the
+    lock."""
 
+    topic: str
     key: bytes
     metadata_partition: int
 

@@ -119,3 +119,15 @@ def test_a_served_partition_is_refused_once_the_manager_closed(make_manager: Mak
     for read in _reads(manager, tp):
         with pytest.raises(RemoteStorageError, match="closed"):
             read()
+
+
+def test_a_served_partition_does_not_serve_the_same_topic_id_and_partition_under_another_name(
+    make_manager: MakeManager,
+) -> None:
+    manager = make_manager()
+    tp = make_tp("named", 0)
+    renamed = TopicIdPartition(tp.topic_id, "renamed", tp.partition)
+    _served(manager, tp)
+    _assert_every_read_raises(manager, renamed, RemoteResourceNotFoundError)
+    manager.on_stop_partitions({renamed})  # never registered: stopping it leaves tp served
+    assert manager.remote_log_segment_metadata(tp, 0, 5) is not None
