@@ -42,7 +42,9 @@ OFFSETS_TIMEOUT_S = 5.0
 STAMP_MIN_INTERVAL_S = 1.0
 STAMP_INTERVAL_S = 10.0
 # A backlog is replayed in windows of at most this many records or seconds, each committed with the offsets it
-# reaches: progress is kept across a crash and the newest record per key held in memory stays bounded.
+# reaches: progress is kept across a crash, and what a window holds and applies at once, which bounds the memory a
+# rebuild needs beyond the view's own, stays small (longer windows skipped few more records but left a rebuilt
+# node's heap larger than a restarted one's).
 WINDOW_MAX_RECORDS = 50_000
 WINDOW_MAX_S = 20.0
 # A backlog has ended when a consume waiting this long returns less than a full batch.
