@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from rlmm_strategies import (
@@ -24,8 +25,9 @@ from rlmm_strategies import (
     settle,
 )
 from rlmm_testkit import decoded, drive, make_tp, read_topic, register, replay, segment, update_of, workload
+from support import wait_until
 
-from rlmm import RemoteLogMetadataManager, codec
+from rlmm import RemoteLogMetadataManager, applier, codec
 from rlmm.applier import CompactedWindow, holds_segment
 from rlmm.events import key_of, segment_key
 from rlmm.state import Outcome
@@ -204,3 +206,38 @@ def test_a_node_reading_only_windows_completes_its_own_writes_and_matches_a_repl
     rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
     rebuilt.wait_caught_up(60)
     assert rebuilt.view_digest() == writer.view_digest()
+
+
+def test_a_node_stopped_between_windows_of_a_rebuild_resumes_from_the_last_committed_one(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer = make_manager(broker_id=0, partitions=2)
+    tps = [make_tp("orders", p) for p in range(3)]
+    register(writer, *tps)
+    drive(writer, {tp: workload(random.Random(40 + tp.partition), tp, uploads=8) for tp in tps})
+    writer.wait_caught_up(60)
+    monkeypatch.setattr(applier, "WINDOW_MAX_RECORDS", 4)
+    apply_window = applier.MetadataApplier._apply_window
+    windows: list[int] = []
+
+    # The fault: the rebuilding node stops for good right after committing its third window.
+    def stop_after_three(self: applier.MetadataApplier, window: CompactedWindow, last: bool) -> None:
+        apply_window(self, window, last)
+        windows.append(window.records)
+        if len(windows) == 3:
+            self._stop.set()
+
+    monkeypatch.setattr(applier.MetadataApplier, "_apply_window", stop_after_three)
+    stopped = make_manager(broker_id=1, partitions=2, state_dir=tmp_path / "rebuilt", **WINDOWED)
+    wait_until(lambda: len(windows) == 3, timeout=60)
+    stopped.close()
+    view = MetadataView.open(tmp_path / "rebuilt")
+    resumed_from = view.applied_offsets(metadata_topic)
+    view.close()
+    assert 0 < sum(resumed_from.values()) < len(read_topic(kafka_bootstrap, metadata_topic))
+    monkeypatch.setattr(applier.MetadataApplier, "_apply_window", apply_window)
+
+    resumed = make_manager(broker_id=1, partitions=2, state_dir=tmp_path / "rebuilt", **WINDOWED)
+    resumed.wait_caught_up(60)
+    assert resumed.view_digest() == writer.view_digest()
