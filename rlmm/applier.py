@@ -25,7 +25,7 @@ from rlmm import codec, state
 from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
 from rlmm.event_log import EventConsumer, OffsetReader
-from rlmm.events import KEY_SEPARATOR, RecordKey
+from rlmm.events import SEGMENT_KEY_PREFIX, RecordKey, segment_key_ids
 from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition
 from rlmm.view import ConsumedRecord, MetadataView
 from rlmm.writer import Append, MetadataWriter, request_of
@@ -89,11 +89,11 @@ def holds_segment(view: MetadataView, raw_key: bytes) -> bool:
     """Whether the committed view holds the segment a segment record key names (True for a key that does not
     parse, so that its record is kept and halts its partition like any unreadable record)."""
     try:
-        key = RecordKey.decode(raw_key)
-    except InvalidArgumentError:
+        topic_id, number, segment_id = segment_key_ids(raw_key)
+    except (UnicodeDecodeError, ValueError):
         return True
-    partition = view.model.get(vf.tp_key(key.topic_id, key.partition))
-    return partition is not None and key.segment_id in partition.segments
+    partition = view.model.get(vf.tp_key(topic_id, number))
+    return partition is not None and segment_id in partition.segments
 
 
 class CompactedWindow:
@@ -126,7 +126,7 @@ class CompactedWindow:
         elif request is not None and self._is_own_pending(request):
             before = self._newest.pop(key, None)
             self._every[key] = [entry] if before is None else [before, entry]
-        elif value is None and key.startswith(_SEGMENT_KEY_PREFIX) and not self._holds_segment(key):
+        elif value is None and key.startswith(SEGMENT_KEY_PREFIX) and not self._holds_segment(key):
             self._newest.pop(key, None)
         else:
             self._newest[key] = entry
@@ -139,7 +139,6 @@ class CompactedWindow:
 
 
 _Entry = tuple[int, int, bytes, bytes | None, str | None]
-_SEGMENT_KEY_PREFIX = b"segment" + KEY_SEPARATOR.encode()
 
 
 class MetadataApplier:

@@ -101,12 +101,9 @@ class RecordKey:
     @classmethod
     def decode(cls, raw: bytes) -> RecordKey:
         try:
-            if raw.startswith(b"segment" + _SEPARATOR):
-                parts = raw.decode().split(KEY_SEPARATOR)
-                if len(parts) == 4:
-                    return cls("segment", _topic_id(parts[1]), int(parts[2]), uuid.UUID(parts[3]))
-            else:
-                return _user_partition_key(raw)
+            if raw.startswith(SEGMENT_KEY_PREFIX):
+                return cls("segment", *segment_key_ids(raw))
+            return _user_partition_key(raw)
         except (UnicodeDecodeError, ValueError):
             pass
         raise InvalidArgumentError(f"not a tierlog metadata record key: {raw!r}")
@@ -115,7 +112,16 @@ class RecordKey:
         return self.topic_id == tp.topic_id and self.partition == tp.partition
 
 
-_SEPARATOR = KEY_SEPARATOR.encode()
+SEGMENT_KEY_PREFIX = b"segment" + KEY_SEPARATOR.encode()
+
+
+def segment_key_ids(raw: bytes) -> tuple[uuid.UUID, int, uuid.UUID]:
+    """(topic id, partition, segment id) of an encoded segment key, without building a RecordKey (a rebuild checks
+    every segment tombstone against its view); ValueError or UnicodeDecodeError for anything else."""
+    parts = raw.decode().split(KEY_SEPARATOR)
+    if len(parts) != 4 or parts[0] != "segment":
+        raise ValueError(f"not a segment key: {raw!r}")
+    return _topic_id(parts[1]), int(parts[2]), uuid.UUID(parts[3])
 
 
 # A rebuild decodes millions of keys naming a few thousand user partitions: each topic id, and each key of a user
