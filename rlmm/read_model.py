@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import threading
 import uuid
+from array import array
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
@@ -82,18 +83,13 @@ class PartitionChanges:
 @dataclass(frozen=True, slots=True)
 class EpochFloors:
     """One leader epoch's offset index for lookups: the sorted starts and, per start, what a lookup from it answers:
-    the segment, up to the last offset of the epoch in it (state.lookup_end), or None for nothing. Parallel lists
-    rather than a pair per start: half the memory, as fast."""
+    the segment, up to the last offset of the epoch in it (state.lookup_end), or None for nothing. Parallel
+    sequences rather than a pair per start (half the memory), offsets in int64 arrays (a bisect then reads one
+    contiguous buffer instead of an int object per probe)."""
 
-    starts: list[int]
+    starts: array[int]
     segments: list[RemoteLogSegmentMetadata | None]
-    ends: list[int]
-
-    def segment_for_offset(self, offset: int) -> RemoteLogSegmentMetadata | None:
-        position = bisect.bisect_right(self.starts, offset) - 1
-        if position >= 0 and offset <= self.ends[position]:
-            return self.segments[position]
-        return None
+    ends: array[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +117,14 @@ class PartitionSnapshot:
 
     def segment_for_offset(self, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
         floors = self.floors.get(epoch)
-        return None if floors is None else floors.segment_for_offset(offset)
+        if floors is not None:
+            position = bisect.bisect_right(floors.starts, offset) - 1
+            if position >= 0 and offset <= floors.ends[position]:
+                return floors.segments[position]
+        return None
 
     def next_segment_with_txn_index(self, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
-        floors = self.floors.get(epoch)
-        return None if floors is None else state.next_with_txn_index(floors.segment_for_offset, offset)
+        return state.next_with_txn_index(lambda at: self.segment_for_offset(epoch, at), offset)
 
     def list_segments(self, epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
         listing = self.everything if epoch is None else self.listings.get(epoch, _NO_LISTING)
@@ -139,7 +138,7 @@ class PartitionSnapshot:
         return None if lineage is None else lineage.highest_log_offset
 
 
-_NO_FLOORS = EpochFloors([], [], [])
+_NO_FLOORS = EpochFloors(array("q"), [], array("q"))
 _NOTHING = PartitionSnapshot()
 _GONE = PartitionSnapshot(deleted=True)
 
@@ -152,7 +151,7 @@ def _answer(md: RemoteLogSegmentMetadata | None, epoch: int) -> tuple[RemoteLogS
 
 def _floors(epoch: int, index: EpochIndex, segments: dict[uuid.UUID, RemoteLogSegmentMetadata]) -> EpochFloors:
     answers = [_answer(segments.get(index.ids[start]), epoch) for start in index.starts]
-    return EpochFloors(list(index.starts), [md for md, _ in answers], [end for _, end in answers])
+    return EpochFloors(array("q", index.starts), [md for md, _ in answers], array("q", (end for _, end in answers)))
 
 
 def snapshot_of(partition: PartitionModel | None) -> PartitionSnapshot:
@@ -215,7 +214,7 @@ def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], parti
     """Replace `floors[epoch]` by a copy whose answers at `starts` follow the partition's index and segments."""
     index = partition.index.get(epoch)
     current = floors.get(epoch, _NO_FLOORS)
-    sorted_starts, segments, ends = list(current.starts), list(current.segments), list(current.ends)
+    sorted_starts, segments, ends = current.starts[:], current.segments[:], current.ends[:]
     for start in starts:
         segment = None if index is None else index.ids.get(start)
         position = bisect.bisect_left(sorted_starts, start)
