@@ -250,7 +250,7 @@ class MetadataApplier:
                 window = CompactedWindow(self._is_own_pending, partial(holds_segment, self._view))
                 caught_up = self._fill(window, messages)
                 messages = []
-                self._apply_window(window, caught_up)
+                self._apply_window(window)
                 if caught_up or self._stop.is_set():
                     return
 
@@ -282,7 +282,7 @@ class MetadataApplier:
                 add(partition, message.offset(), message.key() or b"", message.value(),  # type: ignore[arg-type]
                     request_of(message) if own_writes else None)  # (consumed records always have a position)
 
-    def _apply_window(self, window: CompactedWindow, last: bool) -> None:
+    def _apply_window(self, window: CompactedWindow) -> None:
         records: list[ConsumedRecord] = []
         requests: dict[tuple[int, int], str | None] = {}
         # A partition halted while the window was read keeps its offset where it was.
@@ -299,9 +299,9 @@ class MetadataApplier:
                 ends[partition] = raw.offset
                 continue
             requests[(partition, raw.offset)] = raw.request
-        # Free memory goes back to the OS once, after the backlog's last window: each window reuses what the one
-        # before it freed.
-        self._commit_records(records, requests, ends, release_memory=last)
+        # Free memory goes back to the OS after every window (a few ms): which window is a backlog's last is known
+        # only once the next consume comes back short, after the offsets it commits may have been waited for.
+        self._commit_records(records, requests, ends, release_memory=True)
 
     def _commit_records(
         self, records: list[ConsumedRecord], requests: dict[tuple[int, int], str | None], ends: dict[int, int],

@@ -222,8 +222,8 @@ def test_a_node_stopped_between_windows_of_a_rebuild_resumes_from_the_last_commi
     windows: list[int] = []
 
     # The fault: the rebuilding node stops for good right after committing its third window.
-    def stop_after_three(self: applier.MetadataApplier, window: CompactedWindow, last: bool) -> None:
-        apply_window(self, window, last)
+    def stop_after_three(self: applier.MetadataApplier, window: CompactedWindow) -> None:
+        apply_window(self, window)
         windows.append(window.records)
         if len(windows) == 3:
             self._stop.set()
