@@ -247,7 +247,7 @@ class MetadataApplier:
         record the resumed node reads again or has applied."""
         with _cyclic_gc_paused():
             while True:
-                window = CompactedWindow(self._is_own_pending, partial(holds_segment, self._view))
+                window = CompactedWindow(self._writer.is_pending, partial(holds_segment, self._view))
                 caught_up = self._fill(window, messages)
                 messages = []
                 self._apply_window(window)
@@ -271,7 +271,7 @@ class MetadataApplier:
     def _add(self, window: CompactedWindow, messages: list[Message]) -> None:
         # Per consumed record, the least work: most are superseded within the window. A record of this node's
         # write was registered before it was produced, so with nothing pending no record in hand can be ours.
-        own_writes = bool(self._writer._pending)
+        own_writes = self._writer.has_pending()
         add, halted = window.add, self.halted
         for message in messages:
             if message.error() is not None:
@@ -331,11 +331,6 @@ class MetadataApplier:
                 _release_free_memory()
             self._after_commit(records, requests, outcomes, next_offsets)
             return
-
-    def _is_own_pending(self, request: str) -> bool:
-        # The writer registers a request id before producing its record, so a consumed record of a write of this
-        # node still waiting to be applied is always found. A dict lookup: safe without the lock.
-        return request in self._writer._pending
 
     def _consume_error(self, message: Message) -> None:
         error = message.error()

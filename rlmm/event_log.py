@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -83,16 +83,9 @@ def ensure_topic(admin: AdminClient, settings: TopicSettings, timeout_s: float) 
 def check_topic(admin: AdminClient, name: str, partitions: int, timeout_s: float) -> TopicInfo:
     """Refuse a metadata topic whose cleanup policy or partition count is wrong; return its id and settings."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            described_topic = admin.describe_topics(TopicCollection([name]), request_timeout=timeout_s)[name].result(
-                timeout=timeout_s)
-            break
-        except KafkaException as exc:
-            # A topic created a moment ago may not be known yet to the broker that answers.
-            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
-                raise RemoteStorageError(f"cannot describe metadata topic {name}: {exc}") from exc
-            time.sleep(0.1)
+    described_topic = _until_known(
+        name, deadline,
+        lambda: admin.describe_topics(TopicCollection([name]), request_timeout=timeout_s)[name].result(timeout_s))
     found = len(described_topic.partitions)
     if found != partitions:
         raise ConfigError(
@@ -100,7 +93,9 @@ def check_topic(admin: AdminClient, name: str, partitions: int, timeout_s: float
             f"{partitions}; the count can never change, so set metadata.topic.num.partitions={found}"
         )
     resource = ConfigResource(ConfigResource.Type.TOPIC, name)
-    described = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout=timeout_s)
+    described = _until_known(
+        name, deadline,
+        lambda: admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s))
     policy = described["cleanup.policy"].value
     if "compact" not in policy.split(",") or "delete" in policy.split(","):
         raise ConfigError(
@@ -109,6 +104,21 @@ def check_topic(admin: AdminClient, name: str, partitions: int, timeout_s: float
             f"--entity-type topics --entity-name {name} --add-config cleanup.policy=compact"
         )
     return TopicInfo(str(described_topic.topic_id), int(described["delete.retention.ms"].value))
+
+
+_T = TypeVar("_T")
+
+
+def _until_known(name: str, deadline: float, describe: Callable[[], _T]) -> _T:
+    """Run a describe call on the topic, retrying while the broker that answers does not know it yet (a topic
+    created a moment ago reaches each broker's metadata, and each request type's path, at its own pace)."""
+    while True:
+        try:
+            return describe()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise RemoteStorageError(f"cannot describe metadata topic {name}: {exc}") from exc
+            time.sleep(0.1)
 
 
 class EventProducer:

@@ -84,6 +84,15 @@ class MetadataWriter:
 
     # --- called under the lock ---------------------------------------------------------------------------
 
+    def has_pending(self) -> bool:
+        """Whether any write of this node waits for its records. Safe without the lock (one read of a dict)."""
+        return bool(self._pending)
+
+    def is_pending(self, request: str) -> bool:
+        """Whether `request` is a record of a write of this node not yet complete. A request id is registered before
+        its record is produced, so a consumed record of such a write is always found. Safe without the lock."""
+        return request in self._pending
+
     def busy_locked(self, tp: TopicIdPartition) -> bool:
         return tp in self._writing
 
