@@ -53,7 +53,6 @@ _EMPTY_DIGEST = hashlib.sha256().digest()
 def reference_finished(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int | None) -> None:
     """Kafka's rule for a COPY_SEGMENT_FINISHED segment, in each of its leader epochs."""
     tp = md.topic_id_partition
-    changed = False
     for epoch, start in md.segment_leader_epochs.items():
         end = md.epoch_end_offset(epoch)
         current = store.lineage(tp, epoch)
@@ -71,19 +70,14 @@ def reference_finished(store: LineageStore, md: RemoteLogSegmentMetadata, offset
             displaced.add(previous)
         displaced.discard(md.remote_log_segment_id.id)
         highest = end if highest is None else max(highest, end)
-        folded = EpochLineage(epoch, highest, frozenset(displaced))
-        if folded != current:
-            store.put_lineage(tp, folded)
-            changed = True
-    if changed:
-        _advance(store, tp, offset)
+        store.put_lineage(tp, EpochLineage(epoch, highest, frozenset(displaced)))
+    _advance(store, tp, offset)
 
 
 def unreference(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int | None) -> None:
     """Remove a segment from every epoch's offset index and displaced set; highest offsets stay."""
     tp = md.topic_id_partition
     segment = md.remote_log_segment_id.id
-    changed = False
     for epoch, start in md.segment_leader_epochs.items():
         if store.index_get(tp, epoch, start) == segment:
             store.index_remove(tp, epoch, start)
@@ -91,9 +85,7 @@ def unreference(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int |
         if lineage is not None and segment in lineage.displaced_segment_ids:
             _put_or_drop(store, tp, EpochLineage(
                 epoch, lineage.highest_log_offset, lineage.displaced_segment_ids - {segment}))
-            changed = True
-    if changed:
-        _advance(store, tp, offset)
+    _advance(store, tp, offset)
 
 
 def forget(store: LineageStore, tp: TopicIdPartition) -> None:
@@ -104,12 +96,6 @@ def forget(store: LineageStore, tp: TopicIdPartition) -> None:
 
 
 def _advance(store: LineageStore, tp: TopicIdPartition, offset: int | None) -> None:
-    """Note that the record at `offset` changed what a checkpoint states (a highest offset or a displaced set).
-
-    Only such records move the position: offset-index changes follow from the segments and the displaced sets, and
-    a writer checkpoints exactly the changes that move it, so in a settled log the newest checkpoint reflects the
-    position of a node that applied every record, and a node replaying the compacted log reaches the same position
-    by taking it from that checkpoint (see apply_checkpoint)."""
     # Without a record offset (a replay that does not know positions) staleness cannot be judged.
     if offset is not None:
         store.set_lineage_position(tp, offset)
@@ -175,9 +161,6 @@ def apply_checkpoint(store: LineageStore, checkpoint: EpochCheckpoint) -> bool:
     # current one as soon as it applies it (rlmm.writer), and failing that the partition's next write does (see
     # `pending_checkpoint`), so a compacted rebuild finds it.
     store.set_checkpointed_lineage(tp, None if stale else _digest_of(folded))
-    if not stale and checkpoint.reflects_offset is not None:
-        # The store's lineage is now the one the checkpoint's writer had at that offset.
-        store.set_lineage_position(tp, checkpoint.reflects_offset)
     return stale
 
 

@@ -67,8 +67,7 @@ def test_unreferencing_removes_the_index_entry_and_keeps_the_highest_offset() ->
     lineage.unreference(store, md, 5)
     assert store.index_get(TP, 0, 0) is None
     assert highest_offset_for_epoch(store, TP, 0) == 99
-    # Nothing a checkpoint states changed (the index follows from the segments): the position stays.
-    assert store.lineage_position(TP) == 0
+    assert store.lineage_position(TP) == 5
 
 
 def test_unreferencing_a_displaced_segment_drops_it_from_the_displaced_set() -> None:
@@ -77,16 +76,6 @@ def test_unreferencing_a_displaced_segment_drops_it_from_the_displaced_set() -> 
     lineage.unreference(store, old, 2)
     assert _displaced(store, 0) == frozenset()
     assert store.index_get(TP, 0, 0) == new.remote_log_segment_id.id
-    assert store.lineage_position(TP) == 2
-
-
-def test_a_checkpoint_that_saw_everything_moves_the_position_to_what_it_reflects() -> None:
-    # A node replaying a compacted log may lack the record that last changed the lineage; the checkpoint that
-    # followed it says where a node that applied every record stands.
-    store = _store_with(_finished(0, 99, {0: 0}))
-    current = EpochCheckpoint(TP, (EpochLineage(0, 99),), 0, 0, reflects_offset=7)
-    assert not lineage.apply_checkpoint(store, current)
-    assert store.lineage_position(TP) == 7
 
 
 def test_rules_advance_the_lineage_position_to_the_records_offset() -> None:
