@@ -37,7 +37,7 @@ from rlmm.view import ConsumedRecord, MetadataView, apply_records
 S = RemoteLogSegmentState
 TOPIC = "tierlog-test-metadata"
 # Each example opens a RocksDB view of its own.
-WINDOW_SETTINGS = settings(max_examples=25, deadline=None,
+WINDOW_SETTINGS = settings(max_examples=15, deadline=None,
                            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 window_cuts = st.lists(st.integers(0, 200), max_size=5)
 
@@ -123,7 +123,7 @@ def test_windows_of_any_size_over_a_compaction_consistent_racing_log_reach_the_f
     with_view(body)
 
 
-@settings(WINDOW_SETTINGS, max_examples=15)  # two views opened per example
+@settings(WINDOW_SETTINGS, max_examples=10)  # two views opened per example
 @given(histories(), st.integers(0, 200), window_cuts)
 def test_a_crash_between_windows_resumes_from_the_last_committed_window_to_the_full_replays_digest(
     scenario: Scenario, cut: int, cuts: list[int]
