@@ -13,10 +13,10 @@ from urllib.request import urlopen
 import grpc
 import pytest
 from agent_testkit import AgentUnderTest
-from support.agent_segments import copy_segment
+from support.agent_segments import copy_segment, segment_metadata
 
 from rlmm.errors import ConfigError
-from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
+from rlmm.types import RemoteLogSegmentMetadata, TopicIdPartition
 from tierlog.agent import messages
 from tierlog.agent.components import ComponentName
 from tierlog.agent.proto import agent_pb2 as pb
@@ -27,21 +27,8 @@ from tierlog.agent.servicers import CHUNK_BYTES
 TP = TopicIdPartition(topic_id=uuid.uuid4(), topic="orders", partition=3)
 
 
-def _segment(size: int) -> RemoteLogSegmentMetadata:
-    return RemoteLogSegmentMetadata(
-        remote_log_segment_id=RemoteLogSegmentId(TP, uuid.uuid4()),
-        start_offset=0,
-        end_offset=99,
-        max_timestamp_ms=1,
-        broker_id=1,
-        event_timestamp_ms=1,
-        segment_size_in_bytes=size,
-        segment_leader_epochs={0: 0},
-    )
-
-
 def _copy(agent: AgentUnderTest, directory: Path, log: bytes) -> RemoteLogSegmentMetadata:
-    return copy_segment(agent.storage, directory, log, _segment(len(log)))
+    return copy_segment(agent.storage, directory, log, segment_metadata(TP, len(log)))
 
 
 def test_socket_is_readable_and_writable_by_its_owner_only(agent: AgentUnderTest) -> None:
@@ -70,7 +57,7 @@ def test_configure_with_an_unknown_key_fails_naming_the_key(
 
 def test_call_to_an_unconfigured_component_asks_the_adapter_to_configure_it(agent: AgentUnderTest) -> None:
     with pytest.raises(grpc.RpcError) as failure:
-        agent.storage.DeleteLogSegmentData(messages.segment_metadata_msg(_segment(10)), timeout=5)
+        agent.storage.DeleteLogSegmentData(messages.segment_metadata_msg(segment_metadata(TP, 10)), timeout=5)
 
     assert failure.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
@@ -130,7 +117,7 @@ def test_fetch_of_a_segment_never_copied_is_not_found(
         list(
             agent.storage.FetchLogSegment(
                 pb.FetchSegmentRequest(
-                    metadata=messages.segment_metadata_msg(_segment(10)), start_position=0
+                    metadata=messages.segment_metadata_msg(segment_metadata(TP, 10)), start_position=0
                 ),
                 timeout=10,
             )
