@@ -158,7 +158,6 @@ class MetadataApplier:
         self._registered = registered
         self._metadata_partition = metadata_partition
         self.applied: dict[int, int] = dict(view.applied_offsets(settings.metadata_topic))
-        view.load_model()  # at startup, rather than in whichever lookup or batch comes first
         self.halted: dict[int, MetadataLogError] = {}
         # Records applied to the view and records the state machine dropped, since this manager started.
         self.records_applied = 0

@@ -1,7 +1,9 @@
 """The view's committed state, decoded, in memory: what every lookup and the apply path read.
 
-RocksDB stays the durable truth. The model is loaded from it once and then follows it: the applier's batch folds
-its changes in right after their WriteBatch is written, one user partition at a time under a short lock.
+RocksDB stays the durable truth. The model reads a user partition from it when the partition is first asked for
+(a restart or a snapshot bootstrap does not decode every segment of the view before it serves), and then follows
+it: the applier's batch folds its changes in right after their WriteBatch is written, one user partition at a
+time under a short lock. A partition not read yet needs no fold: RocksDB already holds the batch.
 
 One writer (the applier's thread) changes the model; any thread reads it through `ReadModel.lock`. For the user
 partitions a manager serves, the model also publishes a `PartitionSnapshot` per partition: immutable, replaced
@@ -14,7 +16,7 @@ import bisect
 import threading
 import uuid
 from array import array
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
 from rlmm import state
@@ -282,16 +284,29 @@ class _Relisting:
 
 
 class ReadModel:
-    """Per user partition (keyed by its view key): segments, delete state, lineages, offset index, bookkeeping."""
+    """Per user partition (keyed by its view key): segments, delete state, lineages, offset index, bookkeeping.
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.partitions: dict[bytes, PartitionModel] = {}
+    `read` reads one partition from the view's RocksDB (None when the view holds nothing of it). A partition is read
+    under the lock, so a read never interleaves with a fold: read before a batch's fold, the fold follows; read
+    after its WriteBatch was written, the fold applies what the partition already holds, which changes nothing.
+    """
+
+    def __init__(self, read: Callable[[bytes], PartitionModel | None]) -> None:
+        self.lock = threading.RLock()  # reentrant: a read under the lock may load the partition
+        self._read = read
+        # The partitions read so far; None: the view holds nothing of it.
+        self.partitions: dict[bytes, PartitionModel | None] = {}
         # The watched partitions' lookup snapshots, each replaced whole under the lock; read without it.
         self.snapshots: dict[bytes, PartitionSnapshot] = {}
 
     def get(self, tp_key: bytes) -> PartitionModel | None:
-        return self.partitions.get(tp_key)
+        found = self.partitions.get(tp_key, _UNREAD)
+        if found is _UNREAD:
+            with self.lock:
+                found = self.partitions.get(tp_key, _UNREAD)
+                if found is _UNREAD:
+                    found = self.partitions[tp_key] = self._read(tp_key)
+        return found  # type: ignore[return-value]
 
     def watch(self, tp_key: bytes) -> PartitionSnapshot:
         """Publish the partition's snapshot from now on, and return it: the one published, unless that one shows a
@@ -299,7 +314,7 @@ class ReadModel:
         with self.lock:
             snapshot = self.snapshots.get(tp_key)
             if snapshot is None or snapshot.deleted:
-                snapshot = self.snapshots[tp_key] = snapshot_of(self.partitions.get(tp_key))
+                snapshot = self.snapshots[tp_key] = snapshot_of(self.get(tp_key))
             return snapshot
 
     def unwatch(self, tp_key: bytes) -> None:
@@ -314,7 +329,9 @@ class ReadModel:
                 self._fold_partition(tp_key, tp, change)
 
     def _fold_partition(self, tp_key: bytes, tp: TopicIdPartition | None, change: PartitionChanges) -> None:
-        partition = self.partitions.get(tp_key)
+        partition = self.partitions.get(tp_key, _UNREAD)
+        if partition is _UNREAD:  # read from RocksDB, batch included, when first asked for
+            return
         snapshot = self.snapshots.get(tp_key)
         if partition is None:
             if tp is None:  # only deletions for a partition the model never held
@@ -349,49 +366,46 @@ class ReadModel:
                 if not index.ids:
                     del partition.index[epoch]
         if partition.empty():
-            del self.partitions[tp_key]
+            self.partitions[tp_key] = None
             if snapshot is not None:
                 self.snapshots[tp_key] = _GONE if snapshot.deleted else _NOTHING
         elif snapshot is not None:
             self.snapshots[tp_key] = _folded(snapshot, partition, change, before)
 
-    @classmethod
-    def load(cls, families: dict[str, object]) -> ReadModel:
-        """Build the model from the view's column families (rocksdict column families in raw mode)."""
-        model = cls()
-        parts = model.partitions
 
-        def partition(key: bytes) -> PartitionModel:
-            tp_key = key[:vf.TP_KEY_LEN]
-            found = parts.get(tp_key)
-            if found is None:
-                topic_id, number = vf.tp_of_key(tp_key)
-                # A partition with content but no bookkeeping never happens in a view the batch wrote; the
-                # name is then unknown and only the key identifies it.
-                found = parts[tp_key] = PartitionModel(TopicIdPartition(topic_id, "?", number))
-            return found
-
-        for key, value in _items(families[vf.PARTITION_META]):
-            meta = vf.decode_partition_meta(value)
-            topic_id, number = vf.tp_of_key(key)
-            parts[key] = PartitionModel(TopicIdPartition(topic_id, meta.topic, number), meta)
-        for key, value in _items(families[vf.SEGMENTS]):
-            md = vf.decode_segment(value)
-            partition(key).segments[md.remote_log_segment_id.id] = md
-        for key, value in _items(families[vf.PARTITIONS]):
-            partition(key).delete = vf.decode_partition_delete(value)
-        for key, value in _items(families[vf.EPOCH_STATE]):
-            lineage = vf.decode_lineage(value)
-            partition(key).lineages[lineage.epoch] = lineage
-        for key, value in _items(families[vf.EPOCH_INDEX]):
-            index = partition(key).index.setdefault(vf.lineage_epoch(key), EpochIndex())
-            start = vf.index_start_offset(key)
-            # RocksDB iterates in key order, so starts arrive sorted.
-            index.starts.append(start)
-            index.ids[start] = uuid.UUID(bytes=value)
-        return model
+_UNREAD = object()
 
 
-def _items(family: object) -> Iterator[tuple[bytes, bytes]]:
-    for key, value in family.items():  # type: ignore[attr-defined]
+def read_partition(families: dict[str, object], tp_key: bytes) -> PartitionModel | None:
+    """One user partition as the view's column families (rocksdict, raw mode) hold it; None if they hold nothing."""
+    topic_id, number = vf.tp_of_key(tp_key)
+    raw_meta = families[vf.PARTITION_META].get(tp_key)  # type: ignore[attr-defined]
+    meta = None if raw_meta is None else vf.decode_partition_meta(bytes(raw_meta))
+    # A partition with content but no bookkeeping never happens in a view the batch wrote; the name is then
+    # unknown and only the key identifies it.
+    partition = PartitionModel(TopicIdPartition(topic_id, "?" if meta is None else meta.topic, number), meta)
+    for _key, value in _prefixed(families[vf.SEGMENTS], tp_key):
+        md = vf.decode_segment(value)
+        partition.segments[md.remote_log_segment_id.id] = md
+    raw_delete = families[vf.PARTITIONS].get(tp_key)  # type: ignore[attr-defined]
+    if raw_delete is not None:
+        partition.delete = vf.decode_partition_delete(bytes(raw_delete))
+    for _key, value in _prefixed(families[vf.EPOCH_STATE], tp_key):
+        lineage = vf.decode_lineage(value)
+        partition.lineages[lineage.epoch] = lineage
+    for key, value in _prefixed(families[vf.EPOCH_INDEX], tp_key):
+        index = partition.index.get(vf.lineage_epoch(key))
+        if index is None:
+            index = partition.index[vf.lineage_epoch(key)] = EpochIndex()
+        start = vf.index_start_offset(key)
+        # RocksDB iterates in key order, so starts arrive sorted.
+        index.starts.append(start)
+        index.ids[start] = uuid.UUID(bytes=value)
+    return None if partition.empty() else partition
+
+
+def _prefixed(family: object, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    for key, value in family.items(from_key=prefix):  # type: ignore[attr-defined]
+        if not key.startswith(prefix):
+            return
         yield bytes(key), bytes(value)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from rlmm import codec, state
 from rlmm import view_format as vf
 from rlmm.errors import ViewFormatError
 from rlmm.events import EpochLineage, MetadataEvent, RecordKey
-from rlmm.read_model import EpochIndex, PartitionChanges, ReadModel
+from rlmm.read_model import EpochIndex, PartitionChanges, ReadModel, read_partition
 from rlmm.state import Outcome
 from rlmm.types import (
     RemoteLogSegmentId,
@@ -74,9 +73,9 @@ class MetadataView:
     def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
         self._read_only = read_only
-        self._model: ReadModel | None = None
-        self._model_loading = threading.Lock()
         self._open()
+        # Reads go to self._cf as it is then: reopen() replaces the column families.
+        self.model = ReadModel(lambda tp_key: read_partition(self._cf, tp_key))
 
     def _open(self) -> None:
         read_only = self._read_only
@@ -135,21 +134,7 @@ class MetadataView:
     def set_source(self, metadata_topic: str, topic_id: str, applied_at_ms: int) -> None:
         self._db.put(_SOURCE_KEY + metadata_topic.encode(), f"{topic_id} {applied_at_ms}".encode())
 
-    # --- committed reads: the in-memory read model (rlmm.read_model), loaded on first use -------------------
-
-    @property
-    def model(self) -> ReadModel:
-        model = self._model
-        if model is None:
-            with self._model_loading:
-                if self._model is None:
-                    self._model = ReadModel.load(self._cf)
-                model = self._model
-        return model
-
-    def load_model(self) -> None:
-        """Load the read model now (it is otherwise loaded by the first read)."""
-        _ = self.model
+    # --- committed reads: the in-memory read model (rlmm.read_model), each partition read on first use ------
 
     def _scan(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         for key, value in self._cf[family].items(from_key=prefix):

@@ -10,6 +10,7 @@ import tempfile
 from typing import Any
 
 from hypothesis import given
+from hypothesis import strategies as st
 from rlmm_strategies import (
     PARTITIONS,
     QUERIED_EPOCHS,
@@ -27,11 +28,15 @@ from rlmm.view import MetadataView
 
 
 def _canonical(model: ReadModel) -> dict[bytes, Any]:
-    return {
-        key: (p.tp, p.meta, dict(p.segments), p.delete, dict(p.lineages),
-              {epoch: (list(index.starts), dict(index.ids)) for epoch, index in p.index.items() if index.ids})
-        for key, p in model.partitions.items()
-    }
+    """Every partition of the scenario as the model holds it (read from RocksDB if not read yet)."""
+    found = {}
+    for key in (vf.tp_key_of(tp) for tp in PARTITIONS):
+        p = model.get(key)
+        if p is not None:
+            found[key] = (p.tp, p.meta, dict(p.segments), p.delete, dict(p.lineages),
+                          {epoch: (list(index.starts), dict(index.ids)) for epoch, index in p.index.items()
+                           if index.ids})
+    return found
 
 
 @VIEW_SETTINGS
@@ -41,13 +46,52 @@ def test_the_folded_read_model_is_the_one_loaded_from_rocksdb(scenario: Scenario
         view = MetadataView.open(directory)
         try:
             apply_in_batches(view, scenario.writer.log, cuts)
+            read_before = {key for key, p in view.model.partitions.items() if p is not None}
             folded = _canonical(view.model)
+            # Every partition the batches touched was read by the apply path, and so folded, not re-read.
+            assert read_before == set(folded)
+        finally:
+            view.close()
+        reopened = MetadataView.open(directory)
+        try:
+            assert not reopened.model.partitions  # nothing is read before it is asked for
+            assert _canonical(reopened.model) == folded
+            assert_same_answers(scenario, reopened.batch())  # an empty batch reads the loaded model
+        finally:
+            reopened.close()
+
+
+@VIEW_SETTINGS
+@given(histories(), batch_cuts, st.lists(st.booleans(), min_size=len(PARTITIONS), max_size=len(PARTITIONS)))
+def test_a_partition_read_between_a_batchs_write_and_its_fold_ends_as_if_read_after_it(
+    scenario: Scenario, cuts: list[int], reread: list[bool],
+) -> None:
+    """Another thread may read a partition the model has not read yet after the applier wrote a batch and before
+    it folded it: the partition then already holds the batch and the fold must change nothing. A partition still
+    unread at the fold is not folded; it is read, batch included, when asked for."""
+    with tempfile.TemporaryDirectory() as directory:
+        view = MetadataView.open(directory)
+        model = view.model
+        write = view._write
+
+        def write_then_forget(batch: Any) -> None:
+            write(batch)
+            for tp, again in zip(PARTITIONS, reread, strict=True):
+                key = vf.tp_key_of(tp)
+                with model.lock:
+                    model.partitions.pop(key, None)
+                    if again:
+                        model.get(key)
+
+        view._write = write_then_forget  # type: ignore[method-assign]
+        try:
+            apply_in_batches(view, scenario.writer.log, cuts)
+            folded = _canonical(model)
         finally:
             view.close()
         reopened = MetadataView.open(directory)
         try:
             assert _canonical(reopened.model) == folded
-            assert_same_answers(scenario, reopened.batch())  # an empty batch reads the loaded model
         finally:
             reopened.close()
 
