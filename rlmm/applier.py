@@ -13,10 +13,11 @@ import gc
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message
@@ -25,8 +26,8 @@ from rlmm import codec, state
 from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
 from rlmm.event_log import EventConsumer, OffsetReader
-from rlmm.events import SEGMENT_KEY_PREFIX, RecordKey, segment_key_ids
-from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition
+from rlmm.events import KEY_SEPARATOR, SEGMENT_KEY_PREFIX, RecordKey
+from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition, uuid_from_text
 from rlmm.view import ConsumedRecord, MetadataView
 from rlmm.writer import Append, MetadataWriter, request_of
 
@@ -90,12 +91,24 @@ class WindowRecord(NamedTuple):
 def holds_segment(view: MetadataView, raw_key: bytes) -> bool:
     """Whether the committed view holds the segment a segment record key names (True for a key that does not
     parse, so that its record is kept and halts its partition like any unreadable record)."""
+    prefix, _, segment = raw_key.rpartition(b":")
     try:
-        topic_id, number, segment_id = segment_key_ids(raw_key)
+        tp_key = _tp_key_of_segment_prefix(prefix)
+        segment_id = uuid_from_text(segment.decode())
     except (UnicodeDecodeError, ValueError):
         return True
-    partition = view.model.get(vf.tp_key(topic_id, number))
+    partition = view.model.get(tp_key)
     return partition is not None and segment_id in partition.segments
+
+
+@lru_cache(maxsize=65536)
+def _tp_key_of_segment_prefix(prefix: bytes) -> bytes:
+    """The view key of `segment:<topic id>:<partition>`: a rebuild checks a tombstone of every deleted segment
+    against the view, and a few thousand user partitions recur among them."""
+    kind, topic_id, number = prefix.decode().split(KEY_SEPARATOR)
+    if kind != "segment":
+        raise ValueError(f"not a segment key prefix: {prefix!r}")
+    return vf.tp_key(uuid.UUID(topic_id), int(number))
 
 
 class CompactedWindow:
@@ -105,7 +118,9 @@ class CompactedWindow:
 
     A key one of this node's pending writes touched keeps every record from that write on (and the newest before
     it), so the writer sees its record applied with the outcome a full replay gives it. A segment tombstone for a
-    segment the view does not hold leaves nothing to replay of its key: applied, it would change nothing.
+    segment the view does not hold leaves nothing to replay of its key: applied, it would change nothing. A tombstone
+    a later record of its key supersedes (the id used again) is replayed too, before it: the later record then
+    applies to nothing, as in a full replay, not to the state the tombstone removed.
     """
 
     def __init__(self, is_own_pending: Callable[[str], bool], holds_segment: Callable[[bytes], bool]) -> None:
@@ -115,6 +130,7 @@ class CompactedWindow:
         # superseded, so adding one must cost little; only the records replayed become WindowRecords.
         self._newest: dict[bytes, _Entry] = {}
         self._every: dict[bytes, list[_Entry]] = {}
+        self._superseded_tombstones: list[_Entry] = []
         self.ends: dict[int, int] = {}  # metadata partition -> the offset after its last record in the window
         self.records = 0
 
@@ -131,11 +147,15 @@ class CompactedWindow:
         elif value is None and key.startswith(SEGMENT_KEY_PREFIX) and not self._holds_segment(key):
             self._newest.pop(key, None)
         else:
-            self._newest[key] = (partition, offset, key, value, request, key in self._newest)
+            before = self._newest.get(key)
+            if before is not None and before[3] is None:
+                self._superseded_tombstones.append(before)
+            self._newest[key] = (partition, offset, key, value, request, before is not None)
 
     def replay_order(self) -> list[WindowRecord]:
         """The records to apply, in (metadata partition, offset) order."""
-        kept = [*self._newest.values(), *(entry for every in self._every.values() for entry in every)]
+        kept = [*self._newest.values(), *(entry for every in self._every.values() for entry in every),
+                *self._superseded_tombstones]
         kept.sort()  # (partition, offset) come first and are unique
         return [WindowRecord(*entry) for entry in kept]
 
@@ -185,7 +205,7 @@ class MetadataApplier:
             return {}
         try:
             return self._offsets.start_offsets(missing, OFFSETS_TIMEOUT_S)
-        except MetadataLogError as exc:
+        except RemoteStorageError as exc:  # not answered in time, or refused
             log.info("metadata topic %s: reading from the beginning (%s)", self._settings.metadata_topic, exc)
             return {}
 

@@ -11,6 +11,7 @@ record per key reaches the same view as a replay of every record.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import logging
 import uuid
@@ -178,6 +179,13 @@ def _apply_segment(
         return Outcome.dropped(f"segment {incoming.remote_log_segment_id}: its partition's remote data was deleted")
     existing = store.segment(incoming.remote_log_segment_id)
     target = incoming.state
+    if existing is not None and skipped_before and existing.state is S.COPY_SEGMENT_STARTED and \
+            target is not S.COPY_SEGMENT_STARTED and _immutable(existing) != _immutable(incoming):
+        # Only a re-add (COPY_SEGMENT_STARTED again, with other offsets or epochs) among the skipped records makes
+        # this update follow the segment held: replay that re-add first.
+        lineage.unreference(store, existing, offset)
+        existing = dataclasses.replace(incoming, state=S.COPY_SEGMENT_STARTED)
+        store.put_segment(existing)
     if existing is not None:
         if target not in (_SEGMENT_REPLAY if skipped_before else _SEGMENT_TRANSITIONS)[existing.state]:
             return Outcome.dropped(

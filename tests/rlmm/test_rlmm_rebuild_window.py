@@ -191,6 +191,47 @@ def test_a_window_cut_between_a_copy_and_its_delete_reaches_the_full_replays_vie
     with_view(body)
 
 
+def test_a_segment_id_added_again_after_its_tombstone_in_one_window_is_added_anew() -> None:
+    """The view holds the segment from an earlier window; this window deletes it, tombstones it and adds the same id
+    again. Replaying only the newest record (the add) over the held state would drop it as an invalid transition."""
+    tp = make_tp()
+    added = segment(tp, 0, 9, {0: 0})
+    finished = added.create_with_update(update_of(added, S.COPY_SEGMENT_FINISHED))
+    deleting = finished.create_with_update(update_of(finished, S.DELETE_SEGMENT_STARTED))
+    deleted = deleting.create_with_update(update_of(deleting, S.DELETE_SEGMENT_FINISHED))
+    key = key_of(added)
+    records: list[TopicRecord] = [(0, key, added), (1, key, finished), (2, key, deleting), (3, key, deleted),
+                                  (4, key, None), (5, key, added)]
+    full = replay_at_offsets(records)
+
+    def body(view: MetadataView) -> None:
+        assert [raw.offset for raw in window_of(view, records).replay_order()] == [5]
+        apply_window(view, window_of(view, records[:2]))
+        assert [raw.offset for raw in window_of(view, records[2:]).replay_order()] == [4, 5]
+        apply_window(view, window_of(view, records[2:]))
+        assert view.segment(added.remote_log_segment_id) == added
+        assert view.digest() == full.digest()
+    with_view(body)
+
+
+def test_an_update_after_a_skipped_re_add_with_other_offsets_follows_the_re_add() -> None:
+    """An earlier window applied the segment's add; this window re-adds it with other offsets and epochs (allowed
+    while COPY_SEGMENT_STARTED) and finishes it. Its newest record alone, over the first add, changes the offsets."""
+    tp = make_tp()
+    added = segment(tp, 18, 31, {3: 18})
+    again = segment(tp, 8, 9, {0: 8}, segment_id=added.remote_log_segment_id.id)
+    finished = again.create_with_update(update_of(again, S.COPY_SEGMENT_FINISHED))
+    key = key_of(added)
+    records: list[TopicRecord] = [(0, key, added), (1, key, again), (2, key, finished)]
+    full = replay_at_offsets(records)
+
+    def body(view: MetadataView) -> None:
+        rebuild_in_windows(view, records, [1])
+        assert view.segment(added.remote_log_segment_id) == finished
+        assert view.digest() == full.digest()
+    with_view(body)
+
+
 def test_a_pending_write_of_this_node_is_applied_with_the_outcome_a_full_replay_gives_it() -> None:
     tp = make_tp()
     added = segment(tp, 0, 9, {0: 0})
