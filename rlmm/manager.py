@@ -215,6 +215,7 @@ class RemoteLogMetadataManager:
             for tp in [*leader_partitions, *follower_partitions]:
                 _require(tp, TopicIdPartition, "topic_id_partition")
                 self._registered.setdefault(tp, None)
+        self._applier.registered()
 
     def on_stop_partitions(self, partitions: Iterable[TopicIdPartition]) -> None:
         with self._lock:

@@ -19,7 +19,7 @@ from support import wait_until
 from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
-from rlmm import RemoteLogMetadataManager
+from rlmm import RemoteLogMetadataManager, applier
 from rlmm.archive import read_snapshot, view_entries, write_snapshot, write_view_snapshot
 from rlmm.bootstrap import (
     SnapshotSource,
@@ -32,6 +32,7 @@ from rlmm.bootstrap import (
 from rlmm.event_log import check_topic
 from rlmm.lineage import pending_checkpoint
 from rlmm.snapshot import snapshot_entries
+from rlmm.types import TopicIdPartition
 from rlmm.view import MetadataView
 from rsm.backend import StorageBackend
 from rsm.snapshot_source import BucketSnapshotSource
@@ -77,11 +78,13 @@ def _node(kafka_bootstrap: str, metadata_topic: str, state_dir: Path, source: Sn
     return RemoteLogMetadataManager(config, snapshot_source=source)
 
 
-def _history(manager: RemoteLogMetadataManager, seed: int, partitions: int) -> None:
+def _history(manager: RemoteLogMetadataManager, seed: int, partitions: int) -> list[TopicIdPartition]:
+    """Segments uploaded, finished and deleted on `partitions` new user partitions, through `manager`; those."""
     rng = random.Random(seed)
     tps = [make_tp(f"bootstrap-{seed}", p) for p in range(partitions)]
     register(manager, *tps)
     drive(manager, {tp: workload(rng, tp, uploads=12) for tp in tps})
+    return tps
 
 
 def _topic_id(kafka_bootstrap: str, metadata_topic: str) -> str:
@@ -301,13 +304,12 @@ def test_a_node_bootstrapped_from_a_view_snapshot_equals_a_topic_rebuild_in_look
     store: StorageBackend, tmp_path: Path,
 ) -> None:
     writer = make_manager(partitions=PARTITIONS)
-    _history(writer, seed=11, partitions=4)
+    tps = _history(writer, seed=11, partitions=4)
     key = _snapshot(kafka_bootstrap, metadata_topic, store)
     header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
     assert header.format == 2 and header.view_digest == writer.view_digest()
-    _history(writer, seed=12, partitions=2)
+    tps += _history(writer, seed=12, partitions=2)
     expected = writer.view_digest()
-    tps = [make_tp(f"bootstrap-{seed}", p) for seed, count in ((11, 4), (12, 2)) for p in range(count)]
 
     node = _node(kafka_bootstrap, metadata_topic, tmp_path / "from-snapshot", BucketSnapshotSource(store))
     rebuilt = make_manager(partitions=PARTITIONS, state_dir=tmp_path / "from-topic")
@@ -316,7 +318,8 @@ def test_a_node_bootstrapped_from_a_view_snapshot_equals_a_topic_rebuild_in_look
             register(manager, *tps)
             wait_digest(manager, expected)
             manager.wait_caught_up(60)
-        assert _lookups(node, tps) == _lookups(rebuilt, tps)
+        assert _lookups(node, tps) == _lookups(rebuilt, tps) == _lookups(writer, tps)
+        assert all(node.list_remote_log_segments(tp) for tp in tps)
         assert node.applied_offsets() == rebuilt.applied_offsets()
     finally:
         node.close()
@@ -454,3 +457,18 @@ def test_the_snapshot_writer_thread_survives_a_failed_round_and_writes_at_the_ne
     finally:
         thread.stop()
     assert len(rounds) >= 2
+
+
+def test_a_bootstrapped_node_resolves_readiness_when_partitions_register_not_at_the_next_interval(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    tps = _history(writer, seed=21, partitions=2)
+    _snapshot(kafka_bootstrap, metadata_topic, store)
+    # Were readiness only resolved at the interval, no partition would get ready within the test's deadline.
+    monkeypatch.setattr(applier, "OFFSETS_INTERVAL_S", 3600.0)
+
+    with _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
+        register(node, *tps)
+        assert node.list_remote_log_segments(tps[0]) == writer.list_remote_log_segments(tps[0]) != []
