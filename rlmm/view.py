@@ -266,6 +266,10 @@ class MetadataView:
         options = WriteOptions()
         self._db.write(batch, options)
 
+    def holds_entries(self) -> bool:
+        """Whether any column family holds an entry (applied offsets included)."""
+        return any(next(iter(self._cf[family].keys()), None) is not None for family in vf.ALL_FAMILIES)
+
     def load_entries(self, metadata_topic: str, runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
                      next_offsets: Mapping[int, int], view_digest: str | None = None) -> None:
         """Bulk-load an EMPTY view with entries as this view stores them (a snapshot's), then the metadata-topic
@@ -276,7 +280,7 @@ class MetadataView:
         hashed on the way; with `view_digest`, content that does not hash to it is refused (SnapshotError) before
         anything enters the view. Then the tables are ingested, and the offsets written last, so an interrupted
         load never looks like a view that applied them."""
-        if any(next(iter(self._cf[family].keys()), None) is not None for family in vf.ALL_FAMILIES):
+        if self.holds_entries():
             raise ViewFormatError(f"view at {self.path} is not empty; entries load only into an empty view")
         tables = self.path.parent / f"{self.path.name}.tables"
         shutil.rmtree(tables, ignore_errors=True)

@@ -20,12 +20,11 @@ from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
 from rlmm import RemoteLogMetadataManager, applier
-from rlmm.archive import read_snapshot, view_entries, write_snapshot, write_view_snapshot
+from rlmm.archive import read_snapshot, view_entries, view_runs, write_snapshot, write_view_snapshot
 from rlmm.bootstrap import (
     SnapshotSource,
     TopicPosition,
     bootstrap_from_snapshot,
-    has_view,
     list_snapshots,
     snapshot_key,
 )
@@ -359,7 +358,19 @@ def test_a_snapshot_whose_entries_do_not_make_its_digest_falls_back_to_the_topic
         wait_digest(node, expected)
 
 
-def test_a_snapshot_refused_after_loading_leaves_no_view_behind(
+def _bootstrap_empty_view(state_dir: Path, store: StorageBackend, metadata_topic: str, position: TopicPosition
+                          ) -> tuple[object, bool]:
+    """Bootstrap a new empty view from the newest snapshot: what it returned, and whether the view holds entries."""
+    view = MetadataView.open(state_dir)
+    try:
+        loaded = bootstrap_from_snapshot(view, BucketSnapshotSource(store), LOCATION, metadata_topic, position,
+                                         int(time.time() * 1000))
+        return loaded, view.holds_entries()
+    finally:
+        view.close()
+
+
+def test_a_snapshot_whose_entries_do_not_make_its_digest_leaves_the_view_empty(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     store: StorageBackend, tmp_path: Path,
 ) -> None:
@@ -368,15 +379,13 @@ def test_a_snapshot_refused_after_loading_leaves_no_view_behind(
     _forge_entries(kafka_bootstrap, metadata_topic, store)
     position = TopicPosition(_topic_id(kafka_bootstrap, metadata_topic), 86_400_000, {})
 
-    loaded = bootstrap_from_snapshot(tmp_path / "node", BucketSnapshotSource(store), LOCATION, metadata_topic,
-                                     position, int(time.time() * 1000))
+    loaded, holds_entries = _bootstrap_empty_view(tmp_path / "node", store, metadata_topic, position)
 
     assert loaded is None
-    assert not has_view(tmp_path / "node")  # a start after this one rebuilds from the topic, not from a partial view
-    assert not (tmp_path / "node" / "bootstrap-view").exists()
+    assert not holds_entries  # checked before anything entered the view
 
 
-def test_a_snapshot_behind_the_topics_log_start_leaves_the_state_dir_empty_with_a_log_line(
+def test_a_snapshot_behind_the_topics_log_start_leaves_the_view_empty_with_a_log_line(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -389,12 +398,34 @@ def test_a_snapshot_behind_the_topics_log_start_leaves_the_state_dir_empty_with_
                              {p: end + 1 for p, end in header.end_offsets.items()})
 
     with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"):
-        loaded = bootstrap_from_snapshot(tmp_path / "node", BucketSnapshotSource(store), LOCATION, metadata_topic,
-                                         position, int(time.time() * 1000))
+        loaded, holds_entries = _bootstrap_empty_view(tmp_path / "node", store, metadata_topic, position)
     assert loaded is None
     assert any("stale" in r.getMessage() and key in r.getMessage() for r in caplog.records)
-    assert not has_view(tmp_path / "node")
-    assert not (tmp_path / "node" / "bootstrap-view").exists()
+    assert not holds_entries
+
+
+@pytest.mark.parametrize("cut_short", ["before the applied offsets", "before the source"])
+def test_a_view_a_snapshot_load_left_unfinished_is_started_afresh_with_a_log_line(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture, cut_short: str,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=22, partitions=2)
+    key = _snapshot(kafka_bootstrap, metadata_topic, store)
+    _history(writer, seed=23, partitions=1)
+    expected = writer.view_digest()
+    # A load cut short where a crash can cut it: its entries in, but not yet its offsets, or not yet its source.
+    header, datums = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
+    view = MetadataView.open(tmp_path / "node")
+    view.load_entries(metadata_topic, view_runs(datums), {} if cut_short == "before the applied offsets" else
+                      header.end_offsets, header.view_digest)
+    view.close()
+
+    with caplog.at_level(logging.INFO), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
+        assert any("rebuilding the metadata view" in r.getMessage() for r in caplog.records)
+        assert any("bootstrapped" in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)
 
 
 def test_a_format_1_snapshot_still_bootstraps_a_node(
