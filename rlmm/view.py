@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -255,8 +256,7 @@ class MetadataView:
         for family in sorted(vf.CONTENT_FAMILIES):
             items = self._cf[family].items()
             while run := list(islice(items, _DIGEST_RUN)):
-                keys, values = zip(*run, strict=True)
-                digest.add(family, keys, values)
+                digest.add(family, list(map(itemgetter(0), run)), list(map(itemgetter(1), run)))
         return digest.hexdigest()
 
     def batch(self) -> ViewBatch:
