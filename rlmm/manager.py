@@ -107,7 +107,6 @@ class RemoteLogMetadataManager:
         # costliest step of a lookup. The entry carries the topic name, which must match too.
         self._readable_now: dict[tuple[int, int], _Readable] = {}
         self._closed = False
-        offsets = OffsetReader(self.metadata_topic, client)
         admin = AdminClient(client)
         if self._cfg["metadata.topic.create"]:
             topic = ensure_topic(admin, TopicSettings(
@@ -117,6 +116,7 @@ class RemoteLogMetadataManager:
             ), startup_s)
         else:
             topic = check_topic(admin, self.metadata_topic, self.num_partitions, startup_s)
+        offsets = OffsetReader(self.metadata_topic, client, admin)  # a client that answered: see OffsetReader
         self._view = _open_view(self._cfg, topic, offsets, startup_s, snapshot_source)
         try:
             producer = EventProducer(self.metadata_topic, client)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import logging
+import operator
 import struct
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import itemgetter
 from typing import Protocol
 
 from rlmm import lineage, view_format
@@ -464,9 +464,9 @@ class InMemoryState:
 def view_digest_of(entries: Iterable[tuple[str, bytes, bytes]], presorted: bool = False) -> str:
     """The digest of a view: sha256 over its content entries, ordered by column family and key."""
     digest = ViewDigest()
-    for family, group in groupby(entries if presorted else sorted(entries), key=itemgetter(0)):
+    for family, group in itertools.groupby(entries if presorted else sorted(entries), key=operator.itemgetter(0)):
         run = list(group)
-        digest.add(family, list(map(itemgetter(1), run)), list(map(itemgetter(2), run)))
+        digest.add(family, list(map(operator.itemgetter(1), run)), list(map(operator.itemgetter(2), run)))
     return digest.hexdigest()
 
 
