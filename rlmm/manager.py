@@ -417,10 +417,11 @@ def _why_not_resume(
     if not stored:
         # Every batch a node applies is committed with its offsets: entries without them are a snapshot load cut
         # short (rlmm.bootstrap), or another topic's view.
-        return "it holds entries but no applied offset of the topic" if view.holds_entries() else None
+        return ("it holds entries but no applied offset of the topic (a snapshot load cut short, or a view of "
+                "another topic)") if view.holds_entries() else None
     source = view.source(metadata_topic)
-    if source is None:  # also a snapshot load cut short: it records its source last
-        return "the view does not record which topic it was built from"
+    if source is None:
+        return "the view does not record which topic it was built from (a snapshot load records it last)"
     topic_id, applied_at_ms = source
     if topic_id != topic.topic_id:
         return f"the topic was recreated (id {topic_id} in the view, {topic.topic_id} now)"
