@@ -188,6 +188,7 @@ class MetadataApplier:
         self._stamped_at = 0.0
         self._consumer.assign({**self._log_starts(), **self.applied})
         self._stop = threading.Event()
+        self._registrations = threading.Event()  # set when partitions register: resolve their targets at once
         self._threads = [
             threading.Thread(target=self._run, name=f"tierlog-rlmm-{settings.broker_id}", daemon=True),
             threading.Thread(target=self._resolve_targets, name=f"tierlog-rlmm-offsets-{settings.broker_id}",
@@ -475,9 +476,18 @@ class MetadataApplier:
 
     # --- end offsets for readiness, off the apply path -----------------------------------------------------
 
+    def registered(self) -> None:
+        """Partitions were registered: fetch the end offsets they must reach now, not at the next interval (a node
+        that bootstrapped from a snapshot is otherwise ready in less time than the interval)."""
+        self._registrations.set()
+
     def _resolve_targets(self) -> None:
         backoff_s = OFFSETS_INTERVAL_S
-        while not self._stop.wait(backoff_s):
+        while True:
+            self._registrations.wait(backoff_s)
+            self._registrations.clear()
+            if self._stop.is_set():
+                return
             with self._lock:
                 waiting = sorted({self._metadata_partition(tp) for tp, t in self._registered.items() if t is None})
             if not waiting:
@@ -498,6 +508,7 @@ class MetadataApplier:
 
     def close(self, timeout_s: float) -> None:
         self._stop.set()
+        self._registrations.set()
         for thread in self._threads:
             thread.join(timeout=timeout_s)
 

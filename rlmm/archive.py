@@ -240,12 +240,18 @@ def _chunks(entries: Iterable[tuple[str, bytes, bytes]]) -> Iterator[dict[str, A
         yield {"family": family, "keys": keys, "values": values}
 
 
-def view_entries(chunks: Iterable[dict[str, Any]]) -> Iterator[tuple[str, bytes, bytes]]:
-    """The (column family, key, value) entries of a format 2 snapshot's chunks."""
+def view_runs(chunks: Iterable[dict[str, Any]]) -> Iterator[tuple[str, list[bytes], list[bytes]]]:
+    """The (column family, keys, values) runs of entries a format 2 snapshot's chunks hold, in their order."""
     for chunk in chunks:
         family, keys, values = chunk["family"], chunk["keys"], chunk["values"]
         if len(keys) != len(values):
             raise SnapshotError(f"a chunk of column family {family} has {len(keys)} keys but {len(values)} values")
+        yield family, keys, values
+
+
+def view_entries(chunks: Iterable[dict[str, Any]]) -> Iterator[tuple[str, bytes, bytes]]:
+    """The (column family, key, value) entries of a format 2 snapshot's chunks."""
+    for family, keys, values in view_runs(chunks):
         for key, value in zip(keys, values, strict=True):
             yield family, key, value
 

@@ -10,10 +10,8 @@ import hashlib
 import io
 import logging
 import re
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from rlmm.archive import read_snapshot
@@ -34,7 +32,6 @@ CONFIG_KEYS = (
     # have dropped tombstones the snapshot's records still need to see.
     ConfigKey(MAX_AGE_KEY, parse_int, None, check=lambda v: v >= 0, requirement=">= 0"),
 )
-_STAGING = "bootstrap-view"  # where a snapshot is loaded before it becomes the state dir's view
 _NAME = re.compile(r"^(?P<created>\d{20})-(?P<sha256>[0-9a-f]{64})\.avro$")
 
 
@@ -98,13 +95,16 @@ def read_verified(source: SnapshotSource, ref: SnapshotRef) -> bytes:
 
 
 def bootstrap_from_snapshot(
-    state_dir: str | Path, source: SnapshotSource, location: str, metadata_topic: str, position: TopicPosition,
+    view: MetadataView, source: SnapshotSource, location: str, metadata_topic: str, position: TopicPosition,
     now_ms: int, max_age_ms: int | None = None,
 ) -> SnapshotRef | None:
-    """Load the newest usable snapshot into an empty state dir; None (with a log line saying why) means the
-    node rebuilds from the topic. A state dir that already holds a view is left alone: it resumes from it."""
-    if has_view(state_dir):
-        return None
+    """Load the newest usable snapshot into an empty view; None (with a log line saying why) means the node rebuilds
+    from the topic.
+
+    The view records the snapshot as its source last: a load cut short (a crash, an I/O error) leaves a view with
+    entries but no source, or no applied offsets, which the manager never resumes from (rlmm.manager)."""
+    if view.holds_entries():
+        raise SnapshotError(f"view at {view.path} is not empty; a snapshot loads only into an empty view")
     max_age = position.delete_retention_ms if max_age_ms is None else max_age_ms
     try:
         refs = list_snapshots(source, location, metadata_topic, position.topic_id)
@@ -120,22 +120,17 @@ def bootstrap_from_snapshot(
                         ref.key, now_ms - ref.created_ms, max_age)
             return None
         try:
-            if _load(ref, source, Path(state_dir), metadata_topic, position):
-                return ref
-            return None
+            return ref if _load(ref, source, view, metadata_topic, position) else None
         except Exception as exc:  # corrupt, foreign, unreadable: any of them leaves the topic, which always works
-            shutil.rmtree(Path(state_dir) / _STAGING, ignore_errors=True)
+            if view.holds_entries():  # refused or failed part way through loading: the manager starts afresh
+                log.warning("snapshot %s is unusable (%s); rebuilding from the topic", ref.key, exc)
+                return None
             log.warning("snapshot %s is unusable (%s); trying an older one, else rebuilding from the topic",
                         ref.key, exc)
     return None
 
 
-def has_view(state_dir: str | Path) -> bool:
-    view_dir = Path(state_dir) / "view"
-    return view_dir.exists() and any(view_dir.iterdir())
-
-
-def _load(ref: SnapshotRef, source: SnapshotSource, state_dir: Path, metadata_topic: str,
+def _load(ref: SnapshotRef, source: SnapshotSource, view: MetadataView, metadata_topic: str,
           position: TopicPosition) -> bool:
     data = read_verified(source, ref)
     header, datums = read_snapshot(io.BytesIO(data))
@@ -146,33 +141,23 @@ def _load(ref: SnapshotRef, source: SnapshotSource, state_dir: Path, metadata_to
         log.warning("snapshot %s is stale: the topic no longer holds the records after its end offsets %s; "
                     "rebuilding from the topic", ref.key, behind)
         return False
-    # Loaded beside the view's place and moved there once complete: a load cut short (a crash, a bad snapshot)
-    # never leaves a view that the next start would resume from.
-    staging = state_dir / _STAGING
-    shutil.rmtree(staging, ignore_errors=True)
-    view = MetadataView(staging)
-    try:
-        load_into(view, header, datums)
-        # The view resumes as if it had last applied a batch when the snapshot was taken: the manager's
-        # staleness rules (tombstone window, topic id) then hold for it as for any other view.
-        view.set_source(metadata_topic, position.topic_id, ref.created_ms)
-    finally:
-        view.close()
-    staging.rename(state_dir / "view")
-    log.info("bootstrapped %s from snapshot %s (format %d); tailing the topic from its end offsets", state_dir,
+    load_into(view, header, datums)
+    # The view resumes as if it had last applied a batch when the snapshot was taken: the manager's staleness rules
+    # (tombstone window, topic id) then hold for it as for any other view. Written last, it marks the load finished.
+    view.set_source(metadata_topic, position.topic_id, ref.created_ms)
+    log.info("bootstrapped %s from snapshot %s (format %d); tailing the topic from its end offsets", view.path,
              ref.key, header.format)
     return True
 
 
-def maybe_bootstrap(config: Mapping[str, Any], source: SnapshotSource | None, topic: TopicInfo,
+def maybe_bootstrap(view: MetadataView, config: Mapping[str, Any], source: SnapshotSource | None, topic: TopicInfo,
                     offsets: OffsetReader, now_ms: int, timeout_s: float) -> SnapshotRef | None:
-    """The manager's hook, before it opens its view: with a source and a `snapshot.location`, bootstrap an
-    empty state dir from the newest usable snapshot."""
+    """The manager's hook, for a view that holds nothing yet: with a source and a `snapshot.location`, load the
+    newest usable snapshot into it."""
     location = config[LOCATION_KEY]
-    if source is None or not location or has_view(config["state.dir"]):
+    if source is None or not location:
         return None
     metadata_topic = config["metadata.topic.name"]
     starts = offsets.start_offsets(list(range(config["metadata.topic.num.partitions"])), timeout_s)
     position = TopicPosition(topic.topic_id, topic.delete_retention_ms, starts)
-    return bootstrap_from_snapshot(config["state.dir"], source, location, metadata_topic, position, now_ms,
-                                   config[MAX_AGE_KEY])
+    return bootstrap_from_snapshot(view, source, location, metadata_topic, position, now_ms, config[MAX_AGE_KEY])

@@ -107,7 +107,6 @@ class RemoteLogMetadataManager:
         # costliest step of a lookup. The entry carries the topic name, which must match too.
         self._readable_now: dict[tuple[int, int], _Readable] = {}
         self._closed = False
-        offsets = OffsetReader(self.metadata_topic, client)
         admin = AdminClient(client)
         if self._cfg["metadata.topic.create"]:
             topic = ensure_topic(admin, TopicSettings(
@@ -117,9 +116,8 @@ class RemoteLogMetadataManager:
             ), startup_s)
         else:
             topic = check_topic(admin, self.metadata_topic, self.num_partitions, startup_s)
-        # Hook (issue 11, rlmm.bootstrap): an empty state dir first loads the newest verified snapshot.
-        bootstrap.maybe_bootstrap(self._cfg, snapshot_source, topic, offsets, _now_ms(), startup_s)
-        self._view = _open_view(self._cfg["state.dir"], self.metadata_topic, topic, offsets, startup_s)
+        offsets = OffsetReader(self.metadata_topic, client, admin)  # a client that answered: see OffsetReader
+        self._view = _open_view(self._cfg, topic, offsets, startup_s, snapshot_source)
         try:
             producer = EventProducer(self.metadata_topic, client)
             consumer = EventConsumer(self.metadata_topic, client, self.num_partitions)
@@ -217,6 +215,7 @@ class RemoteLogMetadataManager:
             for tp in [*leader_partitions, *follower_partitions]:
                 _require(tp, TopicIdPartition, "topic_id_partition")
                 self._registered.setdefault(tp, None)
+        self._applier.registered()
 
     def on_stop_partitions(self, partitions: Iterable[TopicIdPartition]) -> None:
         with self._lock:
@@ -381,18 +380,18 @@ class _Readable:
     metadata_partition: int
 
 
-def _open_view(
-    state_dir: str, metadata_topic: str, topic: TopicInfo, offsets: OffsetReader, timeout_s: float
-) -> MetadataView:
-    """Open the view, or rebuild it from scratch when resuming it could miss or misread records."""
+def _open_view(config: Mapping[str, Any], topic: TopicInfo, offsets: OffsetReader, timeout_s: float,
+               snapshot_source: bootstrap.SnapshotSource | None) -> MetadataView:
+    """Open the view, or rebuild it from scratch when resuming it could miss or misread records. A view that applied
+    nothing first loads the newest verified snapshot, when one is configured (issue 11, rlmm.bootstrap), and is then
+    checked like any other."""
+    state_dir, metadata_topic = config["state.dir"], config["metadata.topic.name"]
     view = MetadataView.open(state_dir)
     try:
-        reason = _why_not_resume(view, metadata_topic, topic, offsets, timeout_s)
-        if reason is not None:
-            log.warning("rebuilding the metadata view at %s from topic %s: %s", view.path, metadata_topic, reason)
-            view.close()
-            shutil.rmtree(view.path)
-            view = MetadataView.open(state_dir)
+        view = _resumable(view, state_dir, metadata_topic, topic, offsets, timeout_s)
+        if not view.applied_offsets(metadata_topic):
+            bootstrap.maybe_bootstrap(view, config, snapshot_source, topic, offsets, _now_ms(), timeout_s)
+            view = _resumable(view, state_dir, metadata_topic, topic, offsets, timeout_s)
         source = view.source(metadata_topic)
         view.set_source(metadata_topic, topic.topic_id, _now_ms() if source is None else source[1])
     except BaseException:
@@ -401,15 +400,30 @@ def _open_view(
     return view
 
 
+def _resumable(view: MetadataView, state_dir: str, metadata_topic: str, topic: TopicInfo, offsets: OffsetReader,
+               timeout_s: float) -> MetadataView:
+    """The view, or an empty one in its place when resuming it could miss or misread records."""
+    reason = _why_not_resume(view, metadata_topic, topic, offsets, timeout_s)
+    if reason is None:
+        return view
+    log.warning("rebuilding the metadata view at %s from topic %s: %s", view.path, metadata_topic, reason)
+    view.close()
+    shutil.rmtree(view.path)
+    return MetadataView.open(state_dir)
+
+
 def _why_not_resume(
     view: MetadataView, metadata_topic: str, topic: TopicInfo, offsets: OffsetReader, timeout_s: float
 ) -> str | None:
     stored = view.applied_offsets(metadata_topic)
     if not stored:
-        return None
+        # Every batch a node applies is committed with its offsets: entries without them are a snapshot load cut
+        # short (rlmm.bootstrap), or another topic's view.
+        return ("it holds entries but no applied offset of the topic (a snapshot load cut short, or a view of "
+                "another topic)") if view.holds_entries() else None
     source = view.source(metadata_topic)
     if source is None:
-        return "the view does not record which topic it was built from"
+        return "the view does not record which topic it was built from (a snapshot load records it last)"
     topic_id, applied_at_ms = source
     if topic_id != topic.topic_id:
         return f"the topic was recreated (id {topic_id} in the view, {topic.topic_id} now)"

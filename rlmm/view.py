@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import gc
 import logging
+import shutil
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch, WriteOptions
 
 from rlmm import codec, state
 from rlmm import view_format as vf
-from rlmm.errors import ViewFormatError
+from rlmm.errors import SnapshotError, ViewFormatError
 from rlmm.events import EpochLineage, MetadataEvent, RecordKey
 from rlmm.read_model import EpochIndex, PartitionChanges, ReadModel, read_partition
 from rlmm.state import Outcome
@@ -40,6 +44,8 @@ log = logging.getLogger(__name__)
 # Memtable size per column family. RocksDB's default (64 MiB each, six families) made a rebuilt node hold far more
 # memory than a restarted one at the same state; the view's writes are small batches, so small memtables suffice.
 _WRITE_BUFFER_BYTES = 4 << 20
+# Entries hashed at once when the digest reads the view.
+_DIGEST_RUN = 20_000
 
 
 def _family_options() -> Options:
@@ -248,7 +254,12 @@ class MetadataView:
 
     def digest(self) -> str:
         """sha256 of the view's content, equal on every node that applied the same metadata log."""
-        return state.view_digest_of(self.entries(), presorted=True)
+        digest = state.ViewDigest()
+        for family in sorted(vf.CONTENT_FAMILIES):
+            items = self._cf[family].items()
+            while run := list(islice(items, _DIGEST_RUN)):
+                digest.add(family, list(map(itemgetter(0), run)), list(map(itemgetter(1), run)))
+        return digest.hexdigest()
 
     def batch(self) -> ViewBatch:
         return ViewBatch(self)
@@ -257,29 +268,81 @@ class MetadataView:
         options = WriteOptions()
         self._db.write(batch, options)
 
-    def load_entries(self, metadata_topic: str, entries: Iterable[tuple[str, bytes, bytes]],
-                     next_offsets: Mapping[int, int], batch_entries: int = 200_000) -> None:
-        """Bulk-load an EMPTY view with (column family, key, value) entries as this view stores them (a
-        snapshot's), then the metadata-topic offsets they reflect: a view that resumes from those offsets.
+    def holds_entries(self) -> bool:
+        """Whether any column family holds an entry (applied offsets included)."""
+        return any(next(iter(self._cf[family].keys()), None) is not None for family in vf.ALL_FAMILIES)
 
-        The offsets go in the last batch, so an interrupted load never looks like a view that applied them."""
-        if any(next(iter(self._cf[family].keys()), None) is not None for family in vf.ALL_FAMILIES):
+    def load_entries(self, metadata_topic: str, runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
+                     next_offsets: Mapping[int, int], view_digest: str | None = None) -> None:
+        """Bulk-load an EMPTY view with entries as this view stores them (a snapshot's), then the metadata-topic
+        offsets they reflect: a view that resumes from those offsets.
+
+        `runs` are (column family, keys, values): each family's entries in one stretch of runs, keys strictly
+        ascending, the content families in name order. They are written as RocksDB tables beside the view and
+        hashed on the way; with `view_digest`, content that does not hash to it is refused (SnapshotError) before
+        anything enters the view. Then the tables are ingested, and the offsets written last, so an interrupted
+        load never looks like a view that applied them."""
+        if self.holds_entries():
             raise ViewFormatError(f"view at {self.path} is not empty; entries load only into an empty view")
-        handles = self._handles
+        tables = self.path.parent / f"{self.path.name}.tables"
+        shutil.rmtree(tables, ignore_errors=True)
+        tables.mkdir(parents=True)
+        try:
+            files, loaded = _write_tables(runs, tables, self.path)
+            if view_digest is not None and loaded != view_digest:
+                raise SnapshotError(f"its entries make a view with digest {loaded}, the snapshot states {view_digest}")
+            ingest = IngestExternalFileOptions()
+            ingest.set_move_files(True)
+            for family, file in files.items():
+                self._cf[family].ingest_external_file([str(file)], ingest)
+        finally:
+            shutil.rmtree(tables, ignore_errors=True)
         batch = WriteBatch(raw_mode=True)
-        pending = 0
-        for family, key, value in entries:
-            if family not in handles or family == vf.APPLIED:
-                raise ViewFormatError(f"cannot load an entry of column family {family!r} into the view")
-            batch.put(key, value, handles[family])
-            pending += 1
-            if pending >= batch_entries:
-                self._write(batch)
-                batch = WriteBatch(raw_mode=True)
-                pending = 0
         for partition, offset in next_offsets.items():
-            batch.put(vf.applied_key(metadata_topic, partition), vf.encode_offset(offset), handles[vf.APPLIED])
+            batch.put(vf.applied_key(metadata_topic, partition), vf.encode_offset(offset), self._handles[vf.APPLIED])
         self._write(batch)
+
+
+def _write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], tables: Path, view: Path
+                  ) -> tuple[dict[str, Path], str]:
+    """Write each column family's runs of entries into a RocksDB table file under `tables`: the files by family,
+    and the digest of the content entries (a table needs its keys in RocksDB's order, the digest needs them in the
+    view's; both are checked here, with errors naming what was out of place)."""
+    digest = state.ViewDigest()
+    files: dict[str, Path] = {}
+    writer: SstFileWriter | None = None
+    family = ""
+    last: bytes | None = None
+    for run_family, keys, values in runs:
+        if run_family != family:
+            if run_family not in vf.ALL_FAMILIES or run_family == vf.APPLIED:
+                raise ViewFormatError(f"cannot load an entry of column family {run_family!r} into the view at {view}")
+            if run_family in files or (run_family in vf.CONTENT_FAMILIES and
+                                        any(f > run_family for f in files if f in vf.CONTENT_FAMILIES)):
+                raise ViewFormatError(f"the entries of column family {run_family} come out of order (each family in "
+                                      f"one stretch, content families by name); cannot load them into {view}")
+            if writer is not None:
+                writer.finish()
+                writer = None
+            family, last = run_family, None
+        if len(keys) != len(values):
+            raise ViewFormatError(f"a run of column family {family} has {len(keys)} keys but {len(values)} values")
+        if not keys:
+            continue
+        if (last is not None and keys[0] <= last) or not all(map(bytes.__lt__, keys, keys[1:])):
+            raise ViewFormatError(f"the keys of column family {family} are not in strictly ascending order; cannot "
+                                  f"load them into {view}")
+        if writer is None:
+            files[family] = tables / f"{family}.sst"
+            writer = SstFileWriter(Options(raw_mode=True))
+            writer.open(str(files[family]))
+        deque(map(writer.__setitem__, keys, values), maxlen=0)  # one C-level pass, no Python loop per entry
+        last = keys[-1]
+        if family in vf.CONTENT_FAMILIES:
+            digest.add(family, keys, values)
+    if writer is not None:
+        writer.finish()
+    return files, digest.hexdigest()
 
 
 def _epoch_of(lineage: EpochLineage) -> int:

@@ -19,19 +19,19 @@ from support import wait_until
 from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
-from rlmm import RemoteLogMetadataManager
-from rlmm.archive import read_snapshot, view_entries, write_snapshot, write_view_snapshot
+from rlmm import RemoteLogMetadataManager, applier
+from rlmm.archive import read_snapshot, view_entries, view_runs, write_snapshot, write_view_snapshot
 from rlmm.bootstrap import (
     SnapshotSource,
     TopicPosition,
     bootstrap_from_snapshot,
-    has_view,
     list_snapshots,
     snapshot_key,
 )
 from rlmm.event_log import check_topic
 from rlmm.lineage import pending_checkpoint
 from rlmm.snapshot import snapshot_entries
+from rlmm.types import TopicIdPartition
 from rlmm.view import MetadataView
 from rsm.backend import StorageBackend
 from rsm.snapshot_source import BucketSnapshotSource
@@ -77,11 +77,13 @@ def _node(kafka_bootstrap: str, metadata_topic: str, state_dir: Path, source: Sn
     return RemoteLogMetadataManager(config, snapshot_source=source)
 
 
-def _history(manager: RemoteLogMetadataManager, seed: int, partitions: int) -> None:
+def _history(manager: RemoteLogMetadataManager, seed: int, partitions: int) -> list[TopicIdPartition]:
+    """Segments uploaded, finished and deleted on `partitions` new user partitions, through `manager`; those."""
     rng = random.Random(seed)
     tps = [make_tp(f"bootstrap-{seed}", p) for p in range(partitions)]
     register(manager, *tps)
     drive(manager, {tp: workload(rng, tp, uploads=12) for tp in tps})
+    return tps
 
 
 def _topic_id(kafka_bootstrap: str, metadata_topic: str) -> str:
@@ -301,13 +303,12 @@ def test_a_node_bootstrapped_from_a_view_snapshot_equals_a_topic_rebuild_in_look
     store: StorageBackend, tmp_path: Path,
 ) -> None:
     writer = make_manager(partitions=PARTITIONS)
-    _history(writer, seed=11, partitions=4)
+    tps = _history(writer, seed=11, partitions=4)
     key = _snapshot(kafka_bootstrap, metadata_topic, store)
     header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
     assert header.format == 2 and header.view_digest == writer.view_digest()
-    _history(writer, seed=12, partitions=2)
+    tps += _history(writer, seed=12, partitions=2)
     expected = writer.view_digest()
-    tps = [make_tp(f"bootstrap-{seed}", p) for seed, count in ((11, 4), (12, 2)) for p in range(count)]
 
     node = _node(kafka_bootstrap, metadata_topic, tmp_path / "from-snapshot", BucketSnapshotSource(store))
     rebuilt = make_manager(partitions=PARTITIONS, state_dir=tmp_path / "from-topic")
@@ -316,7 +317,8 @@ def test_a_node_bootstrapped_from_a_view_snapshot_equals_a_topic_rebuild_in_look
             register(manager, *tps)
             wait_digest(manager, expected)
             manager.wait_caught_up(60)
-        assert _lookups(node, tps) == _lookups(rebuilt, tps)
+        assert _lookups(node, tps) == _lookups(rebuilt, tps) == _lookups(writer, tps)
+        assert all(node.list_remote_log_segments(tp) for tp in tps)
         assert node.applied_offsets() == rebuilt.applied_offsets()
     finally:
         node.close()
@@ -356,7 +358,19 @@ def test_a_snapshot_whose_entries_do_not_make_its_digest_falls_back_to_the_topic
         wait_digest(node, expected)
 
 
-def test_a_snapshot_refused_after_loading_leaves_no_view_behind(
+def _bootstrap_empty_view(state_dir: Path, store: StorageBackend, metadata_topic: str, position: TopicPosition
+                          ) -> tuple[object, bool]:
+    """Bootstrap a new empty view from the newest snapshot: what it returned, and whether the view holds entries."""
+    view = MetadataView.open(state_dir)
+    try:
+        loaded = bootstrap_from_snapshot(view, BucketSnapshotSource(store), LOCATION, metadata_topic, position,
+                                         int(time.time() * 1000))
+        return loaded, view.holds_entries()
+    finally:
+        view.close()
+
+
+def test_a_snapshot_whose_entries_do_not_make_its_digest_leaves_the_view_empty(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     store: StorageBackend, tmp_path: Path,
 ) -> None:
@@ -365,15 +379,13 @@ def test_a_snapshot_refused_after_loading_leaves_no_view_behind(
     _forge_entries(kafka_bootstrap, metadata_topic, store)
     position = TopicPosition(_topic_id(kafka_bootstrap, metadata_topic), 86_400_000, {})
 
-    loaded = bootstrap_from_snapshot(tmp_path / "node", BucketSnapshotSource(store), LOCATION, metadata_topic,
-                                     position, int(time.time() * 1000))
+    loaded, holds_entries = _bootstrap_empty_view(tmp_path / "node", store, metadata_topic, position)
 
     assert loaded is None
-    assert not has_view(tmp_path / "node")  # a start after this one rebuilds from the topic, not from a partial view
-    assert not (tmp_path / "node" / "bootstrap-view").exists()
+    assert not holds_entries  # checked before anything entered the view
 
 
-def test_a_snapshot_behind_the_topics_log_start_leaves_the_state_dir_empty_with_a_log_line(
+def test_a_snapshot_behind_the_topics_log_start_leaves_the_view_empty_with_a_log_line(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -386,12 +398,34 @@ def test_a_snapshot_behind_the_topics_log_start_leaves_the_state_dir_empty_with_
                              {p: end + 1 for p, end in header.end_offsets.items()})
 
     with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"):
-        loaded = bootstrap_from_snapshot(tmp_path / "node", BucketSnapshotSource(store), LOCATION, metadata_topic,
-                                         position, int(time.time() * 1000))
+        loaded, holds_entries = _bootstrap_empty_view(tmp_path / "node", store, metadata_topic, position)
     assert loaded is None
     assert any("stale" in r.getMessage() and key in r.getMessage() for r in caplog.records)
-    assert not has_view(tmp_path / "node")
-    assert not (tmp_path / "node" / "bootstrap-view").exists()
+    assert not holds_entries
+
+
+@pytest.mark.parametrize("cut_short", ["before the applied offsets", "before the source"])
+def test_a_view_a_snapshot_load_left_unfinished_is_started_afresh_with_a_log_line(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture, cut_short: str,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=22, partitions=2)
+    key = _snapshot(kafka_bootstrap, metadata_topic, store)
+    _history(writer, seed=23, partitions=1)
+    expected = writer.view_digest()
+    # A load cut short where a crash can cut it: its entries in, but not yet its offsets, or not yet its source.
+    header, datums = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
+    view = MetadataView.open(tmp_path / "node")
+    view.load_entries(metadata_topic, view_runs(datums), {} if cut_short == "before the applied offsets" else
+                      header.end_offsets, header.view_digest)
+    view.close()
+
+    with caplog.at_level(logging.INFO), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
+        assert any("rebuilding the metadata view" in r.getMessage() for r in caplog.records)
+        assert any("bootstrapped" in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)
 
 
 def test_a_format_1_snapshot_still_bootstraps_a_node(
@@ -454,3 +488,18 @@ def test_the_snapshot_writer_thread_survives_a_failed_round_and_writes_at_the_ne
     finally:
         thread.stop()
     assert len(rounds) >= 2
+
+
+def test_a_bootstrapped_node_resolves_readiness_when_partitions_register_not_at_the_next_interval(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    tps = _history(writer, seed=21, partitions=2)
+    _snapshot(kafka_bootstrap, metadata_topic, store)
+    # Were readiness only resolved at the interval, no partition would get ready within the test's deadline.
+    monkeypatch.setattr(applier, "OFFSETS_INTERVAL_S", 3600.0)
+
+    with _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
+        register(node, *tps)
+        assert node.list_remote_log_segments(tps[0]) == writer.list_remote_log_segments(tps[0]) != []

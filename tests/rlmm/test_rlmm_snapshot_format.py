@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rlmm_testkit import LogWriter, make_tp, workload
 
-from rlmm import codec
+from rlmm import codec, state
 from rlmm import view_format as vf
 from rlmm.archive import (
     RECORDS_FORMAT,
@@ -169,5 +169,53 @@ def test_entries_load_only_into_an_empty_view(tmp_path: Path) -> None:
     try:
         with pytest.raises(ViewFormatError, match="not empty"):
             view.load_entries(TOPIC, [], {0: 1})
+    finally:
+        view.close()
+
+
+def test_the_view_digest_rule_is_unchanged_by_chunked_hashing() -> None:
+    # Snapshots state the digest of the view they hold: the rule must give every tierlog the same digest (this one
+    # was computed by hashing entry by entry), whether entries arrive one by one or in runs of a family.
+    entries = [(vf.EPOCH_INDEX, b"\x00\x01", b"\xff" * 16), (vf.EPOCH_INDEX, b"\x00\x02", b""),
+               (vf.SEGMENTS, b"a", b"segment-a"), (vf.EPOCH_STATE, b"x" * 24, b"lin")]
+    expected = "9f109778ea08b075db933db3f74003e91a13a5814a9a41783c893ff1155c2616"
+    assert state.view_digest_of(entries) == expected
+    digest = state.ViewDigest()
+    digest.add(vf.EPOCH_INDEX, [b"\x00\x01"], [b"\xff" * 16])
+    digest.add(vf.EPOCH_INDEX, [b"\x00\x02"], [b""])
+    digest.add(vf.EPOCH_STATE, [b"x" * 24], [b"lin"])
+    digest.add(vf.SEGMENTS, [b"a"], [b"segment-a"])
+    assert digest.hexdigest() == expected
+
+
+def test_entries_whose_digest_is_not_the_stated_one_leave_the_view_empty(tmp_path: Path) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(7))
+    runs = [(family, [key], [value]) for family, key, value in snapshot_entries(replayed)]
+    ends = replayed.applied_offsets(TOPIC)
+    replayed.close()
+    view = MetadataView(tmp_path / "loaded")
+    try:
+        with pytest.raises(SnapshotError, match="digest"):
+            view.load_entries(TOPIC, runs, ends, "0" * 64)
+        assert not view.holds_entries()
+    finally:
+        view.close()
+
+
+@pytest.mark.parametrize("disorder", ["keys descending", "key repeated", "family split", "content families swapped"])
+def test_entries_out_of_the_views_order_are_refused_and_leave_the_view_empty(tmp_path: Path, disorder: str) -> None:
+    # The digest is checked over the entries as they arrive, so they must arrive in the order the view keeps them.
+    runs = {
+        "keys descending": [(vf.SEGMENTS, [b"b", b"a"], [b"", b""])],
+        "key repeated": [(vf.SEGMENTS, [b"a"], [b"1"]), (vf.SEGMENTS, [b"a"], [b"2"])],
+        "family split": [(vf.EPOCH_INDEX, [b"a"], [b""]), (vf.SEGMENTS, [b"a"], [b""]),
+                         (vf.EPOCH_INDEX, [b"b"], [b""])],
+        "content families swapped": [(vf.SEGMENTS, [b"a"], [b""]), (vf.EPOCH_INDEX, [b"a"], [b""])],
+    }[disorder]
+    view = MetadataView(tmp_path / "loaded")
+    try:
+        with pytest.raises(ViewFormatError, match="order"):
+            view.load_entries(TOPIC, runs, {0: 1})
+        assert not view.holds_entries()
     finally:
         view.close()
