@@ -61,6 +61,7 @@ _LAST = 2**63 - 1
 def reference_finished(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int | None) -> None:
     """Kafka's rule for a COPY_SEGMENT_FINISHED segment, in each of its leader epochs."""
     tp = md.topic_id_partition
+    _upgrade_bookkeeping(store, tp)
     changed = []
     for epoch, start in md.segment_leader_epochs.items():
         end = md.epoch_end_offset(epoch)
@@ -90,6 +91,7 @@ def unreference(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int |
     """Remove a segment from every epoch's offset index and displaced set; highest offsets stay."""
     tp = md.topic_id_partition
     segment = md.remote_log_segment_id.id
+    _upgrade_bookkeeping(store, tp)
     changed = []
     for epoch, start in md.segment_leader_epochs.items():
         if store.index_get(tp, epoch, start) == segment:
@@ -111,6 +113,7 @@ def forget(store: LineageStore, tp: TopicIdPartition) -> None:
 
 def forget_epoch(store: LineageStore, tp: TopicIdPartition, epoch: int) -> None:
     """Drop one epoch of the partition (its `epochs:` key was tombstoned, after the partition was deleted)."""
+    _upgrade_bookkeeping(store, tp)
     store.remove_lineage(tp, epoch)
     _settle(store, tp, (epoch,), owed=False)
 
@@ -153,10 +156,18 @@ def owed_epochs(store: LineageReader, tp: TopicIdPartition) -> frozenset[int]:
     return frozenset(lineage.epoch for lineage in lineages)
 
 
+def _upgrade_bookkeeping(store: LineageStore, tp: TopicIdPartition) -> None:
+    """Bookkeeping of the all-or-none form vouches for the lineage as it is: read it as owed epochs before a change."""
+    raw = store.checkpointed_lineage(tp)
+    if raw is not None and view_format.decode_owed(raw) is None:
+        store.set_checkpointed_lineage(tp, view_format.encode_owed(owed_epochs(store, tp)))
+
+
 def _settle(store: LineageStore, tp: TopicIdPartition, epochs: Iterable[int], owed: bool) -> None:
+    """Note that `epochs` owe a checkpoint (or no longer do); the bookkeeping is of the per-epoch form already."""
     current = owed_epochs(store, tp)
     updated = current | set(epochs) if owed else current - set(epochs)
-    if updated != current or store.checkpointed_lineage(tp) != view_format.encode_owed(current):
+    if updated != current:
         store.set_checkpointed_lineage(tp, view_format.encode_owed(updated))
 
 
@@ -183,6 +194,7 @@ def apply_checkpoint(store: LineageStore, checkpoint: EpochCheckpoint) -> bool:
     stale = is_stale(store, checkpoint)
     wanted = {lineage.epoch: lineage for lineage in checkpoint.epochs}
     if not checkpoint.whole_partition:
+        _upgrade_bookkeeping(store, tp)
         for epoch, lineage in wanted.items():
             _fold(store, tp, store.lineage(tp, epoch), lineage, stale)
         # After a stale one the epoch's newest checkpoint no longer describes it: its writer appends a current one
@@ -211,17 +223,29 @@ def _fold(store: LineageStore, tp: TopicIdPartition, old: EpochLineage | None, n
     new = EpochLineage(epoch, highest, old.displaced_segment_ids if stale else new.displaced_segment_ids)
     if old == new:
         return
-    for segment_id in sorted(old.displaced_segment_ids ^ new.displaced_segment_ids):
-        md = store.segment(RemoteLogSegmentId(tp, segment_id))
-        if md is None or epoch not in md.segment_leader_epochs:
-            continue
-        start = md.segment_leader_epochs[epoch]
-        if segment_id in new.displaced_segment_ids:
-            if store.index_get(tp, epoch, start) == segment_id:
-                store.index_remove(tp, epoch, start)
-        elif md.state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED:
+    for segment_id in sorted(new.displaced_segment_ids - old.displaced_segment_ids):
+        start = _start_in(store, tp, segment_id, epoch)
+        if start is not None and store.index_get(tp, epoch, start) == segment_id:
+            store.index_remove(tp, epoch, start)
+    for segment_id in sorted(old.displaced_segment_ids - new.displaced_segment_ids):
+        start = _start_in(store, tp, segment_id, epoch, finished=True)
+        # Only into a free entry: one the checkpoint leaves to a segment it does not call displaced means that this
+        # store holds one of the two in an older state than the writer saw (a compacted replay applies a segment's
+        # newest record only, later), and that record unreferences it when it comes; a segment put over the other
+        # would take the entry with it.
+        if start is not None and store.index_get(tp, epoch, start) is None:
             store.index_put(tp, epoch, start, segment_id)
     _put_or_drop(store, tp, new)
+
+
+def _start_in(store: LineageStore, tp: TopicIdPartition, segment_id: uuid.UUID, epoch: int,
+              finished: bool = False) -> int | None:
+    """The start offset in `epoch` of a segment the store holds (COPY_SEGMENT_FINISHED, when `finished`)."""
+    md = store.segment(RemoteLogSegmentId(tp, segment_id))
+    if md is None or epoch not in md.segment_leader_epochs or (
+            finished and md.state is not RemoteLogSegmentState.COPY_SEGMENT_FINISHED):
+        return None
+    return md.segment_leader_epochs[epoch]
 
 
 def pending_checkpoint(
