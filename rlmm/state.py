@@ -397,14 +397,14 @@ class InMemoryState:
         state = self._peek(tp)
         return state.checkpointed if state else None
 
-    def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None:
-        if lineage_digest is None:
+    def set_checkpointed_lineage(self, tp: TopicIdPartition, owed: bytes | None) -> None:
+        if owed is None:
             state = self._peek(tp)
             if state is not None:
                 state.checkpointed = None
                 self._tidy(tp)
         else:
-            self._get(tp).checkpointed = lineage_digest
+            self._get(tp).checkpointed = owed
 
     def lineage_position(self, tp: TopicIdPartition) -> int | None:
         state = self._peek(tp)
