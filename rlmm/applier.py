@@ -78,11 +78,13 @@ class WindowRecord(NamedTuple):
     key: bytes
     value: bytes | None
     request: str | None
+    skipped_before: bool = False  # the window skipped older records of its key
 
     def decoded(self) -> ConsumedRecord:
         """The record decoded (DecodeError or InvalidArgumentError for bytes no tierlog wrote)."""
         event = None if self.value is None else codec.decode(self.value)
-        return ConsumedRecord(self.metadata_partition, self.offset, RecordKey.decode(self.key), event, self.value)
+        return ConsumedRecord(self.metadata_partition, self.offset, RecordKey.decode(self.key), event, self.value,
+                              self.skipped_before)
 
 
 def holds_segment(view: MetadataView, raw_key: bytes) -> bool:
@@ -109,8 +111,8 @@ class CompactedWindow:
     def __init__(self, is_own_pending: Callable[[str], bool], holds_segment: Callable[[bytes], bool]) -> None:
         self._is_own_pending = is_own_pending
         self._holds_segment = holds_segment
-        # Plain tuples (metadata partition, offset, key, value, request): most records are superseded, so adding
-        # one must cost little; only the records replayed become WindowRecords.
+        # Plain tuples (metadata partition, offset, key, value, request, skipped_before): most records are
+        # superseded, so adding one must cost little; only the records replayed become WindowRecords.
         self._newest: dict[bytes, _Entry] = {}
         self._every: dict[bytes, list[_Entry]] = {}
         self.ends: dict[int, int] = {}  # metadata partition -> the offset after its last record in the window
@@ -119,17 +121,17 @@ class CompactedWindow:
     def add(self, partition: int, offset: int, key: bytes, value: bytes | None, request: str | None) -> None:
         self.records += 1
         self.ends[partition] = offset + 1
-        entry = (partition, offset, key, value, request)
         every = self._every.get(key)
         if every is not None:
-            every.append(entry)
+            every.append((partition, offset, key, value, request, False))
         elif request is not None and self._is_own_pending(request):
             before = self._newest.pop(key, None)
+            entry = (partition, offset, key, value, request, False)
             self._every[key] = [entry] if before is None else [before, entry]
         elif value is None and key.startswith(SEGMENT_KEY_PREFIX) and not self._holds_segment(key):
             self._newest.pop(key, None)
         else:
-            self._newest[key] = entry
+            self._newest[key] = (partition, offset, key, value, request, key in self._newest)
 
     def replay_order(self) -> list[WindowRecord]:
         """The records to apply, in (metadata partition, offset) order."""
@@ -138,7 +140,7 @@ class CompactedWindow:
         return [WindowRecord(*entry) for entry in kept]
 
 
-_Entry = tuple[int, int, bytes, bytes | None, str | None]
+_Entry = tuple[int, int, bytes, bytes | None, str | None, bool]
 
 
 class MetadataApplier:
@@ -164,7 +166,7 @@ class MetadataApplier:
         self.records_dropped = 0
         self.storage_problem: str | None = None
         self._stamped_at = 0.0
-        self._consumer.assign(self.applied)
+        self._consumer.assign({**self._log_starts(), **self.applied})
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, name=f"tierlog-rlmm-{settings.broker_id}", daemon=True),
@@ -173,6 +175,19 @@ class MetadataApplier:
         ]
         for thread in self._threads:
             thread.start()
+
+    def _log_starts(self) -> dict[int, int]:
+        """Where the log starts, for each metadata partition this view never applied. Assigned from the beginning
+        instead, the client looks the offsets up itself only half a second later (librdkafka queries a logical
+        offset on a timer): a quarter of a cold rebuild of a compacted topic. Without an answer, the client does."""
+        missing = [p for p in range(self._consumer.partitions) if p not in self.applied]
+        if not missing:
+            return {}
+        try:
+            return self._offsets.start_offsets(missing, OFFSETS_TIMEOUT_S)
+        except MetadataLogError as exc:
+            log.info("metadata topic %s: reading from the beginning (%s)", self._settings.metadata_topic, exc)
+            return {}
 
     # --- the apply loop ---------------------------------------------------------------------------------
 
@@ -336,6 +351,10 @@ class MetadataApplier:
         assert error is not None
         if error.code() == KafkaError._AUTO_OFFSET_RESET:
             partition = message.partition() or 0
+            if partition not in self.applied:
+                # Only the log's start, read at startup, fell off (records deleted since): nothing stored is lost.
+                self._consumer.rewind_to_start(partition)
+                return
             self._halt(partition, self.applied.get(partition, 0),
                        f"the stored offset is no longer on the log ({error.str()}); restart the "
                        f"manager so that it rebuilds its view from the topic")

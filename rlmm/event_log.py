@@ -269,6 +269,10 @@ class EventConsumer:
     def consume(self, max_records: int, timeout_s: float) -> list[Message]:
         return list(self._consumer.consume(max_records, timeout_s))
 
+    def rewind_to_start(self, partition: int) -> None:
+        """Read the partition again from the first offset still on its log."""
+        self._consumer.seek(TopicPartition(self.topic, partition, OFFSET_BEGINNING))
+
     def pause(self, partition: int) -> None:
         self._consumer.pause([TopicPartition(self.topic, partition)])
 

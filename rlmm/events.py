@@ -20,6 +20,7 @@ from rlmm.types import (
     RemotePartitionDeleteMetadata,
     TopicIdPartition,
     require_range,
+    uuid_from_text,
 )
 
 _INT32 = (0, INT32_MAX, "a non-negative int32")
@@ -134,7 +135,7 @@ def segment_key_ids(raw: bytes) -> tuple[uuid.UUID, int, uuid.UUID]:
     parts = raw.decode().split(KEY_SEPARATOR)
     if len(parts) != 4 or parts[0] != "segment":
         raise ValueError(f"not a segment key: {raw!r}")
-    return _topic_id(parts[1]), int(parts[2]), uuid.UUID(parts[3])
+    return _topic_id(parts[1]), int(parts[2]), uuid_from_text(parts[3])
 
 
 # A rebuild decodes millions of keys naming a few thousand user partitions: each topic id, and each key of a user

@@ -137,8 +137,10 @@ class RemoteLogMetadataManager:
             ApplierSettings(self.metadata_topic, topic.topic_id, self.broker_id, self._cfg["apply.batch.max.records"]),
             self._view, consumer, offsets, self._writer, self._lock, self._registered, self._metadata_partition,
         )
-        # The view keeps one read model for its life (loaded by the applier above); lookups go to it directly.
+        # The view keeps one read model for its life; lookups go to it, and to these dicts, directly.
         self._model = self._view.model
+        self._snapshots = self._model.snapshots
+        self._halted = self._applier.halted
 
     # --- context manager -----------------------------------------------------------------------------------
 
@@ -242,9 +244,9 @@ class RemoteLogMetadataManager:
         snapshot shows sends the call through the full checks again (the applier unregisters a deleted partition).
         """
         readable = self._readable_now.get((tp.topic_id.int, tp.partition)) if type(tp) is TopicIdPartition else None
-        if readable is not None and readable.topic == tp.topic and \
-                readable.metadata_partition not in self._applier.halted:
-            snapshot = self._model.snapshots.get(readable.key)
+        if readable is not None and readable.topic == tp.topic and (
+                not self._halted or readable.metadata_partition not in self._halted):
+            snapshot = self._snapshots.get(readable.key)
             if snapshot is not None and not snapshot.deleted:
                 return snapshot
         _require(tp, TopicIdPartition, "topic_id_partition")

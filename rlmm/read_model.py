@@ -300,13 +300,13 @@ class ReadModel:
         self.snapshots: dict[bytes, PartitionSnapshot] = {}
 
     def get(self, tp_key: bytes) -> PartitionModel | None:
-        found = self.partitions.get(tp_key, _UNREAD)
-        if found is _UNREAD:
+        try:
+            return self.partitions[tp_key]
+        except KeyError:
             with self.lock:
-                found = self.partitions.get(tp_key, _UNREAD)
-                if found is _UNREAD:
-                    found = self.partitions[tp_key] = self._read(tp_key)
-        return found  # type: ignore[return-value]
+                if tp_key not in self.partitions:
+                    self.partitions[tp_key] = self._read(tp_key)
+                return self.partitions[tp_key]
 
     def watch(self, tp_key: bytes) -> PartitionSnapshot:
         """Publish the partition's snapshot from now on, and return it: the one published, unless that one shows a
@@ -329,9 +329,9 @@ class ReadModel:
                 self._fold_partition(tp_key, tp, change)
 
     def _fold_partition(self, tp_key: bytes, tp: TopicIdPartition | None, change: PartitionChanges) -> None:
-        partition = self.partitions.get(tp_key, _UNREAD)
-        if partition is _UNREAD:  # read from RocksDB, batch included, when first asked for
+        if tp_key not in self.partitions:  # read from RocksDB, batch included, when first asked for
             return
+        partition = self.partitions[tp_key]
         snapshot = self.snapshots.get(tp_key)
         if partition is None:
             if tp is None:  # only deletions for a partition the model never held
@@ -371,9 +371,6 @@ class ReadModel:
                 self.snapshots[tp_key] = _GONE if snapshot.deleted else _NOTHING
         elif snapshot is not None:
             self.snapshots[tp_key] = _folded(snapshot, partition, change, before)
-
-
-_UNREAD = object()
 
 
 def read_partition(families: dict[str, object], tp_key: bytes) -> PartitionModel | None:

@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from rlmm import lineage, view_format
 from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError
@@ -59,6 +59,27 @@ _PARTITION_TRANSITIONS: dict[RemotePartitionDeleteState | None, frozenset[Remote
     P.DELETE_PARTITION_STARTED: frozenset({P.DELETE_PARTITION_STARTED, P.DELETE_PARTITION_FINISHED}),
     P.DELETE_PARTITION_FINISHED: frozenset({P.DELETE_PARTITION_FINISHED}),
 }
+
+
+def _reachable(transitions: dict[Any, frozenset[Any]]) -> dict[Any, frozenset[Any]]:
+    """Every state reachable from each state through any number of valid transitions."""
+    reach = dict(transitions)
+    while True:
+        wider = {state: frozenset().union(targets, *(reach[t] for t in targets)) for state, targets in reach.items()}
+        if wider == reach:
+            return reach
+        reach = wider
+
+
+# Where a record may move a state when the reader skipped older records of its key. A backlog window replays only
+# the newest record of each key: a segment's DELETE_SEGMENT_FINISHED without the DELETE_SEGMENT_STARTED before it,
+# or a partition's DELETE_PARTITION_FINISHED without its STARTED, over a state an earlier window applied. A full
+# replay applied the skipped STARTED first, then the FINISHED (a writer writes FINISHED only against a view in
+# STARTED, and from STARTED no record moves the state back), so the window applies the jump. A jump with nothing
+# skipped before it (a foreign producer's record) is dropped, as Kafka's cache drops it.
+_SEGMENT_REPLAY = _reachable(_SEGMENT_TRANSITIONS)
+_PARTITION_REPLAY = _reachable({state: targets for state, targets in _PARTITION_TRANSITIONS.items()
+                                if state is not None})
 
 
 def is_valid_segment_transition(current: RemoteLogSegmentState, target: RemoteLogSegmentState) -> bool:
@@ -116,12 +137,14 @@ class StateStore(StateReader, LineageStore, Protocol):
 # --- applying records ---------------------------------------------------------------------------------
 
 def apply_record(
-    store: StateStore, key: RecordKey, event: MetadataEvent | None, offset: int | None = None
+    store: StateStore, key: RecordKey, event: MetadataEvent | None, offset: int | None = None,
+    skipped_before: bool = False,
 ) -> Outcome:
     """Fold one metadata record (None = tombstone) into `store`; invalid records are dropped, not raised.
 
     `offset` is the record's offset in its metadata partition; without it a checkpoint cannot be recognised as
-    older than a record already applied (rlmm.lineage), so every reader of the topic passes it.
+    older than a record already applied (rlmm.lineage), so every reader of the topic passes it. `skipped_before`
+    says the reader skipped older records of the same key (a backlog window replays only the newest of each).
     """
     if event is None:
         return _apply_tombstone(store, key, offset)
@@ -132,9 +155,9 @@ def apply_record(
     if expected != key:
         return Outcome.dropped(f"record key {key.encode()!r} does not match its event {expected.encode()!r}")
     if isinstance(event, RemoteLogSegmentMetadata):
-        return _apply_segment(store, event, offset)
+        return _apply_segment(store, event, offset, skipped_before)
     if isinstance(event, RemotePartitionDeleteMetadata):
-        return _apply_partition_delete(store, event)
+        return _apply_partition_delete(store, event, skipped_before)
     return _apply_checkpoint(store, event)
 
 
@@ -163,13 +186,15 @@ def _partitions_with(store: StateStore, key: RecordKey) -> Iterable[TopicIdParti
     return () if tp is None else (tp,)
 
 
-def _apply_segment(store: StateStore, incoming: RemoteLogSegmentMetadata, offset: int | None) -> Outcome:
+def _apply_segment(
+    store: StateStore, incoming: RemoteLogSegmentMetadata, offset: int | None, skipped_before: bool
+) -> Outcome:
     if is_deleted(store, incoming.topic_id_partition):
         return Outcome.dropped(f"segment {incoming.remote_log_segment_id}: its partition's remote data was deleted")
     existing = store.segment(incoming.remote_log_segment_id)
     target = incoming.state
     if existing is not None:
-        if not is_valid_segment_transition(existing.state, target):
+        if target not in (_SEGMENT_REPLAY if skipped_before else _SEGMENT_TRANSITIONS)[existing.state]:
             return Outcome.dropped(
                 f"segment {incoming.remote_log_segment_id}: invalid transition {existing.state.name} -> {target.name}"
             )
@@ -200,11 +225,14 @@ def _immutable(md: RemoteLogSegmentMetadata) -> tuple[object, ...]:
             tuple(md.segment_leader_epochs.items()), md.txn_idx_empty)
 
 
-def _apply_partition_delete(store: StateStore, incoming: RemotePartitionDeleteMetadata) -> Outcome:
+def _apply_partition_delete(
+    store: StateStore, incoming: RemotePartitionDeleteMetadata, skipped_before: bool
+) -> Outcome:
     tp = incoming.topic_id_partition
     existing = store.partition_delete(tp)
     # As for segments, a state this store never saw the start of is applied as the full state it carries.
-    if existing is not None and not is_valid_partition_transition(existing.state, incoming.state):
+    if existing is not None and \
+            incoming.state not in (_PARTITION_REPLAY if skipped_before else _PARTITION_TRANSITIONS)[existing.state]:
         return Outcome.dropped(
             f"partition {tp}: invalid delete transition {existing.state.name} -> {incoming.state.name}"
         )

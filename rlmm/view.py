@@ -64,6 +64,8 @@ class ConsumedRecord:
     key: RecordKey
     event: MetadataEvent | None
     raw: bytes | None = None  # the record's value as consumed, when the reader kept it
+    # A backlog window replays only the newest record of a key: this one stands for older records it skipped.
+    skipped_before: bool = False
 
 
 class MetadataView:
@@ -306,11 +308,19 @@ class ViewBatch(MetadataView):
         # Segment key -> the consumed record's bytes, stored as they are when they encode the segment stored.
         self._raw: dict[bytes, bytes] = {}
         self._record: ConsumedRecord | None = None
+        # The last user partition asked for and its key: a record's rules ask a dozen times for the same one.
+        self._last_tp: TopicIdPartition | None = None
+        self._last_key = b""
+
+    def _tp_key(self, tp: TopicIdPartition) -> bytes:
+        if tp is not self._last_tp:
+            self._last_tp, self._last_key = tp, vf.tp_key_of(tp)
+        return self._last_key
 
     # --- overlay reads -------------------------------------------------------------------------------
 
     def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None:
-        key = vf.tp_key_of(segment_id.topic_id_partition)
+        key = self._tp_key(segment_id.topic_id_partition)
         overlay = self._segments.get(key)
         if overlay is not None and segment_id.id in overlay:
             return overlay[segment_id.id]
@@ -318,7 +328,7 @@ class ViewBatch(MetadataView):
         return None if partition is None else partition.segments.get(segment_id.id)
 
     def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]:
-        key = vf.tp_key_of(tp)
+        key = self._tp_key(tp)
         partition = self._base.get(key)
         found: dict[uuid.UUID, RemoteLogSegmentMetadata | None] = {} if partition is None else dict(
             partition.segments)
@@ -326,14 +336,14 @@ class ViewBatch(MetadataView):
         return iter([md for md in found.values() if md is not None])
 
     def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
-        key = vf.tp_key_of(tp)
+        key = self._tp_key(tp)
         if key in self._deletes:
             return self._deletes[key]
         partition = self._base.get(key)
         return None if partition is None else partition.delete
 
     def lineage(self, tp: TopicIdPartition, epoch: int) -> EpochLineage | None:
-        key = vf.tp_key_of(tp)
+        key = self._tp_key(tp)
         overlay = self._lineages.get(key)
         if overlay is not None and epoch in overlay:
             return overlay[epoch]
@@ -341,14 +351,14 @@ class ViewBatch(MetadataView):
         return None if partition is None else partition.lineages.get(epoch)
 
     def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]:
-        key = vf.tp_key_of(tp)
+        key = self._tp_key(tp)
         partition = self._base.get(key)
         found: dict[int, EpochLineage | None] = {} if partition is None else dict(partition.lineages)
         found.update(self._lineages.get(key, {}))
         return iter(sorted((lin for lin in found.values() if lin is not None), key=_epoch_of))
 
     def _partition_meta(self, tp: TopicIdPartition) -> vf.PartitionMeta | None:
-        key = vf.tp_key_of(tp)
+        key = self._tp_key(tp)
         if key in self._metas:
             return self._metas[key]
         partition = self._base.get(key)
@@ -359,7 +369,7 @@ class ViewBatch(MetadataView):
         return None if partition is None else partition.index.get(epoch)
 
     def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None:
-        key = vf.tp_key_of(tp)
+        key = self._tp_key(tp)
         overlay = self._index.get(key, {}).get(epoch)
         if overlay is not None and start_offset in overlay:
             return overlay[start_offset]
@@ -367,7 +377,7 @@ class ViewBatch(MetadataView):
         return None if index is None else index.ids.get(start_offset)
 
     def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None:
-        key = vf.tp_key_of(tp)
+        key = self._tp_key(tp)
         overlay = self._index.get(key, {}).get(epoch, {})
         index = self._epoch_index(key, epoch)
         best = None if index is None else index.floor(offset, overlay)
@@ -390,7 +400,7 @@ class ViewBatch(MetadataView):
     # --- overlay writes (the rest of StateStore) ------------------------------------------------------
 
     def _key(self, tp: TopicIdPartition) -> bytes:
-        key = vf.tp_key_of(tp)
+        key = self._tp_key(tp)
         self._tps[key] = tp
         return key
 
@@ -464,7 +474,7 @@ class ViewBatch(MetadataView):
     def apply(self, record: ConsumedRecord) -> Outcome:
         self._record = record
         try:
-            return state.apply_record(self, record.key, record.event, record.offset)
+            return state.apply_record(self, record.key, record.event, record.offset, record.skipped_before)
         finally:
             self._record = None
 

@@ -16,6 +16,7 @@ from rlmm_testkit import WRITE_TIMEOUT_S, make_tp, register, segment
 from support import wait_until
 
 from rlmm import MetadataLogError, RemoteLogMetadataManager, TopicIdPartition
+from rlmm.event_log import OffsetReader
 from rlmm.events import metadata_partition_for
 from rlmm.state import Outcome
 from rlmm.view import ConsumedRecord, MetadataView, ViewBatch
@@ -155,6 +156,25 @@ def test_the_metadata_topic_is_created_with_explicit_compaction_and_tombstone_se
     assert configs["delete.retention.ms"].value == "5000"
     assert configs["segment.ms"].value == "60000"
     assert configs["cleanup.policy"].value == "compact"
+
+
+def test_a_new_node_whose_listed_log_start_is_not_on_the_log_reads_from_the_beginning_instead_of_halting(
+    make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node with nothing applied starts each metadata partition at the log start it lists (instead of letting the
+    client look it up, half a second later). Should that offset not be on the log when the client fetches it (a
+    fault forced here: a compacted topic's start does not move), the node has stored nothing there to lose and
+    reads from the beginning, rather than halting as a node whose stored position fell off does."""
+    writer = make_manager()
+    written = [write_one(writer) for _ in range(3)]
+    writer.wait_caught_up(30)
+    monkeypatch.setattr(OffsetReader, "start_offsets",
+                        lambda self, partitions, timeout_s: dict.fromkeys(partitions, 10**9))
+    reader = make_manager(broker_id=1)
+    for tp in written:
+        register(reader, tp)
+    assert reader.metadata_errors() == {}
+    assert [len(reader.list_remote_log_segments(tp)) for tp in written] == [1, 1, 1]
 
 
 def test_a_running_node_whose_position_falls_off_the_log_halts_that_partition_instead_of_jumping(

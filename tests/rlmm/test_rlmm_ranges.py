@@ -27,6 +27,7 @@ from rlmm.types import (
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
     TopicIdPartition,
+    uuid_from_text,
 )
 
 S = RemoteLogSegmentState
@@ -164,3 +165,28 @@ def test_a_segment_record_either_decodes_to_values_the_view_can_key_or_is_a_deco
         vf.lineage_key(tp, leader_epoch)
     vf.segment_key(event.remote_log_segment_id)
     assert codec.decode(codec.encode(event)) == event
+
+
+_UUID_TEXT = st.one_of(
+    st.uuids().map(str),
+    st.uuids().map(lambda u: str(u).upper()),
+    st.text(alphabet="0123456789abcdefABCDEF-_+ {}", min_size=30, max_size=40),
+    st.text(max_size=40),
+)
+
+
+@settings(max_examples=2000)
+@given(_UUID_TEXT)
+def test_the_fast_uuid_parser_answers_as_the_uuid_constructor(text: str) -> None:
+    """Decoding a record parses its ids with uuid_from_text: the same UUID as uuid.UUID(text), or the same error."""
+    try:
+        expected: uuid.UUID | None = uuid.UUID(text)
+    except ValueError:
+        expected = None
+    if expected is None:
+        with pytest.raises(ValueError):
+            uuid_from_text(text)
+        return
+    parsed = uuid_from_text(text)
+    assert parsed == expected and hash(parsed) == hash(expected) and str(parsed) == str(expected)
+    assert parsed.bytes == expected.bytes and parsed.is_safe == expected.is_safe

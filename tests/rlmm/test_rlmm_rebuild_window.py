@@ -31,7 +31,7 @@ from rlmm import RemoteLogMetadataManager, applier, codec
 from rlmm.applier import CompactedWindow, holds_segment
 from rlmm.events import key_of, segment_key
 from rlmm.state import InMemoryState, Outcome, apply_record
-from rlmm.types import RemoteLogSegmentState
+from rlmm.types import RemoteLogSegmentState, RemotePartitionDeleteMetadata, RemotePartitionDeleteState
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
 
 S = RemoteLogSegmentState
@@ -160,6 +160,34 @@ def test_a_tombstoned_segment_the_view_never_held_leaves_nothing_to_replay() -> 
         apply_window(view, window_of(view, records[2:]))
         assert view.segment(added.remote_log_segment_id) is None
         assert view.applied_offsets(TOPIC) == {0: 3}
+    with_view(body)
+
+
+def test_a_window_cut_between_a_copy_and_its_delete_reaches_the_full_replays_view() -> None:
+    """The window after the cut keeps only the newest record of each key: the segment's DELETE_SEGMENT_FINISHED
+    without its DELETE_SEGMENT_STARTED, and the partition's DELETE_PARTITION_FINISHED without its STARTED (as a log
+    Kafka's cleaner compacted under a node that was away would). Here no tombstone follows them (their writer
+    stopped first): a node that dropped them as invalid jumps would hold the segment and the partition forever."""
+    tp, other = make_tp(), make_tp("bar")
+    added = segment(tp, 0, 9, {0: 0})
+    finished = added.create_with_update(update_of(added, S.COPY_SEGMENT_FINISHED))
+    deleting = finished.create_with_update(update_of(finished, S.DELETE_SEGMENT_STARTED))
+    deleted = deleting.create_with_update(update_of(deleting, S.DELETE_SEGMENT_FINISHED))
+    marked, started, gone = (RemotePartitionDeleteMetadata(other, state, 1_700_000_000_000, 1)
+                             for state in RemotePartitionDeleteState)
+    key = key_of(added)
+    records: list[TopicRecord] = [
+        (0, key, added), (1, key, finished), (2, key_of(marked), marked),
+        (3, key, deleting), (4, key, deleted), (5, key_of(marked), started), (6, key_of(marked), gone),
+    ]
+    full = replay_at_offsets(records)
+    assert full.segment(added.remote_log_segment_id) is None and full.partition_delete(other) == gone
+
+    def body(view: MetadataView) -> None:
+        rebuild_in_windows(view, records, [3])
+        assert view.segment(added.remote_log_segment_id) is None
+        assert view.partition_delete(other) == gone
+        assert view.digest() == full.digest()
     with_view(body)
 
 
