@@ -1,4 +1,4 @@
-"""RocksDB key and value encodings of the materialized view (format version 1).
+"""RocksDB key and value encodings of the materialized view (format version 2).
 
 Keys are big-endian so RocksDB's byte order is (topic id, partition, epoch, start offset) order, which
 makes a floor lookup in a leader epoch's offset index one `seek_for_prev`.
@@ -21,7 +21,11 @@ from rlmm.types import (
     TopicIdPartition,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# The formats a view or a snapshot's entries may be in and still be read as this one. Format 1 differs only in a
+# partition's bookkeeping (a lineage digest, before checkpoints were keyed per epoch), which decode_partition_meta
+# reads too: a format 1 view upgrades in place, while a release that reads only format 1 refuses format 2.
+READABLE_FORMATS = frozenset({1, FORMAT_VERSION})
 
 # Column families; the first four are the view's content (hashed by view_digest), the rest bookkeeping.
 SEGMENTS = "segments"

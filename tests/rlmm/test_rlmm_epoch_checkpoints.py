@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -22,8 +23,10 @@ from rlmm_testkit import LogRecord, LogWriter, compacted, make_tp, partition_del
 
 from rlmm import codec, lineage
 from rlmm import view_format as vf
-from rlmm.errors import InvalidArgumentError, RemoteStorageError
+from rlmm.archive import read_snapshot, write_view_snapshot
+from rlmm.errors import InvalidArgumentError, RemoteStorageError, ViewFormatError
 from rlmm.events import EpochCheckpoint, EpochLineage, RecordKey, epoch_key, epochs_key, key_of
+from rlmm.snapshot import load_into
 from rlmm.state import InMemoryState, apply_record, doomed_keys, pending_checkpoint, records_after
 from rlmm.types import (
     RemoteLogSegmentMetadata,
@@ -275,17 +278,23 @@ def _legacy_history() -> UpgradingWriter:
 
 
 @pytest.mark.parametrize("stale", [False, True], ids=["checkpointed", "last-checkpoint-stale"])
-def test_a_view_written_by_the_release_before_goes_on_from_its_bookkeeping(stale: bool, tmp_path: Path) -> None:
+def test_a_view_written_by_the_release_before_goes_on_from_its_bookkeeping(
+    stale: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     writer = _legacy_history()
     before = replay(writer.log)
-    # The view as that release left it: the same content, and its bookkeeping in its own encoding (a digest of
-    # the checkpointed lineage; none when its last checkpoint was stale).
+    # The view as that release left it: format 1, the same content, and its bookkeeping in its own encoding (a
+    # digest of the checkpointed lineage; none when its last checkpoint was stale).
     checkpointed = None if stale else _legacy_digest(before.lineages_of(TP))
     entries = sorted([*before.entries(), (vf.PARTITION_META, vf.tp_key_of(TP),
                                           _legacy_meta(TP.topic, checkpointed, len(writer.log) - 1))])
-    view = MetadataView(tmp_path / "view")
+    monkeypatch.setattr(vf, "FORMAT_VERSION", 1)
+    old = MetadataView(tmp_path / "view")
+    old.load_entries(METADATA_TOPIC, entries, {0: len(writer.log)})
+    old.close()
+    monkeypatch.undo()
+    view = MetadataView(tmp_path / "view")  # opens in place, as this release's format from now on
     try:
-        view.load_entries(METADATA_TOPIC, entries, {0: len(writer.log)})
         assert view.digest() == before.digest()
         # Upgraded, the writer finishes a segment in epoch 2 only: one checkpoint, of epoch 2.
         writer.legacy = False
@@ -311,6 +320,24 @@ def test_bookkeeping_from_the_release_before_says_which_epochs_owe_a_checkpoint(
                               (vf.encode_owed({1}), {1}), (None, set())):
         store.set_checkpointed_lineage(TP, bookkeeping)
         assert lineage.owed_epochs(store, TP) == owed, bookkeeping
+
+
+def test_a_view_of_a_format_this_release_does_not_read_is_refused_and_one_it_reads_is_upgraded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    current, newer = vf.FORMAT_VERSION, vf.FORMAT_VERSION + 1
+    for version in (1, newer):
+        monkeypatch.setattr(vf, "FORMAT_VERSION", version)
+        MetadataView(tmp_path / str(version)).close()
+        monkeypatch.undo()
+    MetadataView(tmp_path / "1").close()
+    with pytest.raises(ViewFormatError, match=f"has format {newer}"):
+        MetadataView(tmp_path / str(newer))
+    # Upgraded once, the view is of this format: a release that reads only format 1 refuses it.
+    monkeypatch.setattr(vf, "READABLE_FORMATS", frozenset({1}))
+    monkeypatch.setattr(vf, "FORMAT_VERSION", 1)
+    with pytest.raises(ViewFormatError, match=f"has format {current}"):
+        MetadataView(tmp_path / "1")
 
 
 def test_partition_bookkeeping_round_trips_with_owed_epochs() -> None:
@@ -349,3 +376,24 @@ def test_a_node_that_applied_a_compacted_head_then_reads_a_compacted_rest_keeps_
     node = replay(compacted(log[head:], keep_tombstones=True), replay(compacted(log[:head])))
     assert node.index_get(TP, 0, 0) == newest.remote_log_segment_id.id
     assert node.digest() == replay(log).digest()
+
+
+def test_a_view_snapshot_taken_by_the_release_before_still_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    writer = _legacy_history()
+    before = replay(writer.log)
+    entries = sorted([*before.entries(), (vf.PARTITION_META, vf.tp_key_of(TP),
+                                          _legacy_meta(TP.topic, _legacy_digest(before.lineages_of(TP)), 7))])
+    out = io.BytesIO()
+    monkeypatch.setattr(vf, "FORMAT_VERSION", 1)
+    write_view_snapshot(out, METADATA_TOPIC, entries, {0: len(writer.log)}, before.digest())
+    monkeypatch.undo()
+    header, datums = read_snapshot(io.BytesIO(out.getvalue()))
+    assert header.view_format == 1
+    view = MetadataView(tmp_path / "view")
+    try:
+        load_into(view, header, datums)
+        assert view.digest() == before.digest()
+        assert pending_checkpoint(view, TP, 0, 0) is None and view.lineage_position(TP) == 7
+    finally:
+        view.close()
