@@ -109,8 +109,9 @@ def _updated(md: RemoteLogSegmentMetadata, state: RemoteLogSegmentState, custom:
 
 
 def tierlog_records(events: Iterable[SegmentEvent]) -> Iterator[tuple[TopicIdPartition, bytes, bytes | None]]:
-    """The records tierlog's manager appends for `events`: each segment's full state under its key, the
-    partition's lineage checkpoint after a copy finished, and a tombstone once a segment is deleted."""
+    """The records tierlog's manager appends for `events`: each segment's full state under its key, a lineage
+    checkpoint of each leader epoch whose highest offset a finished copy raised, and a tombstone once a segment is
+    deleted."""
     highest: dict[TopicIdPartition, dict[int, int]] = {}
     for event in events:
         md = event.metadata
@@ -120,10 +121,12 @@ def tierlog_records(events: Iterable[SegmentEvent]) -> Iterator[tuple[TopicIdPar
         if md.state is S.COPY_SEGMENT_FINISHED:
             epochs = highest.setdefault(tp, {})
             for epoch in md.segment_leader_epochs:
-                epochs[epoch] = max(epochs.get(epoch, -1), md.end_offset)
-            checkpoint = EpochCheckpoint(tp, tuple(EpochLineage(e, h) for e, h in sorted(epochs.items())),
-                                         md.event_timestamp_ms, 0)
-            yield tp, key_of(checkpoint).encode(), codec.encode(checkpoint)
+                end = md.epoch_end_offset(epoch)
+                if end > epochs.get(epoch, -1):
+                    epochs[epoch] = end
+                    checkpoint = EpochCheckpoint(tp, (EpochLineage(epoch, end),), md.event_timestamp_ms, 0,
+                                                 whole_partition=False)
+                    yield tp, key_of(checkpoint).encode(), codec.encode(checkpoint)
         elif md.state is S.DELETE_SEGMENT_FINISHED:
             yield tp, key, None
 

@@ -215,6 +215,7 @@ def to_datum(event: MetadataEvent) -> tuple[str, dict[str, Any]]:
             "event_timestamp_ms": event.event_timestamp_ms,
             "broker_id": event.broker_id,
             "reflects_offset": event.reflects_offset,
+            "whole_partition": event.whole_partition,
         }
     raise InvalidArgumentError(f"not a tierlog metadata event: {type(event).__name__}")
 
@@ -257,6 +258,7 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
                 event_timestamp_ms=datum["event_timestamp_ms"],
                 broker_id=datum["broker_id"],
                 reflects_offset=datum.get("reflects_offset"),
+                whole_partition=datum.get("whole_partition", True),
             )
     except (InvalidArgumentError, KeyError, ValueError, TypeError) as exc:
         raise DecodeError(f"{name} holds invalid values: {exc}") from exc

@@ -1,6 +1,6 @@
 """The metadata events tierlog appends to its topic, and the record keys compaction works on.
 
-One key per segment, one per partition's delete state, one per partition's epoch lineage; see DESIGN.md.
+One key per segment, one per partition's delete state, one per leader epoch of a partition's lineage; see DESIGN.md.
 """
 
 from __future__ import annotations
@@ -47,10 +47,14 @@ class EpochLineage:
 
 @dataclass(frozen=True, slots=True)
 class EpochCheckpoint:
-    """The derived epoch lineage of a user partition, written after events that changed it.
+    """The derived lineage of leader epochs of a user partition, written after events that changed it.
 
     `reflects_offset`: the metadata offset of the newest lineage-changing record its writer had applied (None in
     checkpoints written before tierlog stamped them); see rlmm.lineage.
+    `whole_partition`: the epochs are every epoch of the partition, under the partition's one `epochs:` key (what
+    tierlog wrote before it keyed checkpoints per epoch; still read). Otherwise they are the epochs that owed a
+    checkpoint, and on the topic each epoch is a record of its own under its own key (`checkpoint_records`), so a
+    checkpoint costs the epochs it changes, not every epoch the partition ever had.
     """
 
     topic_id_partition: TopicIdPartition
@@ -58,6 +62,7 @@ class EpochCheckpoint:
     event_timestamp_ms: int
     broker_id: int
     reflects_offset: int | None = None
+    whole_partition: bool = True
 
     def __post_init__(self) -> None:
         owner = "EpochCheckpoint"
@@ -73,30 +78,38 @@ class EpochCheckpoint:
         require_range(owner, "broker_id", self.broker_id, *_INT32)
         if self.reflects_offset is not None:
             require_range(owner, "reflects_offset", self.reflects_offset, *_INT64)
+        if not self.whole_partition and not self.epochs:
+            raise InvalidArgumentError(f"{owner} of some epochs of {self.topic_id_partition} names no epoch")
 
 
 MetadataEvent = RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata | EpochCheckpoint
 
 KeyKind = Literal["segment", "partition-delete", "epochs"]
 # An encoded key's fields, in order, joined by KEY_SEPARATOR; readers that cannot call RecordKey.decode (Spark
-# columns) split by these.
+# columns) split by these. The fourth field is a segment id (segment keys) or a leader epoch (`epochs:` keys).
 KEY_SEPARATOR = ":"
 KEY_FIELDS = ("kind", "topic_id", "partition", "segment_id")
 
 
 @dataclass(frozen=True, slots=True)
 class RecordKey:
-    """The compaction key of a metadata record: `<kind>:<topic id>:<partition>[:<segment id>]`."""
+    """The compaction key of a metadata record: `<kind>:<topic id>:<partition>[:<segment id> | :<leader epoch>]`.
+
+    An `epochs:` key names one leader epoch of the partition; without an epoch it is the whole-partition key of
+    the checkpoints tierlog wrote before (still read, and tombstoned with the partition)."""
 
     kind: KeyKind
     topic_id: uuid.UUID
     partition: int
     segment_id: uuid.UUID | None = None
+    epoch: int | None = None
 
     def encode(self) -> bytes:
         fields = [self.kind, str(self.topic_id), str(self.partition)]
         if self.segment_id is not None:
             fields.append(str(self.segment_id))
+        if self.epoch is not None:
+            fields.append(str(self.epoch))
         return KEY_SEPARATOR.join(fields).encode()
 
     @classmethod
@@ -138,6 +151,10 @@ def _user_partition_key(raw: bytes) -> RecordKey:
     kind = parts[0]
     if kind in ("partition-delete", "epochs") and len(parts) == 3:
         return RecordKey(kind, _topic_id(parts[1]), int(parts[2]))  # type: ignore[arg-type]
+    if kind == "epochs" and len(parts) == 4:
+        epoch = int(parts[3])
+        require_range("RecordKey", "epoch", epoch, *_INT32)
+        return RecordKey("epochs", _topic_id(parts[1]), int(parts[2]), epoch=epoch)
     raise ValueError(kind)
 
 
@@ -151,7 +168,13 @@ def partition_delete_key(tp: TopicIdPartition) -> RecordKey:
 
 
 def epochs_key(tp: TopicIdPartition) -> RecordKey:
+    """The key of a whole-partition checkpoint (the format before per-epoch keys)."""
     return RecordKey("epochs", tp.topic_id, tp.partition)
+
+
+def epoch_key(tp: TopicIdPartition, epoch: int) -> RecordKey:
+    """The key of one leader epoch's checkpoints: compaction keeps the newest of each epoch."""
+    return RecordKey("epochs", tp.topic_id, tp.partition, epoch=epoch)
 
 
 def key_of(event: MetadataEvent) -> RecordKey:
@@ -159,7 +182,13 @@ def key_of(event: MetadataEvent) -> RecordKey:
         return segment_key(event.remote_log_segment_id)
     if isinstance(event, RemotePartitionDeleteMetadata):
         return partition_delete_key(event.topic_id_partition)
-    return epochs_key(event.topic_id_partition)
+    if event.whole_partition:
+        return epochs_key(event.topic_id_partition)
+    if len(event.epochs) != 1:
+        raise InvalidArgumentError(
+            f"a checkpoint of {len(event.epochs)} epochs of {event.topic_id_partition} has no record key: "
+            f"append it as one record per epoch (rlmm.lineage.checkpoint_records)")
+    return epoch_key(event.topic_id_partition, event.epochs[0].epoch)
 
 
 def metadata_partition_for(topic_id: uuid.UUID, partition: int, num_partitions: int) -> int:

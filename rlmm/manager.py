@@ -39,7 +39,7 @@ from rlmm.event_log import (
     check_topic,
     ensure_topic,
 )
-from rlmm.events import MetadataEvent, key_of, metadata_partition_for, segment_key
+from rlmm.events import MetadataEvent, key_of, metadata_partition_for
 from rlmm.read_model import PartitionSnapshot
 from rlmm.types import (
     RemoteLogSegmentMetadata,
@@ -191,10 +191,10 @@ class RemoteLogMetadataManager:
             pending = self._writer.begin_locked(tp, mp, deadline)
             if isinstance(event, RemotePartitionDeleteMetadata) and \
                     event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
-                pending.doomed = [segment_key(md.remote_log_segment_id) for md in self._view.segments_of(tp)]
+                pending.doomed = state.doomed_keys(self._view, tp)
             recovery = state.pending_checkpoint(self._view, tp, _now_ms(), self.broker_id)
             # A writer died between an event and its checkpoint; restore the checkpoint before going on.
-            before = [] if recovery is None else [(key_of(recovery), recovery)]
+            before = state.checkpoint_records(recovery)
             appends = self._writer.register_locked(pending, [*before, (key_of(event), event)], primary=True)
         # Appending may wait for room in the producer's queue: never while holding the lock.
         self._writer.produce(appends)

@@ -49,7 +49,7 @@ def load_into(view: MetadataView, header: SnapshotHeader, datums: Iterable[dict[
     if header.format != VIEW_FORMAT:
         apply_archived(view, header.metadata_topic, datums, header.end_offsets, progress)
         return
-    if header.view_format != vf.FORMAT_VERSION:
+    if header.view_format not in vf.READABLE_FORMATS:
         raise SnapshotError(f"its entries are in view format {header.view_format}, this tierlog stores "
                             f"{vf.FORMAT_VERSION}")
     # The file's sha256 proves it arrived as written; the view digest, checked as the entries load, that what they
@@ -98,7 +98,7 @@ def apply_archived(view: MetadataView, metadata_topic: str, datums: Iterable[dic
 
 def snapshot_entries(view: MetadataView) -> Iterator[tuple[str, bytes, bytes]]:
     """What a format 2 snapshot of the view holds: its content, then each user partition's bookkeeping (lineage
-    checkpoint digest and position), which decides the checkpoint the node's next write appends."""
+    checkpoints owed and position), which decides the checkpoints the node's next write appends."""
     yield from view.entries()
     metas = sorted(
         (vf.tp_key_of(tp), vf.encode_partition_meta(

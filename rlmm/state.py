@@ -4,8 +4,8 @@
 the same `StateStore` protocol, so both replay a log to the same state and the same digest.
 
 Compaction invariance: every segment record carries the segment's full state, and the epoch lineage that
-Kafka derives order-dependently (rlmm.lineage) is kept in `epochs:` checkpoints, so a replay of only the newest
-record per key reaches the same view as a replay of every record.
+Kafka derives order-dependently (rlmm.lineage) is kept in per-epoch `epochs:` checkpoints, so a replay of only the
+newest record per key reaches the same view as a replay of every record.
 """
 
 from __future__ import annotations
@@ -24,8 +24,17 @@ from typing import Any, Protocol
 
 from rlmm import lineage, view_format
 from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError
-from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent, RecordKey, epochs_key, key_of
-from rlmm.lineage import LineageReader, LineageStore, pending_checkpoint
+from rlmm.events import (
+    EpochCheckpoint,
+    EpochLineage,
+    MetadataEvent,
+    RecordKey,
+    epoch_key,
+    epochs_key,
+    key_of,
+    segment_key,
+)
+from rlmm.lineage import LineageReader, LineageStore, checkpoint_records, pending_checkpoint
 from rlmm.types import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -112,7 +121,7 @@ STALE = Outcome(True, stale=True)
 class StateReader(LineageReader, Protocol):
     """What queries and writers read from materialized metadata; one user partition per call."""
 
-    def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None: ...
+    def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]: ...
     def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None: ...
     def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None: ...
     def floor_segment(self, tp: TopicIdPartition, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
@@ -143,8 +152,12 @@ def apply_record(
     """
     if event is None:
         return _apply_tombstone(store, key, offset)
-    if key_of(event) != key:
-        return Outcome.dropped(f"record key {key.encode()!r} does not match its event {key_of(event).encode()!r}")
+    try:
+        expected = key_of(event)
+    except InvalidArgumentError as exc:
+        return Outcome.dropped(f"record key {key.encode()!r}: {exc}")
+    if expected != key:
+        return Outcome.dropped(f"record key {key.encode()!r} does not match its event {expected.encode()!r}")
     if isinstance(event, RemoteLogSegmentMetadata):
         return _apply_segment(store, event, offset, skipped_before)
     if isinstance(event, RemotePartitionDeleteMetadata):
@@ -164,6 +177,8 @@ def _apply_tombstone(store: StateStore, key: RecordKey, offset: int | None) -> O
     for tp in _partitions_with(store, key):
         if key.kind == "partition-delete":
             store.forget_partition(tp)
+        elif key.epoch is not None:
+            lineage.forget_epoch(store, tp, key.epoch)
         else:
             lineage.forget(store, tp)
     return APPLIED
@@ -421,14 +436,14 @@ class InMemoryState:
         state = self._peek(tp)
         return state.checkpointed if state else None
 
-    def set_checkpointed_lineage(self, tp: TopicIdPartition, lineage_digest: bytes | None) -> None:
-        if lineage_digest is None:
+    def set_checkpointed_lineage(self, tp: TopicIdPartition, owed: bytes | None) -> None:
+        if owed is None:
             state = self._peek(tp)
             if state is not None:
                 state.checkpointed = None
                 self._tidy(tp)
         else:
-            self._get(tp).checkpointed = lineage_digest
+            self._get(tp).checkpointed = owed
 
     def lineage_position(self, tp: TopicIdPartition) -> int | None:
         state = self._peek(tp)
@@ -599,8 +614,8 @@ def corrections_after(
       state, restated; it is a valid same-state transition, so every node applies it and nothing changes.
     """
     if outcome.stale and isinstance(event, EpochCheckpoint):
-        checkpoint = pending_checkpoint(store, event.topic_id_partition, event_timestamp_ms, broker_id)
-        return [] if checkpoint is None else [(epochs_key(event.topic_id_partition), checkpoint)]
+        return list(checkpoint_records(
+            pending_checkpoint(store, event.topic_id_partition, event_timestamp_ms, broker_id)))
     if outcome.applied:
         return []
     current: MetadataEvent | None = None
@@ -613,15 +628,23 @@ def corrections_after(
     return [] if current is None else [(key_of(current), current)]
 
 
+def doomed_keys(store: StateReader, tp: TopicIdPartition) -> list[RecordKey]:
+    """The keys of the records a partition holds, to tombstone once its DELETE_PARTITION_FINISHED is applied (which
+    forgets what would name them): its segments' and its epochs' checkpoints'."""
+    return [*(segment_key(md.remote_log_segment_id) for md in store.segments_of(tp)),
+            *(epoch_key(tp, lin.epoch) for lin in store.lineages_of(tp))]
+
+
 def records_after(
     store: StateReader, key: RecordKey, event: MetadataEvent, doomed_segments: Iterable[RecordKey],
     event_timestamp_ms: int, broker_id: int,
 ) -> list[tuple[RecordKey, MetadataEvent | None]]:
-    """What a writer appends once `event` is applied: tombstones for what is gone and a lineage checkpoint.
+    """What a writer appends once `event` is applied: tombstones for what is gone and the checkpoints of the epochs
+    it changed.
 
-    `doomed_segments` are the segment keys a partition held before its DELETE_PARTITION_FINISHED.
-    A partition's FINISHED delete record is kept, one small record per deleted partition, so every node
-    and every rebuild refuses writes for it.
+    `doomed_segments` are the keys a partition held before its DELETE_PARTITION_FINISHED (`doomed_keys`). The
+    whole-partition `epochs:` key of earlier releases is tombstoned too. A partition's FINISHED delete record is
+    kept, one small record per deleted partition, so every node and every rebuild refuses writes for it.
     """
     if isinstance(event, RemotePartitionDeleteMetadata):
         if event.state is not P.DELETE_PARTITION_FINISHED:
@@ -631,10 +654,8 @@ def records_after(
         return [*tombstones, (epochs_key(event.topic_id_partition), None)]
     if not isinstance(event, RemoteLogSegmentMetadata):
         return []
-    follow: list[tuple[RecordKey, MetadataEvent | None]] = []
-    checkpoint = pending_checkpoint(store, event.topic_id_partition, event_timestamp_ms, broker_id)
-    if checkpoint is not None:
-        follow.append((epochs_key(event.topic_id_partition), checkpoint))
+    follow: list[tuple[RecordKey, MetadataEvent | None]] = list(checkpoint_records(
+        pending_checkpoint(store, event.topic_id_partition, event_timestamp_ms, broker_id)))
     if event.state is S.DELETE_SEGMENT_FINISHED:
         follow.append((key, None))
     return follow

@@ -95,13 +95,14 @@ class MetadataView:
             self.path.mkdir(parents=True, exist_ok=True)
             self._db = Rdict(str(self.path), _options(), column_families=families)
             stored = self._db.get(_FORMAT_KEY)
-            if stored is None:
-                self._db.put(_FORMAT_KEY, vf.FORMAT_VERSION.to_bytes(4, "big"))
-            elif int.from_bytes(stored, "big") != vf.FORMAT_VERSION:
+            if stored is not None and int.from_bytes(stored, "big") not in vf.READABLE_FORMATS:
                 raise ViewFormatError(
                     f"view at {self.path} has format {int.from_bytes(stored, 'big')}, this tierlog reads "
                     f"{vf.FORMAT_VERSION}: move the state dir away and let the node rebuild from the topic"
                 )
+            if stored is None or int.from_bytes(stored, "big") != vf.FORMAT_VERSION:
+                # A new view, or one of an older format this one reads (upgraded in place).
+                self._db.put(_FORMAT_KEY, vf.FORMAT_VERSION.to_bytes(4, "big"))
         # Typed as Any: rocksdict's stubs widen raw-mode keys and values to every picklable type.
         self._cf: dict[str, Any] = {name: self._db.get_column_family(name) for name in vf.ALL_FAMILIES}
         self._handles = {name: self._db.get_column_family_handle(name) for name in vf.ALL_FAMILIES}

@@ -1,4 +1,4 @@
-"""RocksDB key and value encodings of the materialized view (format version 1).
+"""RocksDB key and value encodings of the materialized view (format version 2).
 
 Keys are big-endian so RocksDB's byte order is (topic id, partition, epoch, start offset) order, which
 makes a floor lookup in a leader epoch's offset index one `seek_for_prev`.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -20,7 +21,11 @@ from rlmm.types import (
     TopicIdPartition,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# The formats a view or a snapshot's entries may be in and still be read as this one. Format 1 differs only in a
+# partition's bookkeeping (a lineage digest, before checkpoints were keyed per epoch), which decode_partition_meta
+# reads too: a format 1 view upgrades in place, while a release that reads only format 1 refuses format 2.
+READABLE_FORMATS = frozenset({1, FORMAT_VERSION})
 
 # Column families; the first four are the view's content (hashed by view_digest), the rest bookkeeping.
 SEGMENTS = "segments"
@@ -118,30 +123,67 @@ def decode_lineage(raw: bytes) -> EpochLineage:
 
 @dataclass(frozen=True, slots=True)
 class PartitionMeta:
-    """Bookkeeping of one user partition: its topic name, last applied lineage checkpoint, lineage position."""
+    """Bookkeeping of one user partition: its topic name, the leader epochs that owe a checkpoint (`checkpointed`,
+    see below), lineage position."""
 
     topic: str
     checkpointed: bytes | None = None
     lineage_position: int | None = None
 
 
+# `PartitionMeta.checkpointed`, which epochs owe a checkpoint record (rlmm.lineage): None when each epoch's newest
+# checkpoint describes its lineage; b"E" and the owing epochs (big-endian int32, ascending); or ALL_OWED when each
+# epoch may owe one. Views written before checkpoints were keyed per epoch hold a 32-byte sha256 of the whole
+# lineage as last checkpointed, or nothing (read as ALL_OWED: then the last checkpoint was stale or missing).
+_OWED = b"E"
+ALL_OWED = b"*"
 _DIGEST_LEN = 32
+
+
+def encode_owed(epochs: Iterable[int]) -> bytes | None:
+    ordered = sorted(epochs)
+    return _OWED + b"".join(map(_EPOCH.pack, ordered)) if ordered else None
+
+
+def decode_owed(raw: bytes) -> frozenset[int] | None:
+    """The owing epochs of an `encode_owed` value; None for the other forms (ALL_OWED, a legacy digest)."""
+    if not raw.startswith(_OWED) or (len(raw) - len(_OWED)) % _EPOCH.size:
+        return None
+    return frozenset(epoch for (epoch,) in _EPOCH.iter_unpack(raw[len(_OWED):]))
+
+
+def is_legacy_digest(raw: bytes) -> bool:
+    return len(raw) == _DIGEST_LEN
+
+
+# Partition bookkeeping is encoded as (topic name length | _TAGGED, name, position or -1, `checkpointed` to the end):
+# the tag tells it from the format before, which told its optional parts apart by length (names are at most 249
+# bytes, so the tag bit is never part of a length).
+_TAGGED = 0x8000
+_NAME_LEN = struct.Struct(">H")
 
 
 def encode_partition_meta(meta: PartitionMeta) -> bytes:
     name = meta.topic.encode()
-    position = b"" if meta.lineage_position is None else _OFFSET.pack(meta.lineage_position)
-    return struct.pack(">H", len(name)) + name + (meta.checkpointed or b"") + position
+    position = -1 if meta.lineage_position is None else meta.lineage_position
+    return _NAME_LEN.pack(len(name) | _TAGGED) + name + _OFFSET.pack(position) + (meta.checkpointed or b"")
 
 
 def decode_partition_meta(raw: bytes) -> PartitionMeta:
-    (length,) = struct.unpack_from(">H", raw, 0)
+    (length,) = _NAME_LEN.unpack_from(raw, 0)
+    if length & _TAGGED:
+        end = _NAME_LEN.size + (length & ~_TAGGED)
+        topic = raw[_NAME_LEN.size:end].decode()
+        (position,) = _OFFSET.unpack_from(raw, end)
+        checkpointed = raw[end + _OFFSET.size:]
+        return PartitionMeta(topic, checkpointed or None, None if position < 0 else int(position))
     topic = raw[2:2 + length].decode()
     rest = raw[2 + length:]
     # Optional parts told apart by length: a 32-byte lineage digest, then an 8-byte position. Views written
     # before positions existed hold no position, which reads as unknown.
-    checkpointed = rest[:_DIGEST_LEN] if len(rest) >= _DIGEST_LEN else None
-    tail = rest[_DIGEST_LEN:] if checkpointed is not None else rest
+    has_digest = len(rest) >= _DIGEST_LEN
+    checkpointed = rest[:_DIGEST_LEN] if has_digest else ALL_OWED
+    tail = rest[_DIGEST_LEN:] if has_digest else rest
     position = int(_OFFSET.unpack(tail)[0]) if len(tail) == _OFFSET.size else None
     return PartitionMeta(topic, checkpointed, position)
 

@@ -16,6 +16,7 @@ from support.reference_model import ReferenceModel, listing_order
 
 from rlmm.errors import RemoteStorageError
 from rlmm.events import MetadataEvent, RecordKey, key_of
+from rlmm.lineage import checkpoint_records
 from rlmm.state import (
     InMemoryState,
     Outcome,
@@ -327,9 +328,8 @@ class RacingWriter:
     def write(self, event: MetadataEvent) -> None:
         """Append `event` (already checked against this writer's view), after any checkpoint still owed."""
         assert self.idle()
-        recovery = pending_checkpoint(self.view, WRITER_TP, 0, self.broker_id)
-        if recovery is not None:
-            self.append(key_of(recovery), recovery)
+        for key, recovery in checkpoint_records(pending_checkpoint(self.view, WRITER_TP, 0, self.broker_id)):
+            self.append(key, recovery)
         self.append(key_of(event), event, "event")
         self.in_flight = (len(self.topic) - 1, key_of(event), event)
 
@@ -416,9 +416,8 @@ def settle(scenario: RacingScenario) -> None:
     """What the next write of any writer does first: append the checkpoint its fully caught-up view owes."""
     for writer in scenario.writers:
         writer.catch_up(len(scenario.topic))
-        recovery = pending_checkpoint(writer.view, WRITER_TP, 0, writer.broker_id)
-        if recovery is not None:
-            writer.append(key_of(recovery), recovery)
+        for key, recovery in checkpoint_records(pending_checkpoint(writer.view, WRITER_TP, 0, writer.broker_id)):
+            writer.append(key, recovery)
     for writer in scenario.writers:
         writer.catch_up(len(scenario.topic))
 

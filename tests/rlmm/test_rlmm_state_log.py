@@ -12,7 +12,8 @@ from rlmm_testkit import LogWriter, compacted, make_tp, partition_delete, replay
 from support.reference_model import PARTITION_NEXT, SEGMENT_NEXT
 
 from rlmm.errors import RemoteResourceNotFoundError
-from rlmm.events import epochs_key, key_of, partition_delete_key, segment_key
+from rlmm.events import key_of, partition_delete_key, segment_key
+from rlmm.lineage import checkpoint_records
 from rlmm.state import (
     InMemoryState,
     apply_record,
@@ -139,7 +140,7 @@ def test_a_lineage_checkpoint_written_late_by_another_writer_does_not_lower_an_e
     apply_record(node, key_of(e1), e1)
     c1 = pending_checkpoint(node, TP, 2, 0)  # A, after applying both
     assert c1 is not None and c2 is not None
-    log = [*writer.log, (key_of(e2), e2), (key_of(e1), e1), (epochs_key(TP), c1), (epochs_key(TP), c2)]
+    log = [*writer.log, (key_of(e2), e2), (key_of(e1), e1), *checkpoint_records(c1), *checkpoint_records(c2)]
     assert highest_offset_for_epoch(replay(log), TP, 0) == 200
 
 

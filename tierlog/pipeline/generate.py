@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from rlmm import codec, state
 from rlmm.archive import archive_key, encode_archive_file, to_archived
-from rlmm.events import MetadataEvent, RecordKey, key_of, metadata_partition_for, segment_key
+from rlmm.events import MetadataEvent, RecordKey, key_of, metadata_partition_for
 from rlmm.types import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -251,8 +251,7 @@ class HistoryGenerator:
         key = key_of(event)
         doomed: list[RecordKey] = []
         if isinstance(event, RemotePartitionDeleteMetadata) and event.state is P.DELETE_PARTITION_FINISHED:
-            held = self.writer_state.segments_of(event.topic_id_partition)
-            doomed = [segment_key(md.remote_log_segment_id) for md in held]
+            doomed = state.doomed_keys(self.writer_state, event.topic_id_partition)
         pending: list[tuple[RecordKey, MetadataEvent | None]] = [(key, event)]
         out: list[RawRecord] = []
         first = True
