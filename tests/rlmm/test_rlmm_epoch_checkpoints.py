@@ -290,7 +290,8 @@ def test_a_view_written_by_the_release_before_goes_on_from_its_bookkeeping(
                                           _legacy_meta(TP.topic, checkpointed, len(writer.log) - 1))])
     monkeypatch.setattr(vf, "FORMAT_VERSION", 1)
     old = MetadataView(tmp_path / "view")
-    old.load_entries(METADATA_TOPIC, entries, {0: len(writer.log)})
+    old.load_entries(METADATA_TOPIC, [(family, [key], [value]) for family, key, value in entries],
+                     {0: len(writer.log)})
     old.close()
     monkeypatch.undo()
     view = MetadataView(tmp_path / "view")  # opens in place, as this release's format from now on
