@@ -13,11 +13,10 @@ import gc
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message
@@ -26,8 +25,8 @@ from rlmm import codec, state
 from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
 from rlmm.event_log import EventConsumer, OffsetReader
-from rlmm.events import KEY_SEPARATOR, SEGMENT_KEY_PREFIX, RecordKey
-from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition, uuid_from_text
+from rlmm.events import SEGMENT_KEY_PREFIX, RecordKey, segment_key_ids
+from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition
 from rlmm.view import ConsumedRecord, MetadataView
 from rlmm.writer import Append, MetadataWriter, request_of
 
@@ -91,24 +90,12 @@ class WindowRecord(NamedTuple):
 def holds_segment(view: MetadataView, raw_key: bytes) -> bool:
     """Whether the committed view holds the segment a segment record key names (True for a key that does not
     parse, so that its record is kept and halts its partition like any unreadable record)."""
-    prefix, _, segment = raw_key.rpartition(b":")
     try:
-        tp_key = _tp_key_of_segment_prefix(prefix)
-        segment_id = uuid_from_text(segment.decode())
+        topic_id, number, segment_id = segment_key_ids(raw_key)
     except (UnicodeDecodeError, ValueError):
         return True
-    partition = view.model.get(tp_key)
+    partition = view.model.get(vf.tp_key(topic_id, number))
     return partition is not None and segment_id in partition.segments
-
-
-@lru_cache(maxsize=65536)
-def _tp_key_of_segment_prefix(prefix: bytes) -> bytes:
-    """The view key of `segment:<topic id>:<partition>`: a rebuild checks a tombstone of every deleted segment
-    against the view, and a few thousand user partitions recur among them."""
-    kind, topic_id, number = prefix.decode().split(KEY_SEPARATOR)
-    if kind != "segment":
-        raise ValueError(f"not a segment key prefix: {prefix!r}")
-    return vf.tp_key(uuid.UUID(topic_id), int(number))
 
 
 class CompactedWindow:

@@ -130,8 +130,8 @@ SEGMENT_KEY_PREFIX = b"segment" + KEY_SEPARATOR.encode()
 
 
 def segment_key_ids(raw: bytes) -> tuple[uuid.UUID, int, uuid.UUID]:
-    """(topic id, partition, segment id) of an encoded segment key; ValueError or UnicodeDecodeError for anything
-    else."""
+    """(topic id, partition, segment id) of an encoded segment key, without building a RecordKey (a rebuild checks
+    every segment tombstone against its view); ValueError or UnicodeDecodeError for anything else."""
     parts = raw.decode().split(KEY_SEPARATOR)
     if len(parts) != 4 or parts[0] != "segment":
         raise ValueError(f"not a segment key: {raw!r}")
