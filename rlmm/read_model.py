@@ -381,16 +381,16 @@ def read_partition(families: dict[str, object], tp_key: bytes) -> PartitionModel
     # A partition with content but no bookkeeping never happens in a view the batch wrote; the name is then
     # unknown and only the key identifies it.
     partition = PartitionModel(TopicIdPartition(topic_id, "?" if meta is None else meta.topic, number), meta)
-    for _key, value in _prefixed(families[vf.SEGMENTS], tp_key):
+    for _key, value in prefixed(families[vf.SEGMENTS], tp_key):
         md = vf.decode_segment(value)
         partition.segments[md.remote_log_segment_id.id] = md
     raw_delete = families[vf.PARTITIONS].get(tp_key)  # type: ignore[attr-defined]
     if raw_delete is not None:
         partition.delete = vf.decode_partition_delete(bytes(raw_delete))
-    for _key, value in _prefixed(families[vf.EPOCH_STATE], tp_key):
+    for _key, value in prefixed(families[vf.EPOCH_STATE], tp_key):
         lineage = vf.decode_lineage(value)
         partition.lineages[lineage.epoch] = lineage
-    for key, value in _prefixed(families[vf.EPOCH_INDEX], tp_key):
+    for key, value in prefixed(families[vf.EPOCH_INDEX], tp_key):
         index = partition.index.get(vf.lineage_epoch(key))
         if index is None:
             index = partition.index[vf.lineage_epoch(key)] = EpochIndex()
@@ -401,7 +401,8 @@ def read_partition(families: dict[str, object], tp_key: bytes) -> PartitionModel
     return None if partition.empty() else partition
 
 
-def _prefixed(family: object, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+def prefixed(family: object, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """The entries of a column family (rocksdict, raw mode) whose keys start with `prefix`, in key order."""
     for key, value in family.items(from_key=prefix):  # type: ignore[attr-defined]
         if not key.startswith(prefix):
             return

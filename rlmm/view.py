@@ -25,7 +25,7 @@ from rlmm import codec, state
 from rlmm import view_format as vf
 from rlmm.errors import SnapshotError, ViewFormatError
 from rlmm.events import EpochLineage, MetadataEvent, RecordKey
-from rlmm.read_model import EpochIndex, PartitionChanges, ReadModel, read_partition
+from rlmm.read_model import EpochIndex, PartitionChanges, ReadModel, prefixed, read_partition
 from rlmm.state import Outcome
 from rlmm.types import (
     RemoteLogSegmentId,
@@ -146,10 +146,7 @@ class MetadataView:
     # --- committed reads: the in-memory read model (rlmm.read_model), each partition read on first use ------
 
     def _scan(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        for key, value in self._cf[family].items(from_key=prefix):
-            if not key.startswith(prefix):
-                return
-            yield bytes(key), bytes(value)
+        return prefixed(self._cf[family], prefix)
 
     # --- StateStore reads --------------------------------------------------------------------------------
 
