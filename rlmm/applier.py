@@ -41,14 +41,21 @@ OFFSETS_TIMEOUT_S = 5.0
 # commit (one small put, not one per batch), and this often on a quiet topic.
 STAMP_MIN_INTERVAL_S = 1.0
 STAMP_INTERVAL_S = 10.0
-# A backlog is replayed in windows of at most this many records or seconds, each committed with the offsets it
-# reaches: progress is kept across a crash, and what a window holds and applies at once, which bounds the memory a
-# rebuild needs beyond the view's own, stays small (longer windows skipped few more records but left a rebuilt
-# node's heap larger than a restarted one's).
-WINDOW_MAX_RECORDS = 50_000
+# A backlog is replayed in windows, each committed with the offsets it reaches. A window holds the newest record of
+# each key it read, so what it holds follows the live state, not the history: it ends once it holds WINDOW_MAX_KEPT
+# records (the memory a rebuild needs beyond the view's own), or after WINDOW_MAX_RECORDS records or WINDOW_MAX_S
+# (the work a crash loses). The longer a window, the fewer records a rebuild decodes: at 1M events of history,
+# 50k-record windows replayed 160k records, one window 47k. Its records are applied and committed
+# WINDOW_COMMIT_RECORDS at a time, so that few are held decoded at once.
+WINDOW_MAX_KEPT = 100_000
+WINDOW_MAX_RECORDS = 5_000_000
 WINDOW_MAX_S = 20.0
-# A backlog has ended when a consume waiting this long returns less than a full batch.
+WINDOW_COMMIT_RECORDS = 5_000
+# A backlog has ended when every metadata partition was read to its end, or when no record came for
+# WINDOW_IDLE_S (a partition without a leader must not hold the others' window open). Each consume waits at most
+# WINDOW_POLL_S.
 WINDOW_POLL_S = 0.1
+WINDOW_IDLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,10 @@ def holds_segment(view: MetadataView, raw_key: bytes) -> bool:
     return partition is not None and segment_id in partition.segments
 
 
+def _holds_nothing(raw_key: bytes) -> bool:
+    return False
+
+
 class CompactedWindow:
     """A window of a backlog as Kafka's log cleaner would leave it: the newest record of each key (by its raw bytes;
     superseded records are never decoded), replayed in (metadata partition, offset) order. DESIGN.md "Compaction
@@ -139,6 +150,14 @@ class CompactedWindow:
                 self._superseded_tombstones.append(before)
             self._newest[key] = (partition, offset, key, value, request, before is not None)
 
+    def kept(self) -> int:
+        """How many keys the window holds records of."""
+        return len(self._newest) + len(self._every) + len(self._superseded_tombstones)
+
+    def clear(self) -> None:
+        """Drop the records held (once replay_order has taken them)."""
+        self._newest, self._every, self._superseded_tombstones = {}, {}, []
+
     def replay_order(self) -> list[WindowRecord]:
         """The records to apply, in (metadata partition, offset) order."""
         kept = [*self._newest.values(), *(entry for every in self._every.values() for entry in every),
@@ -173,6 +192,7 @@ class MetadataApplier:
         self.records_dropped = 0
         self.storage_problem: str | None = None
         self._stamped_at = 0.0
+        self._at_end: set[int] = set()  # metadata partitions read to the end of their log (no record since)
         self._consumer.assign({**self._log_starts(), **self.applied})
         self._stop = threading.Event()
         self._registrations = threading.Event()  # set when partitions register: resolve their targets at once
@@ -253,6 +273,7 @@ class MetadataApplier:
         with self._lock:
             applied = dict(self.applied)
             halted = list(self.halted)
+        self._at_end.clear()
         self._consumer.assign(applied)
         for partition in halted:
             self._consumer.pause(partition)
@@ -269,7 +290,9 @@ class MetadataApplier:
         record the resumed node reads again or has applied."""
         with _cyclic_gc_paused():
             while True:
-                window = CompactedWindow(self._writer.is_pending, partial(holds_segment, self._view))
+                # A view without segments (a new node's first window) holds none a tombstone could name.
+                holds = partial(holds_segment, self._view) if self._view.holds_segments() else _holds_nothing
+                window = CompactedWindow(self._writer.is_pending, holds)
                 caught_up = self._fill(window, messages)
                 messages = []
                 self._apply_window(window)
@@ -279,51 +302,73 @@ class MetadataApplier:
     def _fill(self, window: CompactedWindow, messages: list[Message]) -> bool:
         """Add records to the window until it is full (False) or the backlog ended (True)."""
         max_records = self._settings.batch_max_records
-        started = time.monotonic()
+        started = flowing = time.monotonic()
         while True:
             self._add(window, messages)
-            if window.records >= WINDOW_MAX_RECORDS or time.monotonic() - started >= WINDOW_MAX_S or \
-                    self._stop.is_set():
+            now = time.monotonic()
+            if messages:
+                flowing = now
+            if len(messages) < max_records and (self._read_to_end() or now - flowing >= WINDOW_IDLE_S):
+                return True
+            if window.records >= WINDOW_MAX_RECORDS or window.kept() >= WINDOW_MAX_KEPT or \
+                    now - started >= WINDOW_MAX_S or self._stop.is_set():
                 return False
             messages = self._consumer.consume(max_records, WINDOW_POLL_S)
-            if len(messages) < max_records:
-                self._add(window, messages)
-                return True
+
+    def _read_to_end(self) -> bool:
+        """Whether every metadata partition not halted was read to the end of its log."""
+        return len(self._at_end | self.halted.keys()) >= self._consumer.partitions
 
     def _add(self, window: CompactedWindow, messages: list[Message]) -> None:
         # Per consumed record, the least work: most are superseded within the window. A record of this node's
         # write was registered before it was produced, so with nothing pending no record in hand can be ours.
         own_writes = self._writer.has_pending()
         add, halted = window.add, self.halted
+        at_end = self._at_end
         for message in messages:
             if message.error() is not None:
                 self._consume_error(message)
                 continue
             partition = message.partition()
+            at_end.discard(partition)
             if partition not in halted:
                 add(partition, message.offset(), message.key() or b"", message.value(),  # type: ignore[arg-type]
                     request_of(message) if own_writes else None)  # (consumed records always have a position)
 
     def _apply_window(self, window: CompactedWindow) -> None:
-        records: list[ConsumedRecord] = []
-        requests: dict[tuple[int, int], str | None] = {}
+        """Replay the window in commits of at most WINDOW_COMMIT_RECORDS records, the last one with the window's
+        ends: a record and the state it builds are held decoded only until its commit. A commit before the last
+        reaches the records it applied; every record the window skipped below them is superseded by one applied
+        or read again after a crash."""
         # A partition halted while the window was read keeps its offset where it was.
         ends = {partition: end for partition, end in window.ends.items() if partition not in self.halted}
-        for raw in window.replay_order():
-            partition = raw.metadata_partition
-            if partition in self.halted:
-                continue
-            try:
-                records.append(raw.decoded())
-            except (codec.DecodeError, InvalidArgumentError) as exc:
-                self._halt(partition, raw.offset, f"cannot read record ({exc})")
-                # What came before it in the window is applied; the node resumes from it once fixed.
-                ends[partition] = raw.offset
-                continue
-            requests[(partition, raw.offset)] = raw.request
-        # Free memory goes back to the OS after every window (a few ms): which window is a backlog's last is known
-        # only once the next consume comes back short, after the offsets it commits may have been waited for.
-        self._commit_records(records, requests, ends, release_memory=True)
+        replay = window.replay_order()
+        window.clear()
+        stopped: dict[int, int] = {}  # partitions a record this window could not read halted, at its offset
+        for first in range(0, max(len(replay), 1), WINDOW_COMMIT_RECORDS):
+            records: list[ConsumedRecord] = []
+            requests: dict[tuple[int, int], str | None] = {}
+            for raw in replay[first:first + WINDOW_COMMIT_RECORDS]:
+                partition = raw.metadata_partition
+                if partition in self.halted:
+                    continue
+                try:
+                    records.append(raw.decoded())
+                except (codec.DecodeError, InvalidArgumentError) as exc:
+                    self._halt(partition, raw.offset, f"cannot read record ({exc})")
+                    # What came before it in the window is applied; the node resumes from it once fixed.
+                    stopped[partition] = raw.offset
+                    continue
+                requests[(partition, raw.offset)] = raw.request
+            if first + WINDOW_COMMIT_RECORDS < len(replay):
+                self._commit_records(records, requests, {})
+            else:
+                # A partition halted during the window keeps the offset its halt committed.
+                last = {partition: end for partition, end in ends.items() if partition not in self.halted}
+                # Free memory goes back to the OS after every window (a few ms): which window is a backlog's last
+                # is known only once the next consume comes back short, after the offsets it commits may have been
+                # waited for.
+                self._commit_records(records, requests, {**last, **stopped}, release_memory=True)
 
     def _commit_records(
         self, records: list[ConsumedRecord], requests: dict[tuple[int, int], str | None], ends: dict[int, int],
@@ -357,7 +402,9 @@ class MetadataApplier:
     def _consume_error(self, message: Message) -> None:
         error = message.error()
         assert error is not None
-        if error.code() == KafkaError._AUTO_OFFSET_RESET:
+        if error.code() == KafkaError._PARTITION_EOF:
+            self._at_end.add(message.partition() or 0)
+        elif error.code() == KafkaError._AUTO_OFFSET_RESET:
             partition = message.partition() or 0
             if partition not in self.applied:
                 # Only the log's start, read at startup, fell off (records deleted since): nothing stored is lost.
@@ -366,7 +413,7 @@ class MetadataApplier:
             self._halt(partition, self.applied.get(partition, 0),
                        f"the stored offset is no longer on the log ({error.str()}); restart the "
                        f"manager so that it rebuilds its view from the topic")
-        elif error.code() != KafkaError._PARTITION_EOF:
+        else:
             log.warning("metadata topic %s: %s", self._settings.metadata_topic, error.str())
 
     def _decode(self, messages: list[Message]) -> tuple[list[ConsumedRecord], dict[tuple[int, int], str | None]]:
@@ -379,6 +426,7 @@ class MetadataApplier:
                 self._consume_error(message)
                 continue
             partition, offset = _position(message)
+            self._at_end.discard(partition)
             if partition in self.halted:
                 continue
             try:

@@ -266,6 +266,9 @@ class MetadataView:
         options = WriteOptions()
         self._db.write(batch, options)
 
+    def holds_segments(self) -> bool:
+        return next(iter(self._cf[vf.SEGMENTS].keys()), None) is not None
+
     def holds_entries(self) -> bool:
         """Whether any column family holds an entry (applied offsets included)."""
         return any(next(iter(self._cf[family].keys()), None) is not None for family in vf.ALL_FAMILIES)
