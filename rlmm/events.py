@@ -27,6 +27,9 @@ _INT32 = (0, INT32_MAX, "a non-negative int32")
 _INT64 = (0, INT64_MAX, "a non-negative int64")
 
 
+_new, _set = object.__new__, object.__setattr__
+
+
 @dataclass(frozen=True, slots=True)
 class EpochLineage:
     """What compaction could otherwise lose about one leader epoch of a user partition."""
@@ -43,6 +46,17 @@ class EpochLineage:
                 isinstance(s, uuid.UUID) for s in self.displaced_segment_ids):
             raise InvalidArgumentError(
                 f"EpochLineage.displaced_segment_ids must be a frozenset of UUIDs, got {self.displaced_segment_ids!r}")
+
+    @classmethod
+    def derived(cls, epoch: int, highest_log_offset: int | None,
+                displaced_segment_ids: frozenset[uuid.UUID] = frozenset()) -> EpochLineage:
+        """A lineage the rules derive from values already checked (a stored lineage, an accepted segment), built
+        without checking them again: a rebuild derives one per finished segment."""
+        lineage = _new(cls)
+        _set(lineage, "epoch", epoch)
+        _set(lineage, "highest_log_offset", highest_log_offset)
+        _set(lineage, "displaced_segment_ids", displaced_segment_ids)
+        return lineage
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,7 @@ def reference_finished(store: LineageStore, md: RemoteLogSegmentMetadata, offset
             displaced.add(previous)
         displaced.discard(md.remote_log_segment_id.id)
         highest = end if highest is None else max(highest, end)
-        lineage = EpochLineage(epoch, highest, frozenset(displaced))
+        lineage = EpochLineage.derived(epoch, highest, frozenset(displaced))
         if lineage != current:
             store.put_lineage(tp, lineage)
             changed.append(epoch)
@@ -98,7 +98,7 @@ def unreference(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int |
             store.index_remove(tp, epoch, start)
         lineage = store.lineage(tp, epoch)
         if lineage is not None and segment in lineage.displaced_segment_ids:
-            _put_or_drop(store, tp, EpochLineage(
+            _put_or_drop(store, tp, EpochLineage.derived(
                 epoch, lineage.highest_log_offset, lineage.displaced_segment_ids - {segment}))
             changed.append(epoch)
     _advance(store, tp, offset, changed)
@@ -220,7 +220,7 @@ def _fold(store: LineageStore, tp: TopicIdPartition, old: EpochLineage | None, n
     new = new or EpochLineage(epoch, None)
     # A highest offset never goes down, even under a checkpoint another writer computed before it.
     highest = max((h for h in (old.highest_log_offset, new.highest_log_offset) if h is not None), default=None)
-    new = EpochLineage(epoch, highest, old.displaced_segment_ids if stale else new.displaced_segment_ids)
+    new = EpochLineage.derived(epoch, highest, old.displaced_segment_ids if stale else new.displaced_segment_ids)
     if old == new:
         return
     for segment_id in sorted(new.displaced_segment_ids - old.displaced_segment_ids):

@@ -145,6 +145,8 @@ def encode_owed(epochs: Iterable[int]) -> bytes | None:
     return _OWED + b"".join(map(_EPOCH.pack, ordered)) if ordered else None
 
 
+# Every lineage change reads its partition's owing epochs; most partitions owe the same few.
+@lru_cache(maxsize=4096)
 def decode_owed(raw: bytes) -> frozenset[int] | None:
     """The owing epochs of an `encode_owed` value; None for the other forms (ALL_OWED, a legacy digest)."""
     if not raw.startswith(_OWED) or (len(raw) - len(_OWED)) % _EPOCH.size:
