@@ -85,7 +85,7 @@ class WindowRecord(NamedTuple):
     key: bytes
     value: bytes | None
     request: str | None
-    skipped_before: bool = False  # the window skipped older records of its key
+    skipped_before: bool = False  # older records of its key may be missing (skipped by the window or the cleaner)
 
     def decoded(self) -> ConsumedRecord:
         """The record decoded (DecodeError or InvalidArgumentError for bytes no tierlog wrote)."""
@@ -132,7 +132,10 @@ class CompactedWindow:
         self.ends: dict[int, int] = {}  # metadata partition -> the offset after its last record in the window
         self.records = 0
 
-    def add(self, partition: int, offset: int, key: bytes, value: bytes | None, request: str | None) -> None:
+    def add(self, partition: int, offset: int, key: bytes, value: bytes | None, request: str | None,
+            after_cleaning: bool = False) -> None:
+        """Add a consumed record; `after_cleaning`: Kafka's log cleaner removed records before it since its partition
+        was last read to the end, so older records of its key may be missing too."""
         self.records += 1
         self.ends[partition] = offset + 1
         every = self._every.get(key)
@@ -140,7 +143,7 @@ class CompactedWindow:
             every.append((partition, offset, key, value, request, False))
         elif request is not None and self._is_own_pending(request):
             before = self._newest.pop(key, None)
-            entry = (partition, offset, key, value, request, False)
+            entry = (partition, offset, key, value, request, after_cleaning and before is None)
             self._every[key] = [entry] if before is None else [before, entry]
         elif value is None and key.startswith(SEGMENT_KEY_PREFIX) and not self._holds_segment(key):
             self._newest.pop(key, None)
@@ -148,7 +151,7 @@ class CompactedWindow:
             before = self._newest.get(key)
             if before is not None and before[3] is None:
                 self._superseded_tombstones.append(before)
-            self._newest[key] = (partition, offset, key, value, request, before is not None)
+            self._newest[key] = (partition, offset, key, value, request, before is not None or after_cleaning)
 
     def kept(self) -> int:
         """How many keys the window holds records of."""
@@ -193,7 +196,14 @@ class MetadataApplier:
         self.storage_problem: str | None = None
         self._stamped_at = 0.0
         self._at_end: set[int] = set()  # metadata partitions read to the end of their log (no record since)
-        self._consumer.assign({**self._log_starts(), **self.applied})
+        # Per metadata partition, the offset the next record read should have. A record past it follows records
+        # Kafka's log cleaner removed (superseded ones: a node that was away longer than min.compaction.lag.ms), and
+        # until its partition is read to the end, a record read may stand for older records of its key the cleaner
+        # removed, as a window's record does for those the window skipped (state.apply_record's skipped_before).
+        starts = {**self._log_starts(), **self.applied}
+        self._next_offsets: dict[int, int] = dict(starts)
+        self._after_cleaning: set[int] = set()
+        self._consumer.assign(starts)
         self._stop = threading.Event()
         self._registrations = threading.Event()  # set when partitions register: resolve their targets at once
         self._threads = [
@@ -274,6 +284,8 @@ class MetadataApplier:
             applied = dict(self.applied)
             halted = list(self.halted)
         self._at_end.clear()
+        self._next_offsets = dict(applied)
+        self._after_cleaning.clear()
         self._consumer.assign(applied)
         for partition in halted:
             self._consumer.pause(partition)
@@ -315,6 +327,14 @@ class MetadataApplier:
                 return False
             messages = self._consumer.consume(max_records, WINDOW_POLL_S)
 
+    def _note_position(self, partition: int, offset: int) -> bool:
+        """Note a record read at `offset`; whether its partition was read past records the log cleaner removed."""
+        self._at_end.discard(partition)
+        if self._next_offsets.get(partition, offset) != offset:
+            self._after_cleaning.add(partition)
+        self._next_offsets[partition] = offset + 1
+        return partition in self._after_cleaning
+
     def _read_to_end(self) -> bool:
         """Whether every metadata partition not halted was read to the end of its log."""
         return len(self._at_end | self.halted.keys()) >= self._consumer.partitions
@@ -324,16 +344,15 @@ class MetadataApplier:
         # write was registered before it was produced, so with nothing pending no record in hand can be ours.
         own_writes = self._writer.has_pending()
         add, halted = window.add, self.halted
-        at_end = self._at_end
         for message in messages:
             if message.error() is not None:
                 self._consume_error(message)
                 continue
-            partition = message.partition()
-            at_end.discard(partition)
+            partition, offset = message.partition(), message.offset()
+            after_cleaning = self._note_position(partition, offset)  # type: ignore[arg-type]
             if partition not in halted:
-                add(partition, message.offset(), message.key() or b"", message.value(),  # type: ignore[arg-type]
-                    request_of(message) if own_writes else None)  # (consumed records always have a position)
+                add(partition, offset, message.key() or b"", message.value(),  # type: ignore[arg-type]
+                    request_of(message) if own_writes else None, after_cleaning)
 
     def _apply_window(self, window: CompactedWindow) -> None:
         """Replay the window in commits of at most WINDOW_COMMIT_RECORDS records, the last one with the window's
@@ -404,10 +423,12 @@ class MetadataApplier:
         assert error is not None
         if error.code() == KafkaError._PARTITION_EOF:
             self._at_end.add(message.partition() or 0)
+            self._after_cleaning.discard(message.partition() or 0)
         elif error.code() == KafkaError._AUTO_OFFSET_RESET:
             partition = message.partition() or 0
             if partition not in self.applied:
                 # Only the log's start, read at startup, fell off (records deleted since): nothing stored is lost.
+                self._next_offsets.pop(partition, None)
                 self._consumer.rewind_to_start(partition)
                 return
             self._halt(partition, self.applied.get(partition, 0),
@@ -426,11 +447,11 @@ class MetadataApplier:
                 self._consume_error(message)
                 continue
             partition, offset = _position(message)
-            self._at_end.discard(partition)
+            after_cleaning = self._note_position(partition, offset)
             if partition in self.halted:
                 continue
             try:
-                record = self._read(message)
+                record = self._read(message, after_cleaning)
             except (codec.DecodeError, InvalidArgumentError) as exc:
                 self._halt(partition, offset, f"cannot read record ({exc})")
                 continue
@@ -439,11 +460,12 @@ class MetadataApplier:
         return records, requests
 
     @staticmethod
-    def _read(message: Message) -> ConsumedRecord:
+    def _read(message: Message, after_cleaning: bool) -> ConsumedRecord:
         partition, offset = _position(message)
         key = RecordKey.decode(message.key() or b"")
         value = message.value()
-        return ConsumedRecord(partition, offset, key, None if value is None else codec.decode(value), value)
+        return ConsumedRecord(partition, offset, key, None if value is None else codec.decode(value), value,
+                              after_cleaning)
 
     def _commit(self, records: list[ConsumedRecord], next_offsets: dict[int, int]) -> list[state.Outcome]:
         """Apply the batch and commit it with the offsets it reaches, as one WriteBatch."""

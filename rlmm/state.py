@@ -76,8 +76,9 @@ def _reachable(transitions: dict[Any, frozenset[Any]]) -> dict[Any, frozenset[An
 
 
 # Where a record may move a state when the reader skipped older records of its key. A backlog window replays only
-# the newest record of each key: a segment's DELETE_SEGMENT_FINISHED without the DELETE_SEGMENT_STARTED before it,
-# or a partition's DELETE_PARTITION_FINISHED without its STARTED, over a state an earlier window applied. A full
+# the newest record of each key, and Kafka's log cleaner keeps only the newest in what it cleaned (a node away longer
+# than min.compaction.lag.ms reads that): a segment's DELETE_SEGMENT_FINISHED without the DELETE_SEGMENT_STARTED
+# before it, or a partition's DELETE_PARTITION_FINISHED without its STARTED, over a state applied before. A full
 # replay applied the skipped STARTED first, then the FINISHED (a writer writes FINISHED only against a view in
 # STARTED, and from STARTED no record moves the state back), so the window applies the jump. A jump with nothing
 # skipped before it (a foreign producer's record) is dropped, as Kafka's cache drops it.
@@ -148,7 +149,8 @@ def apply_record(
 
     `offset` is the record's offset in its metadata partition; without it a checkpoint cannot be recognised as
     older than a record already applied (rlmm.lineage), so every reader of the topic passes it. `skipped_before`
-    says the reader skipped older records of the same key (a backlog window replays only the newest of each).
+    says older records of the same key may be missing before it (a backlog window replays only the newest of each;
+    Kafka's log cleaner removed superseded ones from a log read past a gap in its offsets).
     """
     if event is None:
         return _apply_tombstone(store, key, offset)

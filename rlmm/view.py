@@ -70,7 +70,8 @@ class ConsumedRecord:
     key: RecordKey
     event: MetadataEvent | None
     raw: bytes | None = None  # the record's value as consumed, when the reader kept it
-    # A backlog window replays only the newest record of a key: this one stands for older records it skipped.
+    # This record may stand for older records of its key the reader never applied: a backlog window replays only
+    # the newest record of each key, and Kafka's log cleaner removes superseded ones from a log read after a gap.
     skipped_before: bool = False
 
 

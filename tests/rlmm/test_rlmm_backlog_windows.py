@@ -199,11 +199,13 @@ def reading_applier(consumer: ScriptedConsumer, batch_max_records: int) -> Metad
     reader._writer = _NothingPending()  # type: ignore[assignment]
     reader._stop = threading.Event()
     reader._at_end = set()
+    reader._next_offsets = {p: 0 for p in range(consumer.partitions)}
+    reader._after_cleaning = set()
     reader.halted = {}
     return reader
 
 
-def records(partition: int, offsets: range) -> list[Message]:
+def records(partition: int, offsets: range | list[int]) -> list[Message]:
     return [Message(topic="meta", partition=partition, offset=o, key=f"k{partition}-{o}".encode(), value=b"v")
             for o in offsets]
 
@@ -250,3 +252,16 @@ def test_a_record_after_a_partitions_end_holds_the_window_open_until_it_ends_aga
     filling = window()
     assert reader._fill(filling, records(0, range(0, 4))) is True
     assert filling.records == 5 and consumer.consumes == 3
+
+
+def test_records_read_past_offsets_the_cleaner_removed_stand_for_older_records_of_their_key_until_the_end() -> None:
+    # Partition 0 lost offsets 4-6 to Kafka's log cleaner; partition 1 is contiguous; records after partition 0 was
+    # read to its end are appended later (no cleaner touches the active segment).
+    consumer = ScriptedConsumer(2, [[*records(0, [7, 8]), *records(1, range(0, 2)), end_of(0)],
+                                    [*records(0, [9]), end_of(0), end_of(1)]])
+    reader = reading_applier(consumer, batch_max_records=8)
+    filling = window()
+    assert reader._fill(filling, records(0, range(0, 4))) is True
+    skipped = {(r.metadata_partition, r.offset): r.skipped_before for r in filling.replay_order()}
+    assert skipped == {**{(0, o): False for o in range(0, 4)}, (0, 7): True, (0, 8): True,
+                       (1, 0): False, (1, 1): False, (0, 9): False}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 from rlmm_testkit import (
     TopicRecord,
@@ -13,6 +14,7 @@ from rlmm_testkit import (
     decoded,
     drive,
     make_tp,
+    partition_delete,
     read_topic,
     register,
     replay,
@@ -22,7 +24,9 @@ from rlmm_testkit import (
 )
 from support import wait_until
 
-from rlmm import RemoteLogMetadataManager
+from rlmm import RemoteLogMetadataManager, codec
+from rlmm.events import key_of
+from rlmm.types import RemotePartitionDeleteState as P
 
 MakeManager = Callable[..., RemoteLogMetadataManager]
 PARTITIONS = 3
@@ -127,3 +131,41 @@ def test_a_fresh_node_rebuilds_from_a_compacted_topic_to_the_digest_of_the_write
 
 def _offsets(records: list[TopicRecord]) -> set[int]:
     return {record.offset for record in records}
+
+
+def test_a_node_away_while_the_cleaner_removed_its_partitions_delete_started_applies_the_delete_finished(
+    make_manager: MakeManager, create_topic: Callable[..., str], kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    # Tombstones kept a day: the returning node's view is recent enough to resume, not to rebuild.
+    topic = create_topic("rlmm-away", partitions=1, config={**AGGRESSIVE_COMPACTION, "delete.retention.ms": 86_400_000})
+    on_topic = {"metadata.topic.name": topic}
+    writer = make_manager(broker_id=0, partitions=1, **on_topic)
+    doomed = make_tp("doomed")
+    register(writer, doomed)
+    md = segment(doomed, 0, 10, {0: 0})
+    writer.add_remote_log_segment_metadata(md).result(timeout=30)
+    writer.put_remote_partition_delete_metadata(partition_delete(doomed, P.DELETE_PARTITION_MARKED)).result(30)
+    away = make_manager(broker_id=1, partitions=1, state_dir=tmp_path / "away", **on_topic)
+    away.wait_caught_up(CAUGHT_UP_S)
+    assert away.view_digest() == writer.view_digest()
+    away.close()
+
+    started = partition_delete(doomed, P.DELETE_PARTITION_STARTED)
+    writer.put_remote_partition_delete_metadata(started).result(30)
+    writer.put_remote_partition_delete_metadata(partition_delete(doomed, P.DELETE_PARTITION_FINISHED)).result(30)
+    started_key = key_of(started).encode()
+
+    def started_removed() -> bool:
+        # Appends roll the active segment (segment.ms), so the delete records become cleanable.
+        writer.add_remote_log_segment_metadata(segment(make_tp("ticker"), 0, 0, {0: 0})).result(timeout=30)
+        states = [codec.decode(r.value).state for r in read_topic(kafka_bootstrap, topic)  # type: ignore[union-attr]
+                  if r.key == started_key and r.value is not None]
+        return states == [P.DELETE_PARTITION_FINISHED]
+
+    wait_until(started_removed, timeout=COMPACTION_WAIT_S, interval=2.0,
+               description=f"the log cleaner removing the DELETE_PARTITION_STARTED record of {topic}")
+    writer.wait_caught_up(CAUGHT_UP_S)
+    back = make_manager(broker_id=1, partitions=1, state_dir=tmp_path / "away", **on_topic)
+    back.wait_caught_up(CAUGHT_UP_S)
+    assert back.record_counts()[1] == 0  # nothing dropped as an invalid transition
+    assert back.view_digest() == writer.view_digest()
