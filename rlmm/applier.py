@@ -52,9 +52,9 @@ WINDOW_MAX_RECORDS = 5_000_000
 WINDOW_MAX_S = 20.0
 WINDOW_COMMIT_RECORDS = 5_000
 # A backlog has ended when every metadata partition was read to its end, or when no record came for
-# WINDOW_IDLE_S (a partition without a leader must not hold the others' window open). Each consume waits at most
-# WINDOW_POLL_S.
-WINDOW_POLL_S = 0.1
+# WINDOW_IDLE_S (a partition without a leader must not hold the others' window open). A consume waits at most
+# WINDOW_POLL_S for a full batch: the last one of a backlog always waits it out.
+WINDOW_POLL_S = 0.01
 WINDOW_IDLE_S = 1.0
 
 
