@@ -384,9 +384,7 @@ class MetadataApplier:
             else:
                 # A partition halted during the window keeps the offset its halt committed.
                 last = {partition: end for partition, end in ends.items() if partition not in self.halted}
-                # Free memory goes back to the OS after every window (a few ms): which window is a backlog's last
-                # is known only once the next consume comes back short, after the offsets it commits may have been
-                # waited for.
+                # Free memory goes back to the OS after every window (a few ms), before anyone hears of its offsets.
                 self._commit_records(records, requests, {**last, **stopped}, release_memory=True)
 
     def _commit_records(
