@@ -328,7 +328,8 @@ class MetadataApplier:
             messages = self._consumer.consume(max_records, WINDOW_POLL_S)
 
     def _note_position(self, partition: int, offset: int) -> bool:
-        """Note a record read at `offset`; whether its partition was read past records the log cleaner removed."""
+        """Note a record read at `offset`; whether its partition was read past records the log cleaner removed.
+        (`_add` does the same inline, for every record of a backlog.)"""
         self._at_end.discard(partition)
         if self._next_offsets.get(partition, offset) != offset:
             self._after_cleaning.add(partition)
@@ -344,15 +345,21 @@ class MetadataApplier:
         # write was registered before it was produced, so with nothing pending no record in hand can be ours.
         own_writes = self._writer.has_pending()
         add, halted = window.add, self.halted
+        at_end, next_offsets, after_cleaning = self._at_end, self._next_offsets, self._after_cleaning
         for message in messages:
             if message.error() is not None:
                 self._consume_error(message)
                 continue
             partition, offset = message.partition(), message.offset()
-            after_cleaning = self._note_position(partition, offset)  # type: ignore[arg-type]
+            # _note_position, inline: this runs for every record of a backlog.
+            if at_end:
+                at_end.discard(partition)
+            if next_offsets.get(partition, offset) != offset:  # type: ignore[arg-type]
+                after_cleaning.add(partition)  # type: ignore[arg-type]
+            next_offsets[partition] = offset + 1  # type: ignore[index,operator]
             if partition not in halted:
                 add(partition, offset, message.key() or b"", message.value(),  # type: ignore[arg-type]
-                    request_of(message) if own_writes else None, after_cleaning)
+                    request_of(message) if own_writes else None, partition in after_cleaning)
 
     def _apply_window(self, window: CompactedWindow) -> None:
         """Replay the window in commits of at most WINDOW_COMMIT_RECORDS records, the last one with the window's
