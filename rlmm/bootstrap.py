@@ -10,9 +10,7 @@ import hashlib
 import io
 import logging
 import re
-import threading
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -185,58 +183,6 @@ def _load(ref: SnapshotRef, source: SnapshotSource, view: MetadataView, metadata
     log.info("bootstrapped %s from snapshot %s (format %d); tailing the topic from its end offsets", view.path,
              ref.key, header.format)
     return True
-
-
-class PrefetchingSource:
-    """A `SnapshotSource` that lists one prefix and reads the newest snapshot under it in a thread, started at once:
-    a new node fetches while it opens its view and asks the topic where its log starts (rlmm.manager). Anything
-    else, and a failed prefetch, goes to the source itself, so errors surface where the loader handles them."""
-
-    def __init__(self, source: SnapshotSource, prefix: str) -> None:
-        self._source = source
-        self._prefix = prefix
-        self._listed: Future[list[str]] = Future()
-        self._newest: Future[tuple[str, bytes]] = Future()
-        threading.Thread(target=self._fetch, name="tierlog-snapshot-prefetch", daemon=True).start()
-
-    def _fetch(self) -> None:
-        try:
-            keys = list(self._source.list_keys(self._prefix))
-            self._listed.set_result(keys)
-            names = [k for k in keys if _NAME.match(k.rsplit("/", 1)[-1])]
-            newest = max(names, key=lambda k: k.rsplit("/", 1)[-1], default=None)
-            if newest is None:
-                self._newest.cancel()
-            else:
-                self._newest.set_result((newest, self._source.read(newest)))
-        except Exception as exc:  # handed to whoever asks for the result
-            for future in (self._listed, self._newest):
-                if not future.done():
-                    future.set_exception(exc)
-
-    def list_keys(self, prefix: str) -> Iterable[str]:
-        if prefix == self._prefix:
-            try:
-                return self._listed.result()
-            except Exception:  # asked again, so the caller sees the source's own error
-                pass
-        return self._source.list_keys(prefix)
-
-    def read(self, key: str) -> bytes:
-        try:
-            newest, data = self._newest.result()
-            if newest == key:
-                return data
-        except Exception:  # none, or failed: read it again, so the caller sees the source's error
-            pass
-        return self._source.read(key)
-
-
-def prefetch(config: Mapping[str, Any], source: SnapshotSource | None, topic_id: str) -> SnapshotSource | None:
-    """The source to bootstrap from, already fetching the newest snapshot when one is configured."""
-    if source is None or not config[LOCATION_KEY]:
-        return source
-    return PrefetchingSource(source, snapshot_prefix(config[LOCATION_KEY], config["metadata.topic.name"], topic_id))
 
 
 def maybe_bootstrap(view: MetadataView, config: Mapping[str, Any], source: SnapshotSource | None, topic: TopicInfo,

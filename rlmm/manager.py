@@ -48,7 +48,7 @@ from rlmm.types import (
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
-from rlmm.view import MetadataView, view_path
+from rlmm.view import MetadataView
 from rlmm.writer import MetadataWriter
 
 log = logging.getLogger(__name__)
@@ -386,8 +386,6 @@ def _open_view(config: Mapping[str, Any], topic: TopicInfo, offsets: OffsetReade
     nothing first loads the newest verified snapshot, when one is configured (issue 11, rlmm.bootstrap), and is then
     checked like any other."""
     state_dir, metadata_topic = config["state.dir"], config["metadata.topic.name"]
-    if not view_path(state_dir).exists():  # a new node: fetch the snapshot while the view opens
-        snapshot_source = bootstrap.prefetch(config, snapshot_source, topic.topic_id)
     view = MetadataView.open(state_dir)
     try:
         view = _resumable(view, state_dir, metadata_topic, topic, offsets, timeout_s)

@@ -74,11 +74,6 @@ class ConsumedRecord:
     skipped_before: bool = False
 
 
-def view_path(state_dir: str | Path) -> Path:
-    """Where a node's view lives in its state dir."""
-    return Path(state_dir) / "view"
-
-
 class MetadataView:
     """Committed view state: per-partition reads go to the in-memory read model under its lock, whole-view reads to
     RocksDB, so any thread may query it (the manager's lookups read the model's partition snapshots, lock-free)."""
@@ -114,7 +109,7 @@ class MetadataView:
 
     @classmethod
     def open(cls, state_dir: str | Path, read_only: bool = False) -> MetadataView:
-        return cls(view_path(state_dir), read_only=read_only)
+        return cls(Path(state_dir) / "view", read_only=read_only)
 
     def close(self) -> None:
         if not hasattr(self, "_db"):  # closed already, or a reopen failed to open it again

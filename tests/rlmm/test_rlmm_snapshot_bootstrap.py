@@ -22,13 +22,11 @@ from dev.s3 import S3Endpoint
 from rlmm import RemoteLogMetadataManager, applier
 from rlmm.archive import read_snapshot, view_entries, view_runs, write_snapshot, write_view_snapshot
 from rlmm.bootstrap import (
-    PrefetchingSource,
     SnapshotSource,
     TopicPosition,
     bootstrap_from_snapshot,
     list_snapshots,
     snapshot_key,
-    snapshot_prefix,
 )
 from rlmm.event_log import check_topic
 from rlmm.lineage import pending_checkpoint
@@ -531,21 +529,3 @@ def test_a_snapshot_whose_header_names_another_topic_id_is_skipped_as_foreign_wi
                    for r in caplog.records)
         assert any("bootstrapped" in r.getMessage() and good in r.getMessage() for r in caplog.records)
         wait_digest(node, expected)
-
-
-def test_the_prefetching_source_serves_the_listing_and_newest_snapshot_it_fetched_and_reads_others_through(
-    store: StorageBackend,
-) -> None:
-    source = BucketSnapshotSource(store)
-    prefix = snapshot_prefix(LOCATION, "prefetched-topic", "id-1")
-    older, newer = (snapshot_key(LOCATION, "prefetched-topic", "id-1", created, f"data {created}".encode())
-                    for created in (1_000, 2_000))
-    for key, created in ((older, 1_000), (newer, 2_000)):
-        store.put(key, f"data {created}".encode())
-    store.put(prefix + "not-a-snapshot.tmp", b"x")
-
-    prefetching = PrefetchingSource(source, prefix)
-    assert sorted(prefetching.list_keys(prefix)) == sorted(source.list_keys(prefix))
-    assert prefetching.read(newer) == b"data 2000"
-    assert prefetching.read(older) == b"data 1000"
-    assert [ref.key for ref in list_snapshots(prefetching, LOCATION, "prefetched-topic", "id-1")] == [newer, older]
