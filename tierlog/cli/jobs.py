@@ -175,7 +175,8 @@ def _topic_id(settings: Settings, topic: str) -> str | None:
     from confluent_kafka.admin import AdminClient
 
     try:
-        described = AdminClient(settings.kafka_client()).describe_topics(
+        admin = AdminClient(settings.kafka_client())  # kept while the answer is awaited: it dies with its handle
+        described = admin.describe_topics(
             TopicCollection([topic]), request_timeout=settings.timeout_s)[topic].result(timeout=settings.timeout_s)
         return str(described.topic_id)
     except (CommandError, KafkaException) as exc:
