@@ -25,10 +25,8 @@ Progress = Callable[[int], None]
 
 def read_header(path: str | Path) -> SnapshotHeader:
     """A snapshot file's header, without reading its datums."""
-    header, datums = read_snapshot(Path(path))
-    close = getattr(datums, "close", None)
-    if close is not None:
-        close()  # closes the file
+    with Path(path).open("rb") as handle:
+        header, _datums = read_snapshot(handle)
     return header
 
 
