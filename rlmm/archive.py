@@ -276,10 +276,11 @@ def _encode_ends(end_offsets: Mapping[int, int]) -> str:
     return json.dumps({str(k): v for k, v in end_offsets.items()})
 
 
-def read_snapshot(source: Path | BinaryIO) -> tuple[SnapshotHeader, Iterator[dict[str, Any]]]:
-    """A snapshot's header and its datums: archive records (format 1) or view chunks (format 2), read lazily."""
+def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[SnapshotHeader, Iterator[dict[str, Any]]]:
+    """A snapshot's header and its datums: archive records (format 1) or view chunks (format 2), read lazily.
+    `name` names the snapshot in errors (default: its path, or "the snapshot")."""
     handle: BinaryIO = source.open("rb") if isinstance(source, Path) else source
-    name = source if isinstance(source, Path) else "the snapshot"
+    name = name or (str(source) if isinstance(source, Path) else "the snapshot")
     try:
         reader = fastavro.reader(handle)
         meta = reader.metadata

@@ -26,7 +26,7 @@ Progress = Callable[[int], None]
 def read_header(path: str | Path) -> SnapshotHeader:
     """A snapshot file's header, without reading its datums."""
     with Path(path).open("rb") as handle:
-        header, _datums = read_snapshot(handle)
+        header, _datums = read_snapshot(handle, str(path))
     return header
 
 
