@@ -2,7 +2,9 @@
 position (`archived_event_schema`), the archive's object keys and files, and the snapshot file.
 
 Archive files live under `audit/<metadata topic>/<partition>/<first offset:020d>-<last offset:020d>.avro`.
-A snapshot is one container file whose file metadata names the topic and the end offsets it reflects. Format 1
+A snapshot is one container file whose file metadata names the topic and the end offsets it reflects and, since
+the header gained them, the topic's id (the incarnation the offsets belong to) and when the snapshot was taken:
+what a loader needs to trust the view and tail the topic from those offsets (older files lack both). Format 1
 holds the same records as the archive (newest per key, no tombstones, in (metadata partition, offset) order),
 which a loader replays. Format 2 holds the materialized view itself: every entry (column family, key, value) as
 `rlmm.view` stores them in the view format it names, grouped in chunks of one family, with the view's digest,
@@ -35,6 +37,8 @@ END_OFFSETS_META = "tierlog.snapshot.end_offsets"
 SNAPSHOT_FORMAT_META = "tierlog.snapshot.format"  # absent in format 1 files, which predate it
 VIEW_FORMAT_META = "tierlog.snapshot.view_format"
 VIEW_DIGEST_META = "tierlog.snapshot.view_digest"
+TOPIC_ID_META = "tierlog.snapshot.topic_id"  # absent in files written before it: such a file names no incarnation
+CREATED_META = "tierlog.snapshot.created_ms"
 RECORDS_FORMAT = 1
 VIEW_FORMAT = 2
 # Entries per chunk: a chunk is one Avro datum, so this bounds what a reader holds at once.
@@ -171,17 +175,27 @@ def from_archived(datum: dict[str, Any]) -> MetadataEvent | None:
 @dataclass(frozen=True, slots=True)
 class SnapshotHeader:
     """What a snapshot's file metadata says: the topic, the offsets it reflects, its format and, for the view
-    format, the view format version of its entries and the view digest they make."""
+    format, the view format version of its entries and the view digest they make; the topic's id and the time the
+    snapshot was taken, None in files written before the header named them."""
 
     metadata_topic: str
     end_offsets: Mapping[int, int]
     format: int = RECORDS_FORMAT
     view_format: int | None = None
     view_digest: str | None = None
+    topic_id: str | None = None
+    created_ms: int | None = None
+
+
+def _source_meta(topic_id: str | None, created_ms: int | None) -> dict[str, str]:
+    if (topic_id is None) != (created_ms is None):
+        raise ValueError("a snapshot names both its topic id and its creation time, or neither")
+    return {} if topic_id is None else {TOPIC_ID_META: topic_id, CREATED_META: str(created_ms)}
 
 
 def write_snapshot(
-    out: BinaryIO, metadata_topic: str, records: Iterable[dict[str, Any]], end_offsets: dict[int, int]
+    out: BinaryIO, metadata_topic: str, records: Iterable[dict[str, Any]], end_offsets: dict[int, int],
+    topic_id: str | None = None, created_ms: int | None = None,
 ) -> None:
     """Write archive datums (already compacted and ordered) as a snapshot file of format 1."""
     fastavro.writer(
@@ -189,6 +203,7 @@ def write_snapshot(
         metadata={
             META_TOPIC: metadata_topic,
             END_OFFSETS_META: _encode_ends(end_offsets),
+            **_source_meta(topic_id, created_ms),
         },
     )
 
@@ -210,7 +225,7 @@ def view_chunk_schema() -> dict[str, Any]:
 
 def write_view_snapshot(
     out: BinaryIO, metadata_topic: str, entries: Iterable[tuple[str, bytes, bytes]], end_offsets: Mapping[int, int],
-    view_digest: str,
+    view_digest: str, topic_id: str | None = None, created_ms: int | None = None,
 ) -> None:
     """Write a view's entries (in the current view format) and its digest as a snapshot file of format 2."""
     fastavro.writer(
@@ -221,6 +236,7 @@ def write_view_snapshot(
             SNAPSHOT_FORMAT_META: str(VIEW_FORMAT),
             VIEW_FORMAT_META: str(view_format.FORMAT_VERSION),
             VIEW_DIGEST_META: view_digest,
+            **_source_meta(topic_id, created_ms),
         },
     )
 
@@ -260,20 +276,23 @@ def _encode_ends(end_offsets: Mapping[int, int]) -> str:
     return json.dumps({str(k): v for k, v in end_offsets.items()})
 
 
-def read_snapshot(source: Path | BinaryIO) -> tuple[SnapshotHeader, Iterator[dict[str, Any]]]:
-    """A snapshot's header and its datums: archive records (format 1) or view chunks (format 2), read lazily."""
+def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[SnapshotHeader, Iterator[dict[str, Any]]]:
+    """A snapshot's header and its datums: archive records (format 1) or view chunks (format 2), read lazily.
+    `name` names the snapshot in errors (default: its path, or "the snapshot")."""
     handle: BinaryIO = source.open("rb") if isinstance(source, Path) else source
-    name = source if isinstance(source, Path) else "the snapshot"
+    name = name or (str(source) if isinstance(source, Path) else "the snapshot")
     try:
         reader = fastavro.reader(handle)
         meta = reader.metadata
         ends = {int(k): int(v) for k, v in json.loads(meta[END_OFFSETS_META]).items()}
         version = int(meta.get(SNAPSHOT_FORMAT_META, RECORDS_FORMAT))
+        topic_id = meta.get(TOPIC_ID_META)
+        created = None if topic_id is None else int(meta[CREATED_META])
         if version == VIEW_FORMAT:
             header = SnapshotHeader(meta[META_TOPIC], ends, version, int(meta[VIEW_FORMAT_META]),
-                                    meta[VIEW_DIGEST_META])
+                                    meta[VIEW_DIGEST_META], topic_id, created)
         elif version == RECORDS_FORMAT:
-            header = SnapshotHeader(meta[META_TOPIC], ends)
+            header = SnapshotHeader(meta[META_TOPIC], ends, topic_id=topic_id, created_ms=created)
         else:
             raise ValueError(f"snapshot format {version}, this tierlog reads {RECORDS_FORMAT} and {VIEW_FORMAT}")
     except (KeyError, ValueError, OSError) as exc:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rlmm.archive import read_snapshot
+from rlmm.archive import SnapshotHeader, read_snapshot
 from rlmm.config import ConfigKey, parse_int, parse_str
 from rlmm.errors import SnapshotError
 from rlmm.event_log import OffsetReader, TopicInfo
@@ -94,6 +94,42 @@ def read_verified(source: SnapshotSource, ref: SnapshotRef) -> bytes:
     return data
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a snapshot is not used: `stale` (older snapshots are staler still) or foreign."""
+
+    stale: bool
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def why_not_trusted(header: SnapshotHeader, metadata_topic: str, position: TopicPosition, now_ms: int,
+                    max_age_ms: int | None = None) -> Refusal | None:
+    """Why a snapshot must not seed a view that then tails the topic from the snapshot's end offsets, or None.
+
+    Foreign: it was taken of another topic, or of another incarnation of this one (its header names another topic
+    id; files written before the header named one are checked only by where they are filed). Stale: it is older
+    than the topic keeps tombstones (`max_age_ms`, by default delete.retention.ms), so deletions after it may be
+    gone, or the topic no longer holds the records after its end offsets."""
+    if header.metadata_topic != metadata_topic:
+        return Refusal(False, f"it is foreign: it holds topic {header.metadata_topic}, not {metadata_topic}")
+    if header.topic_id is not None and header.topic_id != position.topic_id:
+        return Refusal(False, f"it is foreign: it was taken of topic id {header.topic_id}, but {metadata_topic} is "
+                              f"topic id {position.topic_id} (deleted and recreated, or another cluster)")
+    max_age = position.delete_retention_ms if max_age_ms is None else max_age_ms
+    if header.created_ms is not None and now_ms - header.created_ms > max_age:
+        return Refusal(True, f"it is stale: taken {now_ms - header.created_ms} ms ago, longer than the topic keeps "
+                             f"tombstones ({max_age} ms), so deletions after it may be gone")
+    behind = {p: e for p, e in sorted(header.end_offsets.items()) if position.log_start_offsets.get(p, 0) > e}
+    if behind:
+        return Refusal(True, "it is stale: the topic no longer holds the records after its end offsets (partition: "
+                             "snapshot end < log start) "
+                             + ", ".join(f"{p}: {e} < {position.log_start_offsets[p]}" for p, e in behind.items()))
+    return None
+
+
 def bootstrap_from_snapshot(
     view: MetadataView, source: SnapshotSource, location: str, metadata_topic: str, position: TopicPosition,
     now_ms: int, max_age_ms: int | None = None,
@@ -120,7 +156,7 @@ def bootstrap_from_snapshot(
                         ref.key, now_ms - ref.created_ms, max_age)
             return None
         try:
-            return ref if _load(ref, source, view, metadata_topic, position) else None
+            return ref if _load(ref, source, view, metadata_topic, position, now_ms, max_age) else None
         except Exception as exc:  # corrupt, foreign, unreadable: any of them leaves the topic, which always works
             if view.holds_entries():  # refused or failed part way through loading: the manager starts afresh
                 log.warning("snapshot %s is unusable (%s); rebuilding from the topic", ref.key, exc)
@@ -131,16 +167,15 @@ def bootstrap_from_snapshot(
 
 
 def _load(ref: SnapshotRef, source: SnapshotSource, view: MetadataView, metadata_topic: str,
-          position: TopicPosition) -> bool:
+          position: TopicPosition, now_ms: int, max_age_ms: int) -> bool:
     data = read_verified(source, ref)
     header, datums = read_snapshot(io.BytesIO(data))
-    if header.metadata_topic != metadata_topic:
-        raise SnapshotError(f"it holds topic {header.metadata_topic}, not {metadata_topic}")
-    behind = {p: e for p, e in header.end_offsets.items() if position.log_start_offsets.get(p, 0) > e}
-    if behind:
-        log.warning("snapshot %s is stale: the topic no longer holds the records after its end offsets %s; "
-                    "rebuilding from the topic", ref.key, behind)
+    reason = why_not_trusted(header, metadata_topic, position, now_ms, max_age_ms)
+    if reason is not None and reason.stale:  # older ones are staler still
+        log.warning("snapshot %s is unusable: %s; rebuilding from the topic", ref.key, reason)
         return False
+    if reason is not None:
+        raise SnapshotError(str(reason))
     load_into(view, header, datums)
     # The view resumes as if it had last applied a batch when the snapshot was taken: the manager's staleness rules
     # (tombstone window, topic id) then hold for it as for any other view. Written last, it marks the load finished.

@@ -23,11 +23,21 @@ _BATCH = 5000
 Progress = Callable[[int], None]
 
 
+def read_header(path: str | Path) -> SnapshotHeader:
+    """A snapshot file's header, without reading its datums."""
+    with Path(path).open("rb") as handle:
+        header, _datums = read_snapshot(handle, str(path))
+    return header
+
+
 def load_snapshot(
     path: str | Path, state_dir: str | Path, progress: Progress | None = None
 ) -> tuple[str, dict[int, int]]:
-    """Materialize a snapshot into an EMPTY state dir; a manager started on it resumes from the end offsets.
+    """Materialize a snapshot into an EMPTY state dir; the topic and end offsets it reflects.
 
+    When the header names the topic id and the time the snapshot was taken, the view records them as its source,
+    last (a load cut short records none): a manager started on it resumes from the end offsets if the topic is still
+    that incarnation and still holds the records after them (rlmm.manager checks), else rebuilds from the topic.
     `progress` gets the number of the file's datums loaded so far (records in format 1, chunks in format 2)."""
     path = Path(path)
     view_dir = Path(state_dir) / "view"
@@ -37,6 +47,8 @@ def load_snapshot(
     view = MetadataView.open(state_dir)
     try:
         load_into(view, header, datums, progress)
+        if header.topic_id is not None and header.created_ms is not None:
+            view.set_source(header.metadata_topic, header.topic_id, header.created_ms)
     finally:
         view.close()
     return header.metadata_topic, dict(header.end_offsets)

@@ -503,3 +503,29 @@ def test_a_bootstrapped_node_resolves_readiness_when_partitions_register_not_at_
     with _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
         register(node, *tps)
         assert node.list_remote_log_segments(tps[0]) == writer.list_remote_log_segments(tps[0]) != []
+
+
+def test_a_snapshot_whose_header_names_another_topic_id_is_skipped_as_foreign_with_a_log_line(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=21, partitions=2)
+    expected = writer.view_digest()
+    good = _snapshot(kafka_bootstrap, metadata_topic, store)
+    header, datums = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(good)))
+    # Filed under this topic's id, newer than the good one, but taken of another incarnation of the topic.
+    foreign = io.BytesIO()
+    write_view_snapshot(foreign, metadata_topic, view_entries(datums), header.end_offsets, header.view_digest or "",
+                        "AAAAAAAAAAAAAAAAAAAAAA", int(time.time() * 1000))
+    data = foreign.getvalue()
+    bad = snapshot_key(LOCATION, metadata_topic, _topic_id(kafka_bootstrap, metadata_topic),
+                       int(time.time() * 1000) + 60_000, data)
+    store.put(bad, data)
+
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
+        assert any(bad in r.getMessage() and "foreign" in r.getMessage() and "AAAAAAAAAAAAAAAAAAAAAA" in r.getMessage()
+                   for r in caplog.records)
+        assert any("bootstrapped" in r.getMessage() and good in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)

@@ -16,12 +16,14 @@ from rlmm import view_format as vf
 from rlmm.archive import (
     RECORDS_FORMAT,
     VIEW_FORMAT,
+    SnapshotHeader,
     read_snapshot,
     to_archived,
     view_entries,
     write_snapshot,
     write_view_snapshot,
 )
+from rlmm.bootstrap import TopicPosition, why_not_trusted
 from rlmm.errors import SnapshotError, ViewFormatError
 from rlmm.lineage import pending_checkpoint
 from rlmm.snapshot import apply_archived, load_into, load_snapshot, snapshot_entries
@@ -219,3 +221,65 @@ def test_entries_out_of_the_views_order_are_refused_and_leave_the_view_empty(tmp
         assert not view.holds_entries()
     finally:
         view.close()
+
+
+@pytest.mark.parametrize("fmt", [RECORDS_FORMAT, VIEW_FORMAT])
+def test_the_header_names_the_topic_id_and_creation_time_and_older_files_name_neither(fmt: int) -> None:
+    def header_of(**source: Any) -> SnapshotHeader:
+        out = io.BytesIO()
+        if fmt == RECORDS_FORMAT:
+            write_snapshot(out, TOPIC, [], {0: 3}, **source)
+        else:
+            write_view_snapshot(out, TOPIC, [], {0: 3}, "d" * 64, **source)
+        out.seek(0)
+        return read_snapshot(out)[0]
+
+    labelled = header_of(topic_id="Zm9vYmFyYmF6cXV1eA", created_ms=1_700_000_000_000)
+    assert (labelled.format, labelled.topic_id, labelled.created_ms) == (fmt, "Zm9vYmFyYmF6cXV1eA", 1_700_000_000_000)
+    older = header_of()
+    assert (older.format, older.topic_id, older.created_ms) == (fmt, None, None)
+    with pytest.raises(ValueError, match="both"):
+        header_of(topic_id="Zm9vYmFyYmF6cXV1eA")
+
+
+def test_load_snapshot_records_the_headers_source_last_so_a_manager_resumes_from_it(tmp_path: Path) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(6))
+    ends = replayed.applied_offsets(TOPIC)
+    out = io.BytesIO()
+    write_view_snapshot(out, TOPIC, snapshot_entries(replayed), ends, replayed.digest(), "dG9waWMtaWQtMDAwMDAwMA",
+                        1_700_000_000_000)
+    replayed.close()
+    (tmp_path / "labelled.avro").write_bytes(out.getvalue())
+    (tmp_path / "older.avro").write_bytes(_view_snapshot(_replayed(tmp_path / "again", _archived_log(6))))
+
+    load_snapshot(tmp_path / "labelled.avro", tmp_path / "node")
+    load_snapshot(tmp_path / "older.avro", tmp_path / "node-older")
+    sources = []
+    for node in ("node", "node-older"):
+        view = MetadataView.open(tmp_path / node)
+        sources.append(view.source(TOPIC))
+        view.close()
+    assert sources == [("dG9waWMtaWQtMDAwMDAwMA", 1_700_000_000_000), None]
+
+
+HEADER = SnapshotHeader(TOPIC, {0: 10, 1: 4}, topic_id="id-a", created_ms=1_000_000)
+
+
+@pytest.mark.parametrize("header, position, now_ms, expected", [
+    (HEADER, TopicPosition("id-a", 500_000, {0: 10, 1: 0}), 1_400_000, None),
+    (HEADER, TopicPosition("id-b", 500_000, {0: 0, 1: 0}), 1_000_000, "it is foreign: it was taken of topic id id-a"),
+    (SnapshotHeader("other", {0: 1}), TopicPosition("id-a", 500_000, {}), 0, "it is foreign: it holds topic other"),
+    (HEADER, TopicPosition("id-a", 500_000, {0: 0, 1: 0}), 1_500_001, "it is stale: taken 500001 ms ago"),
+    (HEADER, TopicPosition("id-a", 500_000, {0: 11, 1: 5}), 1_000_000,
+     "it is stale: the topic no longer holds the records after its end offsets (partition: snapshot end < log "
+     "start) 0: 10 < 11, 1: 4 < 5"),
+    # A file written before the header named its topic id: only where it is filed says which topic it is of.
+    (SnapshotHeader(TOPIC, {0: 1}), TopicPosition("id-b", 500_000, {0: 0}), 10**13, None),
+])
+def test_a_snapshot_is_trusted_only_when_of_this_topic_id_younger_than_the_tombstones_and_at_or_past_the_log_start(
+    header: SnapshotHeader, position: TopicPosition, now_ms: int, expected: str | None,
+) -> None:
+    refusal = why_not_trusted(header, TOPIC, position, now_ms)
+    assert (None if refusal is None else str(refusal)[:len(expected or "")]) == expected
+    if refusal is not None:
+        assert refusal.stale == ("stale" in expected)  # type: ignore[operator]

@@ -91,12 +91,13 @@ def write_snapshot_now(store: StorageBackend, settings: SnapshotSettings, topic_
             ends = apply_archived(view, topic, archived_records(store, topic, base))
             if not ends or ends == base:
                 return None
+            # Taken now: the archive it applied was read just before, so the view is at least this recent.
+            created = int(time.time() * 1000) if now_ms is None else now_ms
             buffer = io.BytesIO()
-            write_view_snapshot(buffer, topic, snapshot_entries(view), ends, view.digest())
+            write_view_snapshot(buffer, topic, snapshot_entries(view), ends, view.digest(), topic_id, created)
         finally:
             view.close()
     data = buffer.getvalue()
-    created = int(time.time() * 1000) if now_ms is None else now_ms
     key = snapshot_key(settings.location, topic, topic_id, created, data)
     store.put(key, data)
     log.info("wrote snapshot %s (%d bytes) up to offsets %s", key, len(data), ends)

@@ -168,13 +168,31 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _topic_id(settings: Settings, topic: str) -> str | None:
+    """The metadata topic's id, which the snapshot names so `tierlog rebuild --snapshot` trusts it; None (with a
+    warning) when Kafka cannot say."""
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        admin = AdminClient(settings.kafka_client())  # kept while the answer is awaited: it dies with its handle
+        described = admin.describe_topics(
+            TopicCollection([topic]), request_timeout=settings.timeout_s)[topic].result(timeout=settings.timeout_s)
+        return str(described.topic_id)
+    except (CommandError, KafkaException) as exc:
+        print(f"the snapshot names no topic id ({exc}); `tierlog rebuild --snapshot` will rebuild from the topic "
+              "instead of trusting it", file=sys.stderr)
+        return None
+
+
 def cmd_snapshot(args: argparse.Namespace, settings: Settings) -> int:
     from tierlog.pipeline.snapshot import build_snapshot
 
     location = settings.archive_location(args.archive)
     with archive_errors(), ProgressBar("building the snapshot on Spark", None):
         spark = spark_session(settings, args, location)
-        summary = build_snapshot(spark, location, settings.metadata_topic(), Path(args.out))
+        summary = build_snapshot(spark, location, settings.metadata_topic(), Path(args.out),
+                                 _topic_id(settings, settings.metadata_topic()))
     payload = {"path": summary.path, "records": summary.records, "archived_records": summary.archived_records,
                "end_offsets": {str(k): v for k, v in summary.end_offsets.items()}}
     emit(args, payload, lambda: print(

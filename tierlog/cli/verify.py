@@ -4,6 +4,7 @@ snapshot)."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import uuid
 from collections.abc import Mapping
@@ -217,7 +218,7 @@ def _catch_up(settings: Settings, state_dir: Path, label: str, show: bool | None
 
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     from rlmm.errors import SnapshotError
-    from rlmm.snapshot import load_snapshot
+    from rlmm.snapshot import read_header
 
     state_dir = settings.state_dir(args.state_dir)
     _require_empty(state_dir)
@@ -227,21 +228,18 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
         snapshot = Path(args.snapshot)
         if not snapshot.is_file():
             raise CommandError(f"snapshot {snapshot} does not exist; build one with `tierlog snapshot`")
-        loaded = [0]
-        with ProgressBar("loading snapshot", _snapshot_records(snapshot), args.progress) as bar:
-
-            def progress(count: int) -> None:
-                loaded[0] = count
-                bar.update(count)
-
-            try:
-                topic, ends = load_snapshot(snapshot, state_dir, progress=progress)
-            except SnapshotError as exc:
-                raise CommandError(str(exc), EXIT_USAGE) from exc
-            bar.finish(loaded[0])
-        result.update({"source": "snapshot", "snapshot": str(snapshot), "records": loaded[0],
-                       "snapshot_end_offsets": {str(k): v for k, v in ends.items()}})
-        settings.set_default("metadata.topic.name", topic, f"snapshot {snapshot}")
+        try:
+            header = read_header(snapshot)
+        except SnapshotError as exc:
+            raise CommandError(str(exc), EXIT_USAGE) from exc
+        settings.set_default("metadata.topic.name", header.metadata_topic, f"snapshot {snapshot}")
+        refusal = None if args.no_catch_up else _snapshot_refusal(settings, header)
+        if refusal is None:
+            result.update(_load_snapshot(snapshot, state_dir, args.progress))
+        else:
+            # The topic always works: the node is rebuilt from it instead, and the operator told why.
+            print(f"snapshot {snapshot} is not used: {refusal}; rebuilding from the topic", file=sys.stderr)
+            result.update({"source": "topic", "snapshot": str(snapshot), "snapshot_refused": refusal})
         if args.no_catch_up:
             from rlmm.view import MetadataView
 
@@ -251,7 +249,8 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
             finally:
                 view.close()
         else:
-            result.update(_catch_up(settings, state_dir, "catching up from topic", args.progress))
+            label = "catching up from topic" if refusal is None else "rebuilding from topic"
+            result.update(_catch_up(settings, state_dir, label, args.progress))
     else:
         result["source"] = "topic"
         result.update(_catch_up(settings, state_dir, "rebuilding from topic", args.progress))
@@ -263,6 +262,52 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
     emit(args, result, human)
     return EXIT_OK
+
+
+def _snapshot_refusal(settings: Settings, header: Any) -> str | None:
+    """Why the snapshot must not seed a node that then tails the topic from its end offsets (foreign, stale, or
+    naming no topic id), or None: the same rules as a node bootstrapping from the bucket (rlmm.bootstrap)."""
+    from confluent_kafka.admin import AdminClient
+
+    from rlmm.bootstrap import TopicPosition, why_not_trusted
+    from rlmm.errors import ConfigError, RemoteStorageError
+    from rlmm.event_log import OffsetReader, check_topic
+
+    if header.topic_id is None:
+        return ("it names no metadata topic id (written before snapshots recorded one), so nothing shows it is "
+                f"of this incarnation of {header.metadata_topic}; write a new one with `tierlog snapshot`")
+    topic = header.metadata_topic
+    partitions = require_topic(settings, topic)
+    client = settings.kafka_client()
+    admin = AdminClient(client)
+    try:
+        info = check_topic(admin, topic, len(partitions), settings.timeout_s)
+        starts = OffsetReader(topic, client, admin).start_offsets(partitions, settings.timeout_s)
+    except (ConfigError, RemoteStorageError) as exc:
+        raise CommandError(f"cannot check snapshot against topic {topic}: {exc}") from exc
+    refusal = why_not_trusted(header, topic, TopicPosition(info.topic_id, info.delete_retention_ms, starts),
+                              int(time.time() * 1000))
+    return None if refusal is None else str(refusal)
+
+
+def _load_snapshot(snapshot: Path, state_dir: Path, show: bool | None) -> dict[str, Any]:
+    from rlmm.errors import SnapshotError
+    from rlmm.snapshot import load_snapshot
+
+    loaded = [0]
+    with ProgressBar("loading snapshot", _snapshot_records(snapshot), show) as bar:
+
+        def progress(count: int) -> None:
+            loaded[0] = count
+            bar.update(count)
+
+        try:
+            _topic, ends = load_snapshot(snapshot, state_dir, progress=progress)
+        except SnapshotError as exc:
+            raise CommandError(str(exc), EXIT_USAGE) from exc
+        bar.finish(loaded[0])
+    return {"source": "snapshot", "snapshot": str(snapshot), "records": loaded[0],
+            "snapshot_end_offsets": {str(k): v for k, v in ends.items()}}
 
 
 def _snapshot_records(path: Path) -> int | None:

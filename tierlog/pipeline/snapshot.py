@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +29,11 @@ class SnapshotSummary:
 
 
 def build_snapshot(
-    spark: SparkSession, archive_location: str, metadata_topic: str, output: Path
+    spark: SparkSession, archive_location: str, metadata_topic: str, output: Path, topic_id: str | None = None
 ) -> SnapshotSummary:
-    """Write the snapshot to `output` atomically (a temporary file renamed into place)."""
+    """Write the snapshot to `output` atomically (a temporary file renamed into place). With the topic's id, the
+    header names it and the time the archive was read, so a node loading the file trusts it and tails the topic."""
+    created_ms = None if topic_id is None else int(time.time() * 1000)
     archive = read_archive(spark, archive_location, metadata_topic).cache()
     ends = end_offsets(archive)
     records = compacted(archive).orderBy("metadata_partition", "offset").cache()
@@ -40,7 +43,8 @@ def build_snapshot(
     try:
         with os.fdopen(fd, "wb") as out:
             # toLocalIterator streams one Spark partition at a time, keeping the order of orderBy.
-            write_snapshot(out, metadata_topic, (datum_of(row) for row in records.toLocalIterator()), ends)
+            write_snapshot(out, metadata_topic, (datum_of(row) for row in records.toLocalIterator()), ends,
+                           topic_id, created_ms)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp_name, output)
