@@ -119,3 +119,18 @@ def snapshot_entries(view: MetadataView) -> Iterator[tuple[str, bytes, bytes]]:
     )
     for key, value in metas:
         yield vf.PARTITION_META, key, value
+
+
+def holds_everything_until(ends: Mapping[int, int], newest_ms: Mapping[int, int], base_ms: int,
+                           topic_ends: Mapping[int, int], topic_ends_at_ms: int) -> int:
+    """The time up to which a snapshot reaching `ends` holds every record of its topic: what its creation time must
+    say, since a new node trusts it only while the topic still keeps every tombstone written after that time
+    (delete.retention.ms). A partition read to the end the topic had at `topic_ends_at_ms` holds everything written
+    before then; one behind (its archive lags), only up to its newest record applied (`newest_ms`, by record
+    timestamp) or what the snapshot it was built on held (`base_ms`)."""
+    def until(partition: int, end: int) -> int:
+        if end >= topic_ends.get(partition, 0):
+            return topic_ends_at_ms
+        return max(newest_ms.get(partition, 0), base_ms)
+
+    return min((until(partition, end) for partition, end in ends.items()), default=topic_ends_at_ms)

@@ -30,7 +30,7 @@ from rlmm.bootstrap import (
 )
 from rlmm.event_log import check_topic
 from rlmm.lineage import pending_checkpoint
-from rlmm.snapshot import snapshot_entries
+from rlmm.snapshot import holds_everything_until, snapshot_entries
 from rlmm.types import TopicIdPartition
 from rlmm.view import MetadataView
 from rsm.backend import StorageBackend
@@ -42,6 +42,7 @@ from tierlog.audit.snapshots import (
     SnapshotSettings,
     SnapshotWriterThread,
     archived_records,
+    metadata_topic_ends,
     start_snapshot_writer,
     write_snapshot_now,
 )
@@ -529,3 +530,44 @@ def test_a_snapshot_whose_header_names_another_topic_id_is_skipped_as_foreign_wi
                    for r in caplog.records)
         assert any("bootstrapped" in r.getMessage() and good in r.getMessage() for r in caplog.records)
         wait_digest(node, expected)
+
+
+# --- a snapshot's creation time is the time up to which it holds every record ---------------------------------
+
+def test_a_snapshot_holds_every_record_until_now_only_where_its_archive_reached_the_topics_end() -> None:
+    now, newest, base = 10_000, {0: 4_000, 1: 6_000}, 5_000
+    assert holds_everything_until({0: 7, 1: 9}, newest, base, {0: 7, 1: 9}, now) == now
+    # Partition 1 is behind the topic: only what its newest record, or the snapshot built on, says.
+    assert holds_everything_until({0: 7, 1: 9}, newest, base, {0: 7, 1: 12}, now) == 6_000
+    # Partition 0 behind with only records older than the base snapshot: the base's time.
+    assert holds_everything_until({0: 7, 1: 9}, newest, base, {0: 8, 1: 9}, now) == base
+    assert holds_everything_until({0: 7}, {}, 0, {0: 8}, now) == 0
+
+
+def test_a_snapshot_of_an_archive_that_lags_the_topic_is_dated_by_its_newest_record_not_by_now(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=7, partitions=3)
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
+    archived_by_ms = int(time.time() * 1000)
+    time.sleep(0.05)
+    _history(writer, seed=8, partitions=3)  # on the topic, not in the archive: the archiver is stuck
+    topic_id = _topic_id(kafka_bootstrap, metadata_topic)
+    settings = SnapshotSettings(LOCATION, metadata_topic)
+
+    def topic_ends() -> dict[int, int]:
+        return metadata_topic_ends(kafka_bootstrap, metadata_topic)
+
+    lagging = write_snapshot_now(store, settings, topic_id, topic_ends=topic_ends)
+    assert lagging is not None
+    created = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)[0].created_ms
+    assert created <= archived_by_ms
+
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
+    asked_ms = int(time.time() * 1000)
+    current = write_snapshot_now(store, settings, topic_id, topic_ends=topic_ends)
+    assert current is not None
+    newest = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)[0]
+    assert newest.key == current and newest.created_ms >= asked_ms

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicCollection
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from rlmm.archive import read_archive_file, read_snapshot, write_view_snapshot
 from rlmm.bootstrap import SnapshotRef, list_snapshots, read_verified, snapshot_key
 from rlmm.errors import RemoteStorageError, SnapshotError
-from rlmm.snapshot import apply_archived, load_into, snapshot_entries
+from rlmm.snapshot import apply_archived, holds_everything_until, load_into, snapshot_entries
 from rlmm.view import MetadataView
 from rsm.backend import StorageBackend, read_all
 from rsm.snapshot_source import BucketSnapshotSource
@@ -59,8 +59,9 @@ def archived_records(store: StorageBackend, metadata_topic: str, after: Mapping[
 
 
 def materialize_newest(store: StorageBackend, settings: SnapshotSettings, topic_id: str, work: Path
-                       ) -> MetadataView:
-    """An open view under `work` holding the newest snapshot that loads, or an empty one when none does."""
+                       ) -> tuple[MetadataView, int]:
+    """An open view under `work` holding the newest snapshot that loads, or an empty one when none does; and the
+    time up to which that snapshot holds every record of the topic (0 for none)."""
     source = BucketSnapshotSource(store)
     for attempt, ref in enumerate(list_snapshots(source, settings.location, settings.metadata_topic, topic_id)):
         view = MetadataView(work / f"base-{attempt}")
@@ -69,30 +70,38 @@ def materialize_newest(store: StorageBackend, settings: SnapshotSettings, topic_
             if header.metadata_topic != settings.metadata_topic:
                 raise SnapshotError(f"it holds topic {header.metadata_topic}")
             load_into(view, header, datums)
-            return view
+            return view, ref.created_ms
         except (SnapshotError, ValueError) as exc:
             view.close()
             log.warning("snapshot %s is unusable as a base (%s); trying an older one", ref.key, exc)
-    return MetadataView(work / "base-empty")
+    return MetadataView(work / "base-empty"), 0
 
 
 def write_snapshot_now(store: StorageBackend, settings: SnapshotSettings, topic_id: str,
-                       now_ms: int | None = None) -> str | None:
+                       now_ms: int | None = None, topic_ends: Callable[[], Mapping[int, int]] | None = None
+                       ) -> str | None:
     """Write a snapshot of everything archived so far; the new key, or None when nothing changed since the
     newest snapshot (or nothing is archived yet).
 
     The newest snapshot's view plus every archived record after it, applied in log order as a node applies the
-    topic, is the view a node that replayed the whole topic holds; the snapshot carries it entry by entry."""
+    topic, is the view a node that replayed the whole topic holds; the snapshot carries it entry by entry. Its
+    creation time is the time up to which it holds every record (rlmm.snapshot.holds_everything_until): now where
+    the archive reached the topic's end offsets (`topic_ends`, asked before the archive is read), else the time of
+    its newest records, so that a snapshot of a lagging archive never looks fresher than it is. Without
+    `topic_ends` the caller vouches that the archive had read the whole topic when this was called."""
     topic = settings.metadata_topic
+    asked_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    ends_then = None if topic_ends is None else topic_ends()
     with tempfile.TemporaryDirectory(prefix="tierlog-snapshot-") as work:
-        view = materialize_newest(store, settings, topic_id, Path(work))
+        view, base_ms = materialize_newest(store, settings, topic_id, Path(work))
         try:
             base = view.applied_offsets(topic)
-            ends = apply_archived(view, topic, archived_records(store, topic, base))
+            newest_ms: dict[int, int] = {}
+            ends = apply_archived(view, topic, _noting_times(archived_records(store, topic, base), newest_ms))
             if not ends or ends == base:
                 return None
-            # Taken now: the archive it applied was read just before, so the view is at least this recent.
-            created = int(time.time() * 1000) if now_ms is None else now_ms
+            created = asked_ms if ends_then is None else holds_everything_until(ends, newest_ms, base_ms, ends_then,
+                                                                                 asked_ms)
             buffer = io.BytesIO()
             write_view_snapshot(buffer, topic, snapshot_entries(view), ends, view.digest(), topic_id, created)
         finally:
@@ -100,9 +109,18 @@ def write_snapshot_now(store: StorageBackend, settings: SnapshotSettings, topic_
     data = buffer.getvalue()
     key = snapshot_key(settings.location, topic, topic_id, created, data)
     store.put(key, data)
-    log.info("wrote snapshot %s (%d bytes) up to offsets %s", key, len(data), ends)
+    log.info("wrote snapshot %s (%d bytes) up to offsets %s, holding every record until %d", key, len(data), ends,
+             created)
     _prune(store, settings, topic_id)
     return key
+
+
+def _noting_times(datums: Iterator[dict[str, Any]], newest_ms: dict[int, int]) -> Iterator[dict[str, Any]]:
+    """The datums, noting the newest record timestamp of each metadata partition in `newest_ms`."""
+    for datum in datums:
+        partition = datum["metadata_partition"]
+        newest_ms[partition] = max(newest_ms.get(partition, 0), datum["timestamp_ms"])
+        yield datum
 
 
 def _prune(store: StorageBackend, settings: SnapshotSettings, topic_id: str) -> None:
@@ -111,6 +129,20 @@ def _prune(store: StorageBackend, settings: SnapshotSettings, topic_id: str) -> 
     old = [ref.key for ref in refs[settings.keep:]]
     if old:
         store.delete(old)
+
+
+def metadata_topic_ends(bootstrap_servers: str, metadata_topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """The end offset of each partition of the metadata topic now."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    try:
+        described = admin.describe_topics(TopicCollection([metadata_topic]), request_timeout=timeout_s)
+        partitions = described[metadata_topic].result(timeout=timeout_s).partitions
+        listed = admin.list_offsets({TopicPartition(metadata_topic, p.id): OffsetSpec.latest() for p in partitions},
+                                    request_timeout=timeout_s)
+        return {tp.partition: future.result(timeout=timeout_s).offset for tp, future in listed.items()}
+    except KafkaException as exc:
+        raise RemoteStorageError(f"cannot list the end offsets of metadata topic {metadata_topic} on "
+                                 f"{bootstrap_servers}: {exc}") from exc
 
 
 def metadata_topic_id(bootstrap_servers: str, metadata_topic: str, timeout_s: float = 30.0) -> str:
@@ -128,7 +160,8 @@ def start_snapshot_writer(store: StorageBackend, settings: SnapshotSettings,
                           bootstrap_servers: str) -> SnapshotWriterThread:
     """Start writing snapshots of `settings.metadata_topic` in the background (beside the archiver)."""
     thread = SnapshotWriterThread(store, settings,
-                                  lambda: metadata_topic_id(bootstrap_servers, settings.metadata_topic))
+                                  lambda: metadata_topic_id(bootstrap_servers, settings.metadata_topic),
+                                  lambda: metadata_topic_ends(bootstrap_servers, settings.metadata_topic))
     thread.start()
     return thread
 
@@ -137,18 +170,20 @@ class SnapshotWriterThread(threading.Thread):
     """Writes a snapshot every `interval_s` (the first one at once) until stopped; failures are logged and
     retried at the next interval, since an older snapshot, or the topic, still serves new nodes."""
 
-    def __init__(self, store: StorageBackend, settings: SnapshotSettings, topic_id: Callable[[], str]) -> None:
+    def __init__(self, store: StorageBackend, settings: SnapshotSettings, topic_id: Callable[[], str],
+                 topic_ends: Callable[[], Mapping[int, int]] | None = None) -> None:
         super().__init__(name="tierlog-snapshot-writer", daemon=True)
         self._store = store
         self._settings = settings
         self._topic_id = topic_id
+        self._topic_ends = topic_ends
         self._stop_event = threading.Event()
         self.written: list[str] = []
 
     def run(self) -> None:
         while not self._stop_event.is_set():
             try:
-                key = write_snapshot_now(self._store, self._settings, self._topic_id())
+                key = write_snapshot_now(self._store, self._settings, self._topic_id(), topic_ends=self._topic_ends)
                 if key is not None:
                     self.written.append(key)
             except Exception:  # the bucket, Kafka, or the scratch view's RocksDB (which raises bare Exception)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -168,21 +169,26 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def _topic_id(settings: Settings, topic: str) -> str | None:
-    """The metadata topic's id, which the snapshot names so `tierlog rebuild --snapshot` trusts it; None (with a
-    warning) when Kafka cannot say."""
-    from confluent_kafka import KafkaException, TopicCollection
-    from confluent_kafka.admin import AdminClient
+def _topic_now(settings: Settings, topic: str) -> tuple[str | None, dict[int, int] | None, int]:
+    """The metadata topic's id, which the snapshot names so `tierlog rebuild --snapshot` trusts it, its end offsets
+    and when they were asked (before the archive is read); (None, None, ...) with a warning when Kafka cannot
+    say."""
+    from confluent_kafka import KafkaException, TopicCollection, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
 
+    asked_ms = int(time.time() * 1000)
     try:
-        admin = AdminClient(settings.kafka_client())  # kept while the answer is awaited: it dies with its handle
+        admin = AdminClient(settings.kafka_client())  # kept while the answers are awaited: it dies with its handle
         described = admin.describe_topics(
             TopicCollection([topic]), request_timeout=settings.timeout_s)[topic].result(timeout=settings.timeout_s)
-        return str(described.topic_id)
+        listed = admin.list_offsets({TopicPartition(topic, p.id): OffsetSpec.latest() for p in described.partitions},
+                                    request_timeout=settings.timeout_s)
+        ends = {tp.partition: answer.result(timeout=settings.timeout_s).offset for tp, answer in listed.items()}
+        return str(described.topic_id), ends, asked_ms
     except (CommandError, KafkaException) as exc:
         print(f"the snapshot names no topic id ({exc}); `tierlog rebuild --snapshot` will rebuild from the topic "
               "instead of trusting it", file=sys.stderr)
-        return None
+        return None, None, asked_ms
 
 
 def cmd_snapshot(args: argparse.Namespace, settings: Settings) -> int:
@@ -191,8 +197,9 @@ def cmd_snapshot(args: argparse.Namespace, settings: Settings) -> int:
     location = settings.archive_location(args.archive)
     with archive_errors(), ProgressBar("building the snapshot on Spark", None):
         spark = spark_session(settings, args, location)
-        summary = build_snapshot(spark, location, settings.metadata_topic(), Path(args.out),
-                                 _topic_id(settings, settings.metadata_topic()))
+        topic_id, topic_ends, asked_ms = _topic_now(settings, settings.metadata_topic())
+        summary = build_snapshot(spark, location, settings.metadata_topic(), Path(args.out), topic_id, topic_ends,
+                                 asked_ms)
     payload = {"path": summary.path, "records": summary.records, "archived_records": summary.archived_records,
                "end_offsets": {str(k): v for k, v in summary.end_offsets.items()}}
     emit(args, payload, lambda: print(

@@ -76,6 +76,12 @@ def end_offsets(frame: DataFrame) -> dict[int, int]:
     return {int(r["metadata_partition"]): int(r["last"]) + 1 for r in rows}
 
 
+def newest_times(frame: DataFrame) -> dict[int, int]:
+    """Per metadata partition, the newest record timestamp archived."""
+    rows = frame.groupBy("metadata_partition").agg(F.max("timestamp_ms").alias("newest")).collect()
+    return {int(r["metadata_partition"]): int(r["newest"]) for r in rows}
+
+
 def datum_of(row: Row) -> dict[str, Any]:
     """A Spark row of the archive as the Avro datum fastavro and rlmm.codec expect."""
     datum = {c: row[c] for c in ARCHIVE_COLUMNS}

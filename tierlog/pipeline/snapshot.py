@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from rlmm.archive import write_snapshot
-from tierlog.pipeline.archive import datum_of, end_offsets, read_archive
+from rlmm.snapshot import holds_everything_until
+from tierlog.pipeline.archive import datum_of, end_offsets, newest_times, read_archive
 from tierlog.pipeline.replay import compacted
 
 
@@ -29,13 +31,20 @@ class SnapshotSummary:
 
 
 def build_snapshot(
-    spark: SparkSession, archive_location: str, metadata_topic: str, output: Path, topic_id: str | None = None
+    spark: SparkSession, archive_location: str, metadata_topic: str, output: Path, topic_id: str | None = None,
+    topic_ends: Mapping[int, int] | None = None, topic_ends_at_ms: int | None = None,
 ) -> SnapshotSummary:
     """Write the snapshot to `output` atomically (a temporary file renamed into place). With the topic's id, the
-    header names it and the time the archive was read, so a node loading the file trusts it and tails the topic."""
-    created_ms = None if topic_id is None else int(time.time() * 1000)
+    header names it and the time up to which the snapshot holds every record (rlmm.snapshot.holds_everything_until:
+    the time `topic_ends` were asked, for partitions the archive holds to those ends; else their newest record's;
+    without `topic_ends`, now), so a node loading it trusts it and tails the topic while it keeps what came after."""
+    asked_ms = int(time.time() * 1000) if topic_ends_at_ms is None else topic_ends_at_ms
     archive = read_archive(spark, archive_location, metadata_topic).cache()
     ends = end_offsets(archive)
+    created_ms = None
+    if topic_id is not None:
+        created_ms = asked_ms if topic_ends is None else holds_everything_until(ends, newest_times(archive), 0,
+                                                                                topic_ends, asked_ms)
     records = compacted(archive).orderBy("metadata_partition", "offset").cache()
     count = records.count()
     output.parent.mkdir(parents=True, exist_ok=True)
