@@ -1,11 +1,12 @@
 """Benchmark of the metadata manager on a real broker: cold materialization, restart, lookups, memory.
 
 Produces N realistic logical metadata events (segment uploads across many user partitions with lineage checkpoints
-and retention deletes) straight onto a fresh metadata topic, then times a fresh node to ready (rebuild), a
-restart of that caught-up node (resume from stored offsets), and in-process lookup latency; prints JSON.
+and retention deletes) straight onto a fresh metadata topic, then times a fresh node to ready (rebuild) and a
+restart of that caught-up node (resume from stored offsets), each in a process of its own as a broker's agent, with
+their RSS at ready and once every partition is read, and in-process lookup latency; prints JSON.
 
 Usage: python bench/rlmm_materialize.py [--events 1000000] [--retention 20] [--bootstrap HOST:PORT] [--partitions 8]
-(--retention 0 keeps every segment live: the memory figure with events/3 live segments.)
+(--retention 0 keeps every segment live: `--events 2000000 --retention 0` is the memory figure at 1M live segments.)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import json
 import random
 import shutil
-import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -181,6 +182,42 @@ def dir_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / (1 << 20)
 
 
+def node_step(config: dict[str, object], tps: list[TopicIdPartition], lookups: int, seed: int
+              ) -> dict[str, object]:
+    """Run in a fresh process, as a broker's agent: a node on `config` until every user partition is ready (a
+    rebuild on an empty state dir, else a restart); its RSS then and once every partition is read; lookup latency."""
+    started = time.perf_counter()
+    manager = RemoteLogMetadataManager(config)
+    manager.on_partition_leadership_changes(set(tps), set())
+    manager.wait_caught_up(3600)
+    while not all(manager.is_ready(tp) for tp in tps):
+        time.sleep(0.01)
+    ready_s = time.perf_counter() - started
+    rss_ready = rss_mib()
+    listed = {tp: manager.list_remote_log_segments(tp) for tp in tps}
+    result: dict[str, object] = {"ready_s": round(ready_s, 3), "live_segments": sum(map(len, listed.values())),
+                                 "rss_mib_at_ready": round(rss_ready, 1), "rss_mib_all_read": round(rss_mib(), 1)}
+    rng = random.Random(seed + 1)
+    latencies = []
+    hits = 0
+    for tp in (rng.choice(tps) for _ in range(lookups)):
+        md = rng.choice(listed[tp]) if listed[tp] else None
+        epoch = next(iter(md.segment_leader_epochs)) if md else 0
+        offset = rng.randint(md.start_offset, md.end_offset) if md else 0
+        t0 = time.perf_counter_ns()
+        found = manager.remote_log_segment_metadata(tp, epoch, offset)
+        latencies.append(time.perf_counter_ns() - t0)
+        hits += found is not None
+    latencies.sort()
+    if latencies:
+        result.update(lookups=len(latencies), lookup_hits=hits,
+                      lookup_p50_us=round(latencies[len(latencies) // 2] / 1000, 1),
+                      lookup_p99_us=round(latencies[int(len(latencies) * 0.99)] / 1000, 1))
+    result["digest"] = manager.view_digest()
+    manager.close()
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -191,7 +228,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--retention", type=int, default=20,
                         help="segments kept per user partition before the oldest is deleted (0: keep all)")
+    parser.add_argument("--node-step", default=None, help=argparse.SUPPRESS)  # internal: a node's own process
     args = parser.parse_args()
+    tps = user_partitions(args.user_partitions, random.Random(args.seed))
+    if args.node_step is not None:
+        print(json.dumps(node_step(json.loads(args.node_step), tps, args.lookups, args.seed)))
+        return
     bootstrap = args.bootstrap or bootstrap_from_env()
     topic = f"bench-rlmm-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="bench-rlmm-"))
@@ -200,60 +242,38 @@ def main() -> None:
                                  "retention_segments": args.retention}
     admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
-        produced, tps, produce_s = produce_history(bootstrap, topic, args.partitions, args.events,
-                                                   args.user_partitions, args.seed, args.retention)
+        produced, produced_tps, produce_s = produce_history(bootstrap, topic, args.partitions, args.events,
+                                                            args.user_partitions, args.seed, args.retention)
+        assert produced_tps == tps
         result.update(events_produced=produced, produce_s=round(produce_s, 2),
                       produce_events_per_s=round(produced / produce_s))
         config = {"bootstrap.servers": bootstrap, "broker.id": 0, "state.dir": str(work / "node"),
                   "metadata.topic.name": topic, "metadata.topic.num.partitions": args.partitions,
                   "metadata.topic.replication.factor": 1, "metadata.topic.min.insync.replicas": 1,
                   "startup.timeout.ms": 600_000}
-        rss_before = rss_mib()
-        started = time.perf_counter()
-        manager = RemoteLogMetadataManager(config)
-        manager.on_partition_leadership_changes(set(tps), set())
-        manager.wait_caught_up(3600)
-        while not all(manager.is_ready(tp) for tp in tps):
-            time.sleep(0.01)
-        rebuild_s = time.perf_counter() - started
-        live = sum(len(manager.list_remote_log_segments(tp)) for tp in tps)
-        result.update(rebuild_to_ready_s=round(rebuild_s, 2), rebuild_events_per_s=round(produced / rebuild_s),
-                      live_segments=live, rss_mib_before=round(rss_before, 1),
-                      rss_mib_after_rebuild=round(rss_mib(), 1), state_dir_mib=round(dir_mib(work / "node"), 1))
 
-        rng = random.Random(args.seed + 1)
-        queries = [rng.choice(tps) for _ in range(args.lookups)]
-        latencies = []
-        hits = 0
-        listed = {tp: manager.list_remote_log_segments(tp) for tp in set(queries)}
-        for tp in queries:
-            candidates = listed[tp]
-            md = rng.choice(candidates) if candidates else None
-            epoch = next(iter(md.segment_leader_epochs)) if md else 0
-            offset = rng.randint(md.start_offset, md.end_offset) if md else 0
-            t0 = time.perf_counter_ns()
-            found = manager.remote_log_segment_metadata(tp, epoch, offset)
-            latencies.append(time.perf_counter_ns() - t0)
-            hits += found is not None
-        latencies.sort()
-        result.update(lookups=len(latencies), lookup_hits=hits,
-                      lookup_p50_us=round(latencies[len(latencies) // 2] / 1000, 1),
-                      lookup_p99_us=round(latencies[int(len(latencies) * 0.99)] / 1000, 1),
-                      lookup_mean_us=round(statistics.fmean(latencies) / 1000, 1))
-        digest = manager.view_digest()
-        manager.close()
+        def step(lookups: int) -> dict[str, object]:
+            child = subprocess.run(
+                [sys.executable, __file__, "--node-step", json.dumps(config), "--user-partitions",
+                 str(args.user_partitions), "--seed", str(args.seed), "--lookups", str(lookups)],
+                capture_output=True, text=True, timeout=3600, check=True)
+            answer: dict[str, object] = json.loads(child.stdout.strip().splitlines()[-1])
+            return answer
 
-        started = time.perf_counter()
-        manager = RemoteLogMetadataManager(config)
-        manager.on_partition_leadership_changes(set(tps), set())
-        manager.wait_caught_up(3600)
-        while not all(manager.is_ready(tp) for tp in tps):
-            time.sleep(0.01)
-        restart_s = time.perf_counter() - started
-        same = manager.view_digest() == digest
-        manager.close()
-        result.update(restart_to_ready_s=round(restart_s, 3), restart_digest_equal=same,
-                      rebuild_over_restart=round(rebuild_s / restart_s, 1))
+        rebuilt = step(args.lookups)
+        result.update(rebuild_to_ready_s=rebuilt["ready_s"], rebuild_events_per_s=round(
+                          produced / float(rebuilt["ready_s"])),  # type: ignore[arg-type]
+                      live_segments=rebuilt["live_segments"], rss_mib_after_rebuild=rebuilt["rss_mib_at_ready"],
+                      rss_mib_after_rebuild_all_read=rebuilt["rss_mib_all_read"],
+                      state_dir_mib=round(dir_mib(work / "node"), 1),
+                      **{k: rebuilt[k] for k in ("lookups", "lookup_hits", "lookup_p50_us", "lookup_p99_us")})
+        restarted = step(0)
+        result.update(restart_to_ready_s=restarted["ready_s"], rss_mib_after_restart=restarted["rss_mib_at_ready"],
+                      rss_mib_after_restart_all_read=restarted["rss_mib_all_read"],
+                      restart_digest_equal=restarted["digest"] == rebuilt["digest"],
+                      rss_rebuild_over_restart_all_read=round(
+                          float(rebuilt["rss_mib_all_read"])  # type: ignore[arg-type]
+                          / float(restarted["rss_mib_all_read"]), 2))  # type: ignore[arg-type]
     finally:
         shutil.rmtree(work, ignore_errors=True)
         admin.delete_topics([topic], operation_timeout=60)
