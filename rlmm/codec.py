@@ -95,6 +95,13 @@ class SchemaRegistry:
         return cls(by_fp, current)
 
 
+    def version(self, name: str, number: int) -> SchemaVersion:
+        for version in self.by_fingerprint.values():
+            if version.name == name and version.version == number:
+                return version
+        raise FileNotFoundError(f"schema {name} version {number} missing from tierlog's schemas")
+
+
 def _without_uuid_types(schema: Any) -> Any:
     if isinstance(schema, list):
         return [_without_uuid_types(s) for s in schema]
@@ -117,8 +124,16 @@ def encode_with(version: SchemaVersion, datum: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+# The epoch_checkpoint_record version before checkpoints were keyed per epoch, which releases before them read: a
+# whole-partition checkpoint (every epoch under the partition's key, all that version could say) is written with it,
+# so that brokers not yet upgraded read what upgraded ones write during a rolling upgrade.
+WHOLE_PARTITION_CHECKPOINT_VERSION = 2
+
+
 def encode(event: MetadataEvent) -> bytes:
     name, datum = to_datum(event)
+    if isinstance(event, EpochCheckpoint) and event.whole_partition:
+        return encode_with(registry().version(name, WHOLE_PARTITION_CHECKPOINT_VERSION), datum)
     return encode_with(registry().current[name], datum)
 
 

@@ -249,13 +249,18 @@ def _start_in(store: LineageStore, tp: TopicIdPartition, segment_id: uuid.UUID, 
 
 
 def pending_checkpoint(
-    store: LineageReader, tp: TopicIdPartition, event_timestamp_ms: int, broker_id: int
+    store: LineageReader, tp: TopicIdPartition, event_timestamp_ms: int, broker_id: int,
+    whole_partition: bool = False,
 ) -> EpochCheckpoint | None:
     """The checkpoint of the epochs of tp that owe one (changed since their newest checkpoint), for a writer to
-    append as `checkpoint_records`; None when none owes one."""
+    append as `checkpoint_records`; None when none owes one. `whole_partition`: every epoch of the partition, as
+    releases before per-epoch checkpoints wrote and read them (for a rolling upgrade from one)."""
     owed = owed_epochs(store, tp)
     if not owed:
         return None
+    if whole_partition:
+        return EpochCheckpoint(tp, tuple(store.lineages_of(tp)), event_timestamp_ms, broker_id,
+                               store.lineage_position(tp), whole_partition=True)
     epochs = tuple(store.lineage(tp, epoch) or EpochLineage(epoch, None) for epoch in sorted(owed))
     return EpochCheckpoint(tp, epochs, event_timestamp_ms, broker_id, store.lineage_position(tp),
                            whole_partition=False)

@@ -76,6 +76,10 @@ CONFIG_KEYS = (
     # How long tombstones stay readable; a node whose view is older than this rebuilds instead of resuming.
     ConfigKey("metadata.topic.delete.retention.ms", parse_int, 12 * 3600 * 1000,
               check=lambda v: v >= 0, requirement=">= 0"),
+    # During a rolling upgrade from a release before per-epoch checkpoints (which halts on them): append each
+    # checkpoint as that release did, every epoch of the partition under its one key. Costs every epoch per
+    # checkpoint; turn it off once every broker runs this release.
+    ConfigKey("metadata.checkpoint.whole.partition", parse_bool, False),
     # Compaction never touches the active segment, so it must roll well within a day.
     ConfigKey("metadata.topic.segment.ms", parse_int, 3600 * 1000, check=_positive, requirement="> 0"),
     ConfigKey("metadata.topic.create", parse_bool, True),
@@ -127,7 +131,7 @@ class RemoteLogMetadataManager:
         self._writer = MetadataWriter(
             producer, self._lock, self.broker_id, self._cfg["write.timeout.ms"],
             f"check that the brokers at {self._cfg['bootstrap.servers']} serve topic {self.metadata_topic}",
-            lambda: self._applier.storage_problem,
+            lambda: self._applier.storage_problem, self._cfg["metadata.checkpoint.whole.partition"],
         )
         self._consumer = consumer
         self._offsets = offsets
@@ -192,7 +196,8 @@ class RemoteLogMetadataManager:
             if isinstance(event, RemotePartitionDeleteMetadata) and \
                     event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
                 pending.doomed = state.doomed_keys(self._view, tp)
-            recovery = state.pending_checkpoint(self._view, tp, _now_ms(), self.broker_id)
+            recovery = state.pending_checkpoint(self._view, tp, _now_ms(), self.broker_id,
+                                                self._writer.whole_partition_checkpoints)
             # A writer died between an event and its checkpoint; restore the checkpoint before going on.
             before = state.checkpoint_records(recovery)
             appends = self._writer.register_locked(pending, [*before, (key_of(event), event)], primary=True)

@@ -606,6 +606,7 @@ def prepare_partition_delete(store: StateReader, metadata: RemotePartitionDelete
 
 def corrections_after(
     store: StateReader, event: MetadataEvent, outcome: Outcome, event_timestamp_ms: int, broker_id: int,
+    whole_partition_checkpoints: bool = False,
 ) -> list[tuple[RecordKey, MetadataEvent]]:
     """What the writer of `event` appends once it applied it, when the record left the newest record of its key
     describing something other than the state (racing writers): compaction keeps only that newest record, so a
@@ -616,8 +617,8 @@ def corrections_after(
       state, restated; it is a valid same-state transition, so every node applies it and nothing changes.
     """
     if outcome.stale and isinstance(event, EpochCheckpoint):
-        return list(checkpoint_records(
-            pending_checkpoint(store, event.topic_id_partition, event_timestamp_ms, broker_id)))
+        return list(checkpoint_records(pending_checkpoint(
+            store, event.topic_id_partition, event_timestamp_ms, broker_id, whole_partition_checkpoints)))
     if outcome.applied:
         return []
     current: MetadataEvent | None = None
@@ -639,10 +640,11 @@ def doomed_keys(store: StateReader, tp: TopicIdPartition) -> list[RecordKey]:
 
 def records_after(
     store: StateReader, key: RecordKey, event: MetadataEvent, doomed_segments: Iterable[RecordKey],
-    event_timestamp_ms: int, broker_id: int,
+    event_timestamp_ms: int, broker_id: int, whole_partition_checkpoints: bool = False,
 ) -> list[tuple[RecordKey, MetadataEvent | None]]:
     """What a writer appends once `event` is applied: tombstones for what is gone and the checkpoints of the epochs
-    it changed.
+    it changed (`whole_partition_checkpoints`: of all epochs of the partition, as releases before per-epoch
+    checkpoints wrote them).
 
     `doomed_segments` are the keys a partition held before its DELETE_PARTITION_FINISHED (`doomed_keys`). The
     whole-partition `epochs:` key of earlier releases is tombstoned too. A partition's FINISHED delete record is
@@ -656,8 +658,8 @@ def records_after(
         return [*tombstones, (epochs_key(event.topic_id_partition), None)]
     if not isinstance(event, RemoteLogSegmentMetadata):
         return []
-    follow: list[tuple[RecordKey, MetadataEvent | None]] = list(checkpoint_records(
-        pending_checkpoint(store, event.topic_id_partition, event_timestamp_ms, broker_id)))
+    follow: list[tuple[RecordKey, MetadataEvent | None]] = list(checkpoint_records(pending_checkpoint(
+        store, event.topic_id_partition, event_timestamp_ms, broker_id, whole_partition_checkpoints)))
     if event.state is S.DELETE_SEGMENT_FINISHED:
         follow.append((key, None))
     return follow

@@ -67,9 +67,11 @@ class MetadataWriter:
 
     def __init__(
         self, producer: EventProducer, lock: threading.Condition, broker_id: int, timeout_ms: int,
-        timeout_hint: str, apply_problem: Callable[[], str | None],
+        timeout_hint: str, apply_problem: Callable[[], str | None], whole_partition_checkpoints: bool = False,
     ) -> None:
         self._producer = producer
+        # Checkpoints of every epoch under the partition's key, which releases before per-epoch checkpoints read.
+        self.whole_partition_checkpoints = whole_partition_checkpoints
         self._lock = lock
         self._broker_id = broker_id
         self._timeout_ms = timeout_ms
@@ -128,13 +130,15 @@ class MetadataWriter:
                 return self._restate_locked(view, pending, record, outcome)
             assert record.event is not None
             follow_ups = self.register_locked(pending, state.records_after(
-                view, record.key, record.event, pending.doomed, _now_ms(), self._broker_id), primary=False)
+                view, record.key, record.event, pending.doomed, _now_ms(), self._broker_id,
+                self.whole_partition_checkpoints), primary=False)
         elif outcome.stale and record.event is not None and pending.corrections < MAX_CORRECTIONS:
             # Our checkpoint landed after another writer's lineage change: append a current one before the write
             # completes, so the newest checkpoint on the topic describes the lineage again.
             pending.corrections += 1
             follow_ups = self.register_locked(pending, state.corrections_after(
-                view, record.event, outcome, _now_ms(), self._broker_id), primary=False)
+                view, record.event, outcome, _now_ms(), self._broker_id, self.whole_partition_checkpoints),
+                primary=False)
         self._maybe_complete_locked(pending)
         return follow_ups
 
@@ -145,7 +149,8 @@ class MetadataWriter:
         already heard of the rejection), so that the newest record of the key describes the state."""
         if record.event is None or dropped.corrections >= MAX_CORRECTIONS:
             return []
-        restated = state.corrections_after(view, record.event, outcome, _now_ms(), self._broker_id)
+        restated = state.corrections_after(view, record.event, outcome, _now_ms(), self._broker_id,
+                                           self.whole_partition_checkpoints)
         if not restated:
             return []
         log.info("metadata record for %s at offset %d was dropped (%s); restating the current state of %s",
