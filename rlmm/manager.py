@@ -285,14 +285,15 @@ class RemoteLogMetadataManager:
             _require_int(leader_epoch, "leader_epoch")
         if type(offset) is not int or offset < 0:
             _require_int(offset, "offset")
-        # _snapshot's lock-free path and PartitionSnapshot.segment_for_offset, inlined: two calls are a tenth of a
-        # lookup's cost. Anything short of a readable partition goes through _snapshot's full checks.
+        # _snapshot's lock-free path and PartitionSnapshot.segment_for_offset (and floors_of), inlined: those calls
+        # are a tenth of a lookup's cost. Anything short of a readable partition goes through _snapshot's full checks.
         readable = self._readable_now.get((tp.topic_id.int, tp.partition)) if type(tp) is TopicIdPartition else None
         if readable is not None and readable.topic == tp.topic and (
                 not self._halted or readable.metadata_partition not in self._halted):
             snapshot = readable.snapshot
             if not snapshot.deleted:
-                floors = snapshot.floors.get(leader_epoch)
+                floors = snapshot.sole_floors if leader_epoch == snapshot.sole_epoch else snapshot.floors.get(
+                    leader_epoch)
                 return None if floors is None else floors.floor(offset)
         return self._snapshot(tp).segment_for_offset(leader_epoch, offset)
 

@@ -133,13 +133,26 @@ class PartitionSnapshot:
     manager still has to refuse it."""
 
     deleted: bool = False
+    # Derived from `floors`: the partition's only epoch with floors and those floors (most partitions have one
+    # epoch), which a lookup then reads with no dict lookup; -1 and None with none or several. Beside `deleted`,
+    # so a lookup reads them from the same cache line.
+    sole_epoch: int = field(init=False, compare=False, repr=False)
+    sole_floors: EpochFloors | None = field(init=False, compare=False, repr=False)
     floors: dict[int, EpochFloors] = field(default_factory=dict)
     listings: dict[int, Listing] = field(default_factory=dict)  # per leader epoch the segments contain
     everything: Listing = _NO_LISTING
     lineages: dict[int, EpochLineage] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        sole_epoch, sole_floors = next(iter(self.floors.items())) if len(self.floors) == 1 else (-1, None)
+        object.__setattr__(self, "sole_epoch", sole_epoch)
+        object.__setattr__(self, "sole_floors", sole_floors)
+
+    def floors_of(self, epoch: int) -> EpochFloors | None:
+        return self.sole_floors if epoch == self.sole_epoch else self.floors.get(epoch)
+
     def segment_for_offset(self, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
-        floors = self.floors.get(epoch)
+        floors = self.floors_of(epoch)
         return None if floors is None else floors.floor(offset)
 
     def next_segment_with_txn_index(self, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:

@@ -25,7 +25,7 @@ from test_rlmm_view_properties import VIEW_SETTINGS, apply_in_batches, batch_cut
 
 from rlmm import view_format as vf
 from rlmm.events import key_of
-from rlmm.read_model import EpochFloors, SnapshotSlot
+from rlmm.read_model import EpochFloors, PartitionSnapshot, SnapshotSlot
 from rlmm.types import RemoteLogSegmentMetadata
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
 
@@ -138,3 +138,16 @@ def test_epoch_floors_answer_the_greatest_start_at_or_below_the_offset_up_to_its
         first, first, None, None, None, None, last, last, None]
     assert floors.parts() == ([0, 100, 200], [first, None, last], [49, 199, 250])
     assert EpochFloors.of([], [], []).floor(0) is None
+
+
+def test_a_snapshot_keeps_the_floors_of_its_only_epoch_beside_its_deleted_flag() -> None:
+    tp = make_tp("sole", 0)
+    md = _replacing(tp, 0, None)[0]
+    floors = EpochFloors.of([0], [md], [99])
+    sole = PartitionSnapshot(False, {4: floors})
+    assert (sole.sole_epoch, sole.sole_floors) == (4, floors)
+    assert [sole.segment_for_offset(epoch, 50) for epoch in (3, 4, 5)] == [None, md, None]
+    several = PartitionSnapshot(False, {4: floors, 6: EpochFloors.of([100], [None], [-1])})
+    assert (several.sole_epoch, several.sole_floors) == (-1, None)
+    assert [several.segment_for_offset(epoch, 50) for epoch in (4, 6)] == [md, None]
+    assert (PartitionSnapshot().sole_epoch, PartitionSnapshot().sole_floors) == (-1, None)
