@@ -9,6 +9,7 @@ import io
 import random
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import fastavro
 from rlmm_testkit import decoded, drive, make_tp, read_topic, register, replay, workload
@@ -35,7 +36,7 @@ def test_a_whole_partition_checkpoint_is_written_with_the_schema_the_release_bef
     value = codec.encode(checkpoint)
     assert _fingerprint(value) == _v2().fingerprint
     # The release before decodes it with the v2 schema alone.
-    datum = fastavro.schemaless_reader(io.BytesIO(value[10:]), _v2().schema)
+    datum: dict[str, Any] = fastavro.schemaless_reader(io.BytesIO(value[10:]), _v2().schema)  # type: ignore[assignment]
     assert [e["epoch"] for e in datum["epochs"]] == [0, 3] and datum["reflects_offset"] == 42
     assert codec.decode(value) == checkpoint
     per_epoch = EpochCheckpoint(TP, (EpochLineage(3, 149),), 1, 2, 42, whole_partition=False)
