@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -67,6 +67,20 @@ def test_lookups_during_folding_see_each_partition_as_of_one_whole_batch(tmp_pat
     view = MetadataView.open(tmp_path)
     tp = make_tp("replaced", 0)
     key = vf.tp_key_of(tp)
+
+    def watch() -> None:
+        view.model.watch(key)
+
+    try:
+        fold_while_reading(view, tp, watch, lambda: view.model.snapshots[key])
+    finally:
+        view.close()
+
+
+def fold_while_reading(view: MetadataView, tp: TopicIdPartition, watch: Callable[[], None],
+                       snapshot: Callable[[], PartitionSnapshot]) -> None:
+    """Fold batch after batch that replaces tp's segment while a reader thread checks `snapshot()` (after `watch()`)
+    shows tp as of one whole batch, and that it ends on the newest one."""
     offset = 0
 
     def commit(events: list[RemoteLogSegmentMetadata]) -> None:
@@ -75,37 +89,33 @@ def test_lookups_during_folding_see_each_partition_as_of_one_whole_batch(tmp_pat
         offset += len(records)
         apply_records(view, TOPIC, records, {0: offset})
 
-    try:
-        current, events = _replacing(tp, 0, None)
-        commit(events)
-        model = view.model
-        model.watch(key)
-        problems: list[str] = []
-        reads = 0
-        stop = threading.Event()
+    current, events = _replacing(tp, 0, None)
+    commit(events)
+    watch()
+    problems: list[str] = []
+    reads = 0
+    stop = threading.Event()
 
-        def read() -> None:
-            nonlocal reads
-            deadline = time.monotonic() + READER_TIMEOUT_S
-            while not stop.is_set() and time.monotonic() < deadline:
-                problem = _whole_batch_problem(model.snapshots[key])
-                if problem is not None:
-                    problems.append(problem)
-                reads += 1
+    def read() -> None:
+        nonlocal reads
+        deadline = time.monotonic() + READER_TIMEOUT_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            problem = _whole_batch_problem(snapshot())
+            if problem is not None:
+                problems.append(problem)
+            reads += 1
 
-        reader = threading.Thread(target=read, daemon=True)
-        with _fine_grained_thread_switches():
-            reader.start()
-            try:
-                for generation in range(1, GENERATIONS + 1):
-                    current, events = _replacing(tp, generation, current)
-                    commit(events)
-            finally:
-                stop.set()
-                reader.join(READER_TIMEOUT_S)
-        assert not reader.is_alive()
-        assert problems == []
-        assert reads > GENERATIONS  # the reader ran throughout, not only before or after the folds
-        assert model.snapshots[key].segment_for_offset(0, 50) == current
-    finally:
-        view.close()
+    reader = threading.Thread(target=read, daemon=True)
+    with _fine_grained_thread_switches():
+        reader.start()
+        try:
+            for generation in range(1, GENERATIONS + 1):
+                current, events = _replacing(tp, generation, current)
+                commit(events)
+        finally:
+            stop.set()
+            reader.join(READER_TIMEOUT_S)
+    assert not reader.is_alive()
+    assert problems == []
+    assert reads > GENERATIONS  # the reader ran throughout, not only before or after the folds
+    assert snapshot().segment_for_offset(0, 50) == current

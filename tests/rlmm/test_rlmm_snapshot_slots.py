@@ -6,21 +6,12 @@ batches fold in shows the partition as of one whole batch. `EpochFloors` answers
 from __future__ import annotations
 
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 from hypothesis import given
 from rlmm_strategies import PARTITIONS, Scenario, histories
 from rlmm_testkit import make_tp
-from test_rlmm_lookup_snapshots import (
-    GENERATIONS,
-    READER_TIMEOUT_S,
-    TOPIC,
-    _fine_grained_thread_switches,
-    _replacing,
-    _whole_batch_problem,
-)
+from test_rlmm_lookup_snapshots import TOPIC, _replacing, fold_while_reading
 from test_rlmm_view_properties import VIEW_SETTINGS, apply_in_batches, batch_cuts
 
 from rlmm import view_format as vf
@@ -92,39 +83,13 @@ def test_a_slot_given_again_or_unwatched_no_longer_follows_the_partition(tmp_pat
 def test_lookups_through_a_slot_during_folding_see_each_partition_as_of_one_whole_batch(tmp_path: Path) -> None:
     view = MetadataView.open(tmp_path)
     tp = make_tp("replaced", 0)
-    commit = _Commits(view)
-    try:
-        current, events = _replacing(tp, 0, None)
-        commit(events)
-        slot = SnapshotSlot()
+    slot = SnapshotSlot()
+
+    def watch() -> None:
         view.model.watch(vf.tp_key_of(tp), slot)
-        problems: list[str] = []
-        reads = 0
-        stop = threading.Event()
 
-        def read() -> None:
-            nonlocal reads
-            deadline = time.monotonic() + READER_TIMEOUT_S
-            while not stop.is_set() and time.monotonic() < deadline:
-                problem = _whole_batch_problem(slot.snapshot)
-                if problem is not None:
-                    problems.append(problem)
-                reads += 1
-
-        reader = threading.Thread(target=read, daemon=True)
-        with _fine_grained_thread_switches():
-            reader.start()
-            try:
-                for generation in range(1, GENERATIONS + 1):
-                    current, events = _replacing(tp, generation, current)
-                    commit(events)
-            finally:
-                stop.set()
-                reader.join(READER_TIMEOUT_S)
-        assert not reader.is_alive()
-        assert problems == []
-        assert reads > GENERATIONS
-        assert slot.snapshot.segment_for_offset(0, 50) == current
+    try:
+        fold_while_reading(view, tp, watch, lambda: slot.snapshot)
     finally:
         view.close()
 
