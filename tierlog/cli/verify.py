@@ -9,11 +9,14 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, Settings
 from tierlog.cli.inspect import opened_view
 from tierlog.cli.output import ProgressBar, emit, print_table
+
+if TYPE_CHECKING:
+    from rlmm.archive import SnapshotHeader
 
 
 def topic_partitions(consumer: Any, settings: Settings, topic: str) -> list[int]:
@@ -264,7 +267,7 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def _snapshot_refusal(settings: Settings, header: Any) -> str | None:
+def _snapshot_refusal(settings: Settings, header: SnapshotHeader) -> str | None:
     """Why the snapshot must not seed a node that then tails the topic from its end offsets (foreign, stale, or
     naming no topic id), or None: the same rules as a node bootstrapping from the bucket (rlmm.bootstrap)."""
     from confluent_kafka.admin import AdminClient
