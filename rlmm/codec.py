@@ -94,7 +94,6 @@ class SchemaRegistry:
             raise FileNotFoundError(f"tierlog event schemas missing from {directory}")
         return cls(by_fp, current)
 
-
     def version(self, name: str, number: int) -> SchemaVersion:
         for version in self.by_fingerprint.values():
             if version.name == name and version.version == number:
