@@ -131,29 +131,29 @@ def _prune(store: StorageBackend, settings: SnapshotSettings, topic_id: str) -> 
         store.delete(old)
 
 
-def metadata_topic_ends(bootstrap_servers: str, metadata_topic: str, timeout_s: float = 30.0) -> dict[int, int]:
-    """The end offset of each partition of the metadata topic now."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+def metadata_topic_now(client_config: Mapping[str, Any], metadata_topic: str, timeout_s: float = 30.0
+                       ) -> tuple[str, dict[int, int]]:
+    """The metadata topic's id, as the manager records it (snapshots are filed under it), and the end offset of each
+    of its partitions now. `client_config`: the Kafka client's settings (bootstrap.servers, security)."""
+    admin = AdminClient(dict(client_config))  # kept while the answers are awaited: it dies with its handle
     try:
         described = admin.describe_topics(TopicCollection([metadata_topic]), request_timeout=timeout_s)
-        partitions = described[metadata_topic].result(timeout=timeout_s).partitions
-        listed = admin.list_offsets({TopicPartition(metadata_topic, p.id): OffsetSpec.latest() for p in partitions},
-                                    request_timeout=timeout_s)
-        return {tp.partition: future.result(timeout=timeout_s).offset for tp, future in listed.items()}
+        topic = described[metadata_topic].result(timeout=timeout_s)
+        listed = admin.list_offsets({TopicPartition(metadata_topic, p.id): OffsetSpec.latest()
+                                     for p in topic.partitions}, request_timeout=timeout_s)
+        return str(topic.topic_id), {tp.partition: answer.result(timeout=timeout_s).offset
+                                     for tp, answer in listed.items()}
     except KafkaException as exc:
-        raise RemoteStorageError(f"cannot list the end offsets of metadata topic {metadata_topic} on "
-                                 f"{bootstrap_servers}: {exc}") from exc
+        raise RemoteStorageError(f"cannot describe metadata topic {metadata_topic} on "
+                                 f"{client_config.get('bootstrap.servers')}: {exc}") from exc
 
 
 def metadata_topic_id(bootstrap_servers: str, metadata_topic: str, timeout_s: float = 30.0) -> str:
-    """The metadata topic's id, as the manager records it: snapshots are filed under it."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    try:
-        described = admin.describe_topics(TopicCollection([metadata_topic]), request_timeout=timeout_s)
-        return str(described[metadata_topic].result(timeout=timeout_s).topic_id)
-    except KafkaException as exc:
-        raise RemoteStorageError(f"cannot describe metadata topic {metadata_topic} on {bootstrap_servers}: "
-                                 f"{exc}") from exc
+    return metadata_topic_now({"bootstrap.servers": bootstrap_servers}, metadata_topic, timeout_s)[0]
+
+
+def metadata_topic_ends(bootstrap_servers: str, metadata_topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    return metadata_topic_now({"bootstrap.servers": bootstrap_servers}, metadata_topic, timeout_s)[1]
 
 
 def start_snapshot_writer(store: StorageBackend, settings: SnapshotSettings,

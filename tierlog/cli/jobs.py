@@ -173,19 +173,14 @@ def _topic_now(settings: Settings, topic: str) -> tuple[str | None, dict[int, in
     """The metadata topic's id, which the snapshot names so `tierlog rebuild --snapshot` trusts it, its end offsets
     and when they were asked (before the archive is read); (None, None, ...) with a warning when Kafka cannot
     say."""
-    from confluent_kafka import KafkaException, TopicCollection, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
+    from rlmm.errors import RemoteStorageError
+    from tierlog.audit.snapshots import metadata_topic_now
 
     asked_ms = int(time.time() * 1000)
     try:
-        admin = AdminClient(settings.kafka_client())  # kept while the answers are awaited: it dies with its handle
-        described = admin.describe_topics(
-            TopicCollection([topic]), request_timeout=settings.timeout_s)[topic].result(timeout=settings.timeout_s)
-        listed = admin.list_offsets({TopicPartition(topic, p.id): OffsetSpec.latest() for p in described.partitions},
-                                    request_timeout=settings.timeout_s)
-        ends = {tp.partition: answer.result(timeout=settings.timeout_s).offset for tp, answer in listed.items()}
-        return str(described.topic_id), ends, asked_ms
-    except (CommandError, KafkaException) as exc:
+        topic_id, ends = metadata_topic_now(settings.kafka_client(), topic, settings.timeout_s)
+        return topic_id, ends, asked_ms
+    except (CommandError, RemoteStorageError) as exc:
         print(f"the snapshot names no topic id ({exc}); `tierlog rebuild --snapshot` will rebuild from the topic "
               "instead of trusting it", file=sys.stderr)
         return None, None, asked_ms
