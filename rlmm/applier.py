@@ -366,8 +366,6 @@ class MetadataApplier:
         ends: a record and the state it builds are held decoded only until its commit. A commit before the last
         reaches the records it applied; every record the window skipped below them is superseded by one applied
         or read again after a crash."""
-        # A partition halted while the window was read keeps its offset where it was.
-        ends = {partition: end for partition, end in window.ends.items() if partition not in self.halted}
         replay = window.replay_order()
         window.clear()
         stopped: dict[int, int] = {}  # partitions a record this window could not read halted, at its offset
@@ -389,8 +387,8 @@ class MetadataApplier:
             if first + WINDOW_COMMIT_RECORDS < len(replay):
                 self._commit_records(records, requests, {})
             else:
-                # A partition halted during the window keeps the offset its halt committed.
-                last = {partition: end for partition, end in ends.items() if partition not in self.halted}
+                # A partition halted while the window was read or applied keeps the offset its halt committed.
+                last = {partition: end for partition, end in window.ends.items() if partition not in self.halted}
                 # Free memory goes back to the OS after every window (a few ms), before anyone hears of its offsets.
                 self._commit_records(records, requests, {**last, **stopped}, release_memory=True)
 

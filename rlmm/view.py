@@ -267,12 +267,15 @@ class MetadataView:
         options = WriteOptions()
         self._db.write(batch, options)
 
+    def _holds(self, family: str) -> bool:
+        return next(iter(self._cf[family].keys()), None) is not None
+
     def holds_segments(self) -> bool:
-        return next(iter(self._cf[vf.SEGMENTS].keys()), None) is not None
+        return self._holds(vf.SEGMENTS)
 
     def holds_entries(self) -> bool:
         """Whether any column family holds an entry (applied offsets included)."""
-        return any(next(iter(self._cf[family].keys()), None) is not None for family in vf.ALL_FAMILIES)
+        return any(map(self._holds, vf.ALL_FAMILIES))
 
     def load_entries(self, metadata_topic: str, runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
                      next_offsets: Mapping[int, int], view_digest: str | None = None) -> None:
