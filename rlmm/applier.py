@@ -25,9 +25,9 @@ from rlmm import codec, state
 from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
 from rlmm.event_log import EventConsumer, OffsetReader
-from rlmm.events import SEGMENT_KEY_PREFIX, RecordKey, segment_key_ids
+from rlmm.events import SEGMENT_KEY_PREFIX, segment_key_ids
 from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition
-from rlmm.view import ConsumedRecord, MetadataView
+from rlmm.view import ConsumedRecord, FreshState, MetadataView
 from rlmm.writer import Append, MetadataWriter, request_of
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ WINDOW_COMMIT_RECORDS = 5_000
 # WINDOW_POLL_S for a full batch: the last one of a backlog always waits it out.
 WINDOW_POLL_S = 0.01
 WINDOW_IDLE_S = 1.0
+# How long a node that applied nothing yet waits for its first full batch.
+FIRST_FILL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,8 @@ class WindowRecord(NamedTuple):
 
     def decoded(self) -> ConsumedRecord:
         """The record decoded (DecodeError or InvalidArgumentError for bytes no tierlog wrote)."""
-        event = None if self.value is None else codec.decode(self.value)
-        return ConsumedRecord(self.metadata_partition, self.offset, RecordKey.decode(self.key), event, self.value,
-                              self.skipped_before)
+        key, event = codec.decode_record(self.key, self.value)
+        return ConsumedRecord(self.metadata_partition, self.offset, key, event, self.value, self.skipped_before)
 
 
 def holds_segment(view: MetadataView, raw_key: bytes) -> bool:
@@ -239,7 +240,9 @@ class MetadataApplier:
                 # consume would sit out its whole timeout on a quiet topic and delay every write.
                 messages = self._consumer.consume(1, 0.02)
                 if messages:
-                    messages += self._consumer.consume(max_records - 1, 0)
+                    # A new node (nothing applied yet) waits a little for a full batch: its first records are only
+                    # the first of the topic to arrive, and a topic of more is a backlog, best read as one.
+                    messages += self._consumer.consume(max_records - 1, FIRST_FILL_S if not self.applied else 0)
                     if len(messages) >= max_records:  # a backlog: a rebuild, or a node that was away
                         self._catch_up(messages)
                     else:
@@ -368,6 +371,8 @@ class MetadataApplier:
         or read again after a crash."""
         replay = window.replay_order()
         window.clear()
+        if not self._view.holds_entries() and self._load_fresh(replay, window.ends):
+            return
         stopped: dict[int, int] = {}  # partitions a record this window could not read halted, at its offset
         for first in range(0, max(len(replay), 1), WINDOW_COMMIT_RECORDS):
             records: list[ConsumedRecord] = []
@@ -391,6 +396,46 @@ class MetadataApplier:
                 last = {partition: end for partition, end in window.ends.items() if partition not in self.halted}
                 # Free memory goes back to the OS after every window (a few ms), before anyone hears of its offsets.
                 self._commit_records(records, requests, {**last, **stopped}, release_memory=True)
+
+    def _load_fresh(self, replay: list[WindowRecord], ends: dict[int, int]) -> bool:
+        """Replay a window into a view that holds nothing yet (a new node's first window), folded in memory and
+        written at once (MetadataView.load_fresh). False, with nothing written or halted, when a record fails to
+        apply: the window is then replayed in commits, which halt that record's partition."""
+        fresh = FreshState()
+        records: list[ConsumedRecord] = []
+        outcomes: list[state.Outcome] = []
+        requests: dict[tuple[int, int], str | None] = {}
+        unreadable: dict[int, tuple[int, str]] = {}  # partition -> its first record that cannot be read, and why
+        for raw in replay:
+            partition = raw.metadata_partition
+            if partition in self.halted or partition in unreadable:
+                continue
+            try:
+                record = raw.decoded()
+            except (codec.DecodeError, InvalidArgumentError) as exc:
+                unreadable[partition] = (raw.offset, str(exc))
+                continue
+            try:
+                outcomes.append(fresh.apply(record))
+            except Exception:
+                return False
+            records.append(record)
+            if raw.request is not None:
+                requests[(partition, raw.offset)] = raw.request
+        for partition, (offset, why) in unreadable.items():
+            # What came before it in the window is applied; the node resumes from it once fixed.
+            self._halt(partition, offset, f"cannot read record ({why})")
+        next_offsets = {partition: end for partition, end in ends.items() if partition not in self.halted}
+        next_offsets.update((partition, offset) for partition, (offset, _) in unreadable.items())
+        try:
+            self._view.load_fresh(self._settings.metadata_topic, fresh, next_offsets)
+        except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors; nothing was written
+            raise _CommitFailure(str(exc)) from None
+        del fresh
+        _release_free_memory()
+        self._stamp()
+        self._after_commit(records, requests, outcomes, next_offsets)
+        return True
 
     def _commit_records(
         self, records: list[ConsumedRecord], requests: dict[tuple[int, int], str | None], ends: dict[int, int],
@@ -465,10 +510,9 @@ class MetadataApplier:
     @staticmethod
     def _read(message: Message, after_cleaning: bool) -> ConsumedRecord:
         partition, offset = _position(message)
-        key = RecordKey.decode(message.key() or b"")
         value = message.value()
-        return ConsumedRecord(partition, offset, key, None if value is None else codec.decode(value), value,
-                              after_cleaning)
+        key, event = codec.decode_record(message.key() or b"", value)
+        return ConsumedRecord(partition, offset, key, event, value, after_cleaning)
 
     def _commit(self, records: list[ConsumedRecord], next_offsets: dict[int, int]) -> list[state.Outcome]:
         """Apply the batch and commit it with the offsets it reaches, as one WriteBatch."""

@@ -19,7 +19,7 @@ import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from rlmm.errors import DecodeError, InvalidArgumentError
-from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent
+from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent, RecordKey, key_of
 from rlmm.types import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -141,6 +141,24 @@ def decode(value: bytes) -> MetadataEvent:
     return from_datum(name, datum)
 
 
+def decode_record(key: bytes, value: bytes | None) -> tuple[RecordKey, MetadataEvent | None]:
+    """A consumed record's key and event (None: a tombstone); DecodeError or InvalidArgumentError for bytes no
+    tierlog wrote. A segment record whose key spells its event's own ids, as every tierlog writer's does, gets the
+    event's key instead of a second parse of the same ids."""
+    if value is None:
+        return RecordKey.decode(key), None
+    name, datum = decode_datum(value, plain_ids=True)
+    event = from_datum(name, datum)
+    if name == "segment_record" and key == _segment_key_text(datum):
+        return key_of(event), event
+    return RecordKey.decode(key), event
+
+
+def _segment_key_text(datum: dict[str, Any]) -> bytes:
+    # RecordKey.decode parses these very texts the way from_datum does, so equal bytes decode to the event's key.
+    return f"segment:{datum['topic_id']}:{datum['partition']}:{datum['segment_id']}".encode()
+
+
 def is_current(value: bytes) -> bool:
     """Whether `value` was written with the newest version of its schema: such bytes re-encode to themselves,
     so a reader may store them as they are."""
@@ -183,6 +201,9 @@ def _tp_from(datum: dict[str, Any]) -> TopicIdPartition:
 def _topic_id_partition(topic_id: str, topic: str, partition: int) -> TopicIdPartition:
     # Few user partitions recur across millions of events; building each once saves most decode time.
     return TopicIdPartition(uuid.UUID(topic_id), topic, partition)
+
+
+_SEGMENT_STATES = RemoteLogSegmentState.__members__
 
 
 def _as_uuid(value: Any) -> uuid.UUID:
@@ -238,18 +259,21 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
     try:
         tp = _tp_from(datum)
         if name == "segment_record":
+            # Positional, and a one-epoch list read without a loop: this runs once per segment record of a rebuild.
+            epochs = datum["segment_leader_epochs"]
             return RemoteLogSegmentMetadata.from_record(
-                remote_log_segment_id=RemoteLogSegmentId(tp, _as_uuid(datum["segment_id"])),
-                start_offset=datum["start_offset"],
-                end_offset=datum["end_offset"],
-                max_timestamp_ms=datum["max_timestamp_ms"],
-                broker_id=datum["broker_id"],
-                event_timestamp_ms=datum["event_timestamp_ms"],
-                segment_size_in_bytes=datum["segment_size_in_bytes"],
-                segment_leader_epochs={e["epoch"]: e["start_offset"] for e in datum["segment_leader_epochs"]},
-                custom_metadata=datum["custom_metadata"],
-                state=RemoteLogSegmentState[datum["state"]],
-                txn_idx_empty=datum.get("txn_idx_empty", False),
+                RemoteLogSegmentId.from_record(tp, _as_uuid(datum["segment_id"])),
+                datum["start_offset"],
+                datum["end_offset"],
+                datum["max_timestamp_ms"],
+                datum["broker_id"],
+                datum["event_timestamp_ms"],
+                datum["segment_size_in_bytes"],
+                {epochs[0]["epoch"]: epochs[0]["start_offset"]} if len(epochs) == 1 else
+                {e["epoch"]: e["start_offset"] for e in epochs},
+                datum["custom_metadata"],
+                _SEGMENT_STATES[datum["state"]],
+                datum.get("txn_idx_empty", False),
             )
         if name == "partition_delete_record":
             return RemotePartitionDeleteMetadata(

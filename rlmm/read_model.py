@@ -373,6 +373,14 @@ class ReadModel:
         if slot is not None:
             slot.snapshot = snapshot
 
+    def adopt(self, partitions: dict[bytes, PartitionModel]) -> None:
+        """Take partitions the view was just loaded with (it held nothing before), instead of reading them back."""
+        for tp_key, partition in partitions.items():
+            with self.lock:
+                self.partitions[tp_key] = partition
+                if tp_key in self.snapshots:
+                    self._publish(tp_key, snapshot_of(partition))
+
     def fold(self, changes: dict[bytes, tuple[TopicIdPartition | None, PartitionChanges]]) -> None:
         """Apply a committed batch; each partition changes whole under the lock, so a lookup sees it before or
         after, never half-way (and the lock is held for one partition at a time, so lookups wait little)."""

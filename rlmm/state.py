@@ -370,21 +370,34 @@ class InMemoryState:
 
     def __init__(self) -> None:
         self._partitions: dict[tuple[uuid.UUID, int], _PartitionState] = {}
+        # The partition last asked for, by the identity of the object naming it: a record's rules ask a dozen times
+        # for the same one, and hashing its key (a UUID's hash is Python code) costs more than the rules' own work.
+        self._last_tp: TopicIdPartition | None = None
+        self._last: _PartitionState | None = None
 
     def _get(self, tp: TopicIdPartition) -> _PartitionState:
+        if tp is self._last_tp and self._last is not None:
+            return self._last
         key = (tp.topic_id, tp.partition)
         state = self._partitions.get(key)
         if state is None:
             state = self._partitions[key] = _PartitionState(tp)
+        self._last_tp, self._last = tp, state
         return state
 
     def _peek(self, tp: TopicIdPartition) -> _PartitionState | None:
-        return self._partitions.get((tp.topic_id, tp.partition))
+        if tp is not self._last_tp:
+            self._last_tp, self._last = tp, self._partitions.get((tp.topic_id, tp.partition))
+        return self._last
+
+    def _drop(self, tp: TopicIdPartition) -> None:
+        self._partitions.pop((tp.topic_id, tp.partition), None)
+        self._last_tp = self._last = None
 
     def _tidy(self, tp: TopicIdPartition) -> None:
         state = self._peek(tp)
         if state is not None and state.empty():
-            del self._partitions[(tp.topic_id, tp.partition)]
+            self._drop(tp)
 
     def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None:
         state = self._partitions.get((topic_id, partition))
@@ -493,7 +506,7 @@ class InMemoryState:
         self._tidy(tp)
 
     def forget_partition(self, tp: TopicIdPartition) -> None:
-        self._partitions.pop((tp.topic_id, tp.partition), None)
+        self._drop(tp)
 
     def digest(self) -> str:
         return view_digest_of(self.entries())

@@ -149,6 +149,16 @@ class RemoteLogSegmentId:
         _require_type("RemoteLogSegmentId", "id", self.id, uuid.UUID)
 
     @classmethod
+    def from_record(cls, topic_id_partition: TopicIdPartition, id: uuid.UUID) -> RemoteLogSegmentId:
+        """Build one from values a decoder produced: checked only when they are not plainly of the right types."""
+        if type(topic_id_partition) is not TopicIdPartition or type(id) is not uuid.UUID:
+            return cls(topic_id_partition, id)
+        segment_id = _NEW(cls)
+        _SET(segment_id, "topic_id_partition", topic_id_partition)
+        _SET(segment_id, "id", id)
+        return segment_id
+
+    @classmethod
     def generate(cls, topic_id_partition: TopicIdPartition) -> RemoteLogSegmentId:
         return cls(topic_id_partition, uuid.uuid4())
 
@@ -218,12 +228,18 @@ class RemoteLogSegmentMetadata:
     ) -> RemoteLogSegmentMetadata:
         """Build one from values a schema-typed decoder produced (ints, bytes, bool): when they are plainly within
         Kafka's ranges the field checks are skipped, else the full constructor judges and names what is wrong."""
-        epochs = dict(sorted(segment_leader_epochs.items()))
+        if len(segment_leader_epochs) == 1:  # most segments: one leader epoch, checked without a loop
+            epochs = segment_leader_epochs
+            ((epoch, epoch_start),) = epochs.items()
+            epochs_in_range = 0 <= epoch <= INT32_MAX and start_offset <= epoch_start <= end_offset
+        else:
+            epochs = dict(sorted(segment_leader_epochs.items()))
+            epochs_in_range = bool(epochs) and all(
+                0 <= e <= INT32_MAX and start_offset <= o <= end_offset for e, o in epochs.items())
         if not (
             0 <= start_offset <= end_offset <= INT64_MAX and -1 <= max_timestamp_ms <= INT64_MAX
             and 0 <= broker_id <= INT32_MAX and 0 <= event_timestamp_ms <= INT64_MAX
-            and 0 <= segment_size_in_bytes <= INT32_MAX and epochs
-            and all(0 <= e <= INT32_MAX and start_offset <= o <= end_offset for e, o in epochs.items())
+            and 0 <= segment_size_in_bytes <= INT32_MAX and epochs_in_range
         ):
             return cls(remote_log_segment_id, start_offset, end_offset, max_timestamp_ms, broker_id,
                        event_timestamp_ms, segment_size_in_bytes, epochs, custom_metadata, state, txn_idx_empty)

@@ -25,7 +25,7 @@ from rlmm import codec, state
 from rlmm import view_format as vf
 from rlmm.errors import SnapshotError, ViewFormatError
 from rlmm.events import EpochLineage, MetadataEvent, RecordKey
-from rlmm.read_model import EpochIndex, PartitionChanges, ReadModel, prefixed, read_partition
+from rlmm.read_model import EpochIndex, PartitionChanges, PartitionModel, ReadModel, prefixed, read_partition
 from rlmm.state import Outcome
 from rlmm.types import (
     RemoteLogSegmentId,
@@ -262,6 +262,34 @@ class MetadataView:
 
     def batch(self) -> ViewBatch:
         return ViewBatch(self)
+
+    def load_fresh(self, metadata_topic: str, fresh: FreshState, next_offsets: Mapping[int, int]) -> None:
+        """Write a state folded in memory into a view that holds nothing yet, with the metadata-topic offsets it
+        reaches, as ONE WriteBatch (all or nothing, like a batch's commit); the read model takes its partitions."""
+        if self.holds_entries():
+            raise ViewFormatError(f"view at {self.path} is not empty; a fresh state loads only into an empty view")
+        batch = WriteBatch(raw_mode=True)
+        put, handles = batch.put, self._handles
+        segments, deletes, lineages = handles[vf.SEGMENTS], handles[vf.PARTITIONS], handles[vf.EPOCH_STATE]
+        index, metas = handles[vf.EPOCH_INDEX], handles[vf.PARTITION_META]
+        partitions = fresh.partitions()
+        for key, partition in partitions.items():
+            assert partition.meta is not None
+            put(key, vf.encode_partition_meta(partition.meta), metas)
+            if partition.delete is not None:
+                put(key, vf.encode_partition_delete(partition.delete), deletes)
+            for segment_id, md in partition.segments.items():
+                put(key + segment_id.bytes, fresh.stored_bytes(md), segments)
+            for epoch, lineage in partition.lineages.items():
+                put(key + vf.EPOCH.pack(epoch), vf.encode_lineage(lineage), lineages)
+            for epoch, epoch_index in partition.index.items():
+                prefix = key + vf.EPOCH.pack(epoch)
+                for start, segment in epoch_index.ids.items():
+                    put(prefix + vf.OFFSET.pack(start), segment.bytes, index)
+        for partition_number, offset in next_offsets.items():
+            put(vf.applied_key(metadata_topic, partition_number), vf.encode_offset(offset), handles[vf.APPLIED])
+        self._write(batch)
+        self.model.adopt(partitions)
 
     def _write(self, batch: WriteBatch) -> None:
         options = WriteOptions()
@@ -606,3 +634,53 @@ def apply_records(
 
 
 
+
+
+class FreshState(state.InMemoryState):
+    """A window of the topic folded in memory for a view that holds nothing yet (a new node's first window), then
+    written to it at once (`MetadataView.load_fresh`): the reference store of rlmm.state, which the property tests
+    hold equal to the view, costs half of a `ViewBatch`, whose every read goes through its overlay to the read model.
+
+    Beside the state it keeps what the view keeps: a partition's bookkeeping from its first change until it is
+    forgotten, as `ViewBatch` writes it (the reference store drops a partition once it holds nothing), and the bytes
+    of the record each segment was stored from, when they are what the view would encode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._record: ConsumedRecord | None = None
+        self._raw: dict[uuid.UUID, bytes] = {}
+
+    def apply(self, record: ConsumedRecord) -> Outcome:
+        self._record = record
+        try:
+            return state.apply_record(self, record.key, record.event, record.offset, record.skipped_before)
+        finally:
+            self._record = None
+
+    def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None:
+        super().put_segment(metadata)
+        record = self._record
+        if record is not None and record.event is metadata and record.raw is not None and \
+                codec.is_current(record.raw):
+            self._raw[metadata.remote_log_segment_id.id] = record.raw
+        else:
+            self._raw.pop(metadata.remote_log_segment_id.id, None)
+
+    def set_checkpointed_lineage(self, tp: TopicIdPartition, owed: bytes | None) -> None:
+        self._get(tp).checkpointed = owed
+
+    def _tidy(self, tp: TopicIdPartition) -> None:
+        """Partitions stay until forgotten, as the view's bookkeeping does."""
+
+    def partitions(self) -> dict[bytes, PartitionModel]:
+        """The state as the read model holds it, by the view's partition key (sharing this state's containers)."""
+        return {
+            vf.tp_key(topic_id, number): PartitionModel(
+                held.tp, vf.PartitionMeta(held.tp.topic, held.checkpointed, held.lineage_position), held.segments,
+                held.delete, held.lineages, {epoch: EpochIndex(*entry) for epoch, entry in held.index.items()})
+            for (topic_id, number), held in self._partitions.items()
+        }
+
+    def stored_bytes(self, md: RemoteLogSegmentMetadata) -> bytes:
+        """What the view stores for a segment of this state: its record's bytes, or its encoding."""
+        return self._raw.get(md.remote_log_segment_id.id) or vf.encode_segment(md)

@@ -39,6 +39,13 @@ def written_topic(make_manager: Callable[..., RemoteLogMetadataManager], seed: i
     return writer, tps
 
 
+@pytest.fixture
+def windows_in_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows replayed in commits, as a node replays them over a view that holds something (one that was away): a
+    new node's first window is loaded at once instead (test_rlmm_fresh_window.py)."""
+    monkeypatch.setattr(MetadataApplier, "_load_fresh", lambda self, replay, ends: False)
+
+
 def counting_commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of each commit the appliers make from now on."""
     sizes: list[int] = []
@@ -53,6 +60,7 @@ def counting_commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sizes
 
 
+@pytest.mark.usefixtures("windows_in_commits")
 def test_a_window_committed_a_few_records_at_a_time_reaches_the_writers_view(
     make_manager: Callable[..., RemoteLogMetadataManager], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -65,6 +73,7 @@ def test_a_window_committed_a_few_records_at_a_time_reaches_the_writers_view(
     assert rebuilt.view_digest() == writer.view_digest()
 
 
+@pytest.mark.usefixtures("windows_in_commits")
 def test_a_node_stopped_between_the_commits_of_one_window_resumes_to_the_writers_view(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -105,6 +114,7 @@ def _on_distinct_metadata_partitions() -> tuple[TopicIdPartition, TopicIdPartiti
     return found[0], found[1]
 
 
+@pytest.mark.usefixtures("windows_in_commits")
 def test_an_unreadable_record_in_a_later_commit_of_a_window_halts_only_its_partition_at_its_offset(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -135,6 +145,7 @@ def test_an_unreadable_record_in_a_later_commit_of_a_window_halts_only_its_parti
     assert rebuilt.list_remote_log_segments(healthy) == writer.list_remote_log_segments(healthy)
 
 
+@pytest.mark.usefixtures("windows_in_commits")
 def test_a_record_that_fails_to_apply_in_an_early_commit_keeps_its_partition_at_its_offset_after_the_window(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     monkeypatch: pytest.MonkeyPatch,
