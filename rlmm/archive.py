@@ -229,7 +229,9 @@ def write_view_snapshot(
 ) -> None:
     """Write a view's entries (in the current view format) and its digest as a snapshot file of format 2."""
     fastavro.writer(
-        out, fastavro.parse_schema(view_chunk_schema()), _chunks(entries), codec="deflate",
+        # zstd: as small as deflate, and decompressed in half the time, on the path of a new node's bootstrap
+        # (fastavro reads it through backports.zstd before Python 3.14). Files of either codec are read.
+        out, fastavro.parse_schema(view_chunk_schema()), _chunks(entries), codec="zstandard",
         metadata={
             META_TOPIC: metadata_topic,
             END_OFFSETS_META: _encode_ends(end_offsets),

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
 from rlmm_testkit import LogWriter, make_tp, workload
 
@@ -19,6 +20,7 @@ from rlmm.archive import (
     SnapshotHeader,
     read_snapshot,
     to_archived,
+    view_chunk_schema,
     view_entries,
     write_snapshot,
     write_view_snapshot,
@@ -84,6 +86,28 @@ def test_a_view_snapshot_round_trips_its_header_and_entries_across_chunks() -> N
     assert (header.metadata_topic, dict(header.end_offsets), header.format) == (TOPIC, {0: 7, 3: 9}, VIEW_FORMAT)
     assert (header.view_format, header.view_digest) == (vf.FORMAT_VERSION, "d" * 64)
     assert list(view_entries(datums)) == entries
+
+
+def test_view_snapshots_are_written_with_zstd_and_those_of_earlier_releases_in_deflate_still_load(
+    tmp_path: Path
+) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(2))
+    written = _view_snapshot(replayed)
+    assert fastavro.reader(io.BytesIO(written)).codec == "zstandard"
+    header, chunks = read_snapshot(io.BytesIO(written))
+    earlier = io.BytesIO()  # the same file as releases before zstd wrote it
+    stated = fastavro.reader(io.BytesIO(written)).metadata
+    header_fields = {k: v for k, v in stated.items() if not k.startswith("avro.")}
+    fastavro.writer(earlier, fastavro.parse_schema(view_chunk_schema()), list(chunks), codec="deflate",
+                    metadata=header_fields)
+    assert fastavro.reader(io.BytesIO(earlier.getvalue())).codec == "deflate"
+    loaded = _load(tmp_path / "loaded", earlier.getvalue())
+    try:
+        assert header.view_digest == loaded.digest() == replayed.digest()
+        assert list(snapshot_entries(loaded)) == list(snapshot_entries(replayed))
+    finally:
+        loaded.close()
+        replayed.close()
 
 
 def test_a_snapshot_without_a_format_is_format_1() -> None:
