@@ -210,6 +210,12 @@ def _as_uuid(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid_from_text(str(value))
 
 
+# Each checkpoint of an epoch restates the segments displaced in it, so the same ids come again and again.
+@lru_cache(maxsize=65536)
+def _displaced_id(value: str) -> uuid.UUID:
+    return _as_uuid(value)
+
+
 def to_datum(event: MetadataEvent) -> tuple[str, dict[str, Any]]:
     if isinstance(event, RemoteLogSegmentMetadata):
         segment_id = event.remote_log_segment_id
@@ -286,10 +292,10 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
             return EpochCheckpoint(
                 topic_id_partition=tp,
                 epochs=tuple(
-                    EpochLineage(
+                    EpochLineage.from_record(
                         e["epoch"],
                         e["highest_log_offset"],
-                        frozenset(_as_uuid(s) for s in e["displaced_segment_ids"]),
+                        frozenset(map(_displaced_id, e["displaced_segment_ids"])),
                     )
                     for e in datum["epochs"]
                 ),

@@ -48,6 +48,15 @@ class EpochLineage:
                 f"EpochLineage.displaced_segment_ids must be a frozenset of UUIDs, got {self.displaced_segment_ids!r}")
 
     @classmethod
+    def from_record(cls, epoch: int, highest_log_offset: int | None,
+                    displaced_segment_ids: frozenset[uuid.UUID]) -> EpochLineage:
+        """Build one from values a schema-typed decoder produced (ints, a frozenset of UUIDs): when they are plainly
+        within range the checks are skipped, else the full constructor judges and names what is wrong."""
+        if 0 <= epoch <= INT32_MAX and (highest_log_offset is None or 0 <= highest_log_offset <= INT64_MAX):
+            return cls.derived(epoch, highest_log_offset, displaced_segment_ids)
+        return cls(epoch, highest_log_offset, displaced_segment_ids)
+
+    @classmethod
     def derived(cls, epoch: int, highest_log_offset: int | None,
                 displaced_segment_ids: frozenset[uuid.UUID] = frozenset()) -> EpochLineage:
         """A lineage the rules derive from values already checked (a stored lineage, an accepted segment), built
