@@ -308,9 +308,14 @@ class MetadataApplier:
                 # A view without segments (a new node's first window) holds none a tombstone could name.
                 holds = partial(holds_segment, self._view) if self._view.holds_segments() else _holds_nothing
                 window = CompactedWindow(self._writer.is_pending, holds)
+                started = time.monotonic()
                 caught_up = self._fill(window, messages)
                 messages = []
-                self._apply_window(window)
+                read_s = time.monotonic() - started
+                replayed, how = self._apply_window(window)
+                log.info("metadata topic %s: a backlog window of %d records read in %.1f s; the newest of each key, "
+                         "%d records, %s in %.1f s%s", self._settings.metadata_topic, window.records, read_s,
+                         replayed, how, time.monotonic() - started - read_s, "" if caught_up else "; reading on")
                 if caught_up or self._stop.is_set():
                     return
 
@@ -364,15 +369,18 @@ class MetadataApplier:
                 add(partition, offset, message.key() or b"", message.value(),  # type: ignore[arg-type]
                     request_of(message) if own_writes else None, partition in after_cleaning)
 
-    def _apply_window(self, window: CompactedWindow) -> None:
+    def _apply_window(self, window: CompactedWindow) -> tuple[int, str]:
         """Replay the window in commits of at most WINDOW_COMMIT_RECORDS records, the last one with the window's
         ends: a record and the state it builds are held decoded only until its commit. A commit before the last
         reaches the records it applied; every record the window skipped below them is superseded by one applied
-        or read again after a crash."""
+        or read again after a crash. Returns how many records it replayed, and how."""
         replay = window.replay_order()
         window.clear()
-        if not self._view.holds_entries() and self._load_fresh(replay, window.ends):
-            return
+        replayed = len(replay)
+        # A view that applied nothing yet (a new node's, or one whose first load was cut short) loads its first window
+        # at once.
+        if not self.applied and self._load_fresh(replay, window.ends):
+            return replayed, "loaded into the empty view"
         stopped: dict[int, int] = {}  # partitions a record this window could not read halted, at its offset
         for first in range(0, max(len(replay), 1), WINDOW_COMMIT_RECORDS):
             records: list[ConsumedRecord] = []
@@ -396,32 +404,43 @@ class MetadataApplier:
                 last = {partition: end for partition, end in window.ends.items() if partition not in self.halted}
                 # Free memory goes back to the OS after every window (a few ms), before anyone hears of its offsets.
                 self._commit_records(records, requests, {**last, **stopped}, release_memory=True)
+        return replayed, "applied"
 
     def _load_fresh(self, replay: list[WindowRecord], ends: dict[int, int]) -> bool:
         """Replay a window into a view that holds nothing yet (a new node's first window), folded in memory and
-        written at once (MetadataView.load_fresh). False, with nothing written or halted, when a record fails to
-        apply: the window is then replayed in commits, which halt that record's partition."""
+        written at once (MetadataView.load_fresh); the window's records are let go once folded. False, with nothing
+        written or halted, when a record fails to apply: the window is then replayed in commits, which halt that
+        record's partition."""
         fresh = FreshState()
-        records: list[ConsumedRecord] = []
+        # Only the records the applier must hear of one by one (its own writes', dropped ones, partition deletions);
+        # the rest are counted, so that a rebuild holds no more than the state it builds.
+        noted: list[ConsumedRecord] = []
         outcomes: list[state.Outcome] = []
         requests: dict[tuple[int, int], str | None] = {}
         unreadable: dict[int, tuple[int, str]] = {}  # partition -> its first record that cannot be read, and why
+        applied = 0
         for raw in replay:
             partition = raw.metadata_partition
             if partition in self.halted or partition in unreadable:
                 continue
             try:
-                record = raw.decoded()
+                key, event = codec.decode_record(raw.key, raw.value)
             except (codec.DecodeError, InvalidArgumentError) as exc:
                 unreadable[partition] = (raw.offset, str(exc))
                 continue
             try:
-                outcomes.append(fresh.apply(record))
+                outcome = fresh.fold(key, event, raw.offset, raw.skipped_before, raw.value)
             except Exception:
+                log.warning("metadata topic %s partition %d offset %d: the record failed to apply; replaying the "
+                            "window in commits", self._settings.metadata_topic, partition, raw.offset, exc_info=True)
                 return False
-            records.append(record)
-            if raw.request is not None:
+            if outcome.applied and raw.request is None and not isinstance(event, RemotePartitionDeleteMetadata):
+                applied += 1
+            else:
+                noted.append(ConsumedRecord(partition, raw.offset, key, event, raw.value, raw.skipped_before))
+                outcomes.append(outcome)
                 requests[(partition, raw.offset)] = raw.request
+        replay.clear()
         for partition, (offset, why) in unreadable.items():
             # What came before it in the window is applied; the node resumes from it once fixed.
             self._halt(partition, offset, f"cannot read record ({why})")
@@ -434,7 +453,7 @@ class MetadataApplier:
         del fresh
         _release_free_memory()
         self._stamp()
-        self._after_commit(records, requests, outcomes, next_offsets)
+        self._after_commit(noted, requests, outcomes, next_offsets, applied)
         return True
 
     def _commit_records(
@@ -541,12 +560,15 @@ class MetadataApplier:
 
     def _after_commit(
         self, records: list[ConsumedRecord], requests: dict[tuple[int, int], str | None],
-        outcomes: list[state.Outcome], next_offsets: dict[int, int],
+        outcomes: list[state.Outcome], next_offsets: dict[int, int], applied_besides: int = 0,
     ) -> None:
+        """Publish a commit's offsets and outcomes; `applied_besides` counts records applied beyond `records`, which
+        need nothing else heard of them."""
         follow_ups: list[Append] = []
         with self._lock:
             self.storage_problem = None
             self.applied.update(next_offsets)
+            self.records_applied += applied_besides
             for record, outcome in zip(records, outcomes, strict=True):
                 if outcome.applied:
                     self.records_applied += 1

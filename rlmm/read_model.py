@@ -373,6 +373,13 @@ class ReadModel:
         if slot is not None:
             slot.snapshot = snapshot
 
+    def reset(self) -> None:
+        """Forget every partition read (the view's entries were removed): each is read again when next asked for."""
+        with self.lock:
+            self.partitions.clear()
+            for tp_key in self.snapshots:
+                self._publish(tp_key, _NOTHING)
+
     def adopt(self, partitions: dict[bytes, PartitionModel]) -> None:
         """Take partitions the view was just loaded with (it held nothing before), instead of reading them back."""
         for tp_key, partition in partitions.items():

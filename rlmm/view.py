@@ -35,6 +35,7 @@ from rlmm.types import (
 )
 
 _FORMAT_KEY = b"tierlog.view.format"
+_PAST_EVERY_KEY = b"\xff" * 64  # after every key of the view's families (each starts with a 16-byte topic id)
 _SOURCE_KEY = b"tierlog.view.source\0"  # + metadata topic name
 _DELETED = None
 
@@ -264,32 +265,25 @@ class MetadataView:
         return ViewBatch(self)
 
     def load_fresh(self, metadata_topic: str, fresh: FreshState, next_offsets: Mapping[int, int]) -> None:
-        """Write a state folded in memory into a view that holds nothing yet, with the metadata-topic offsets it
-        reaches, as ONE WriteBatch (all or nothing, like a batch's commit); the read model takes its partitions."""
+        """Load a state folded in memory into a view that applied nothing of the topic yet, with the offsets it
+        reaches, and let the read model take its partitions. Like a snapshot's entries, the state is written as
+        RocksDB tables and ingested (no memtable holds it, no log records it), the offsets last; what a load cut
+        short left (entries without offsets, which no node resumes from) is removed first."""
+        if self.applied_offsets(metadata_topic):
+            raise ViewFormatError(f"view at {self.path} applied records of {metadata_topic} already; a fresh state "
+                                  "loads only into a view that applied none")
         if self.holds_entries():
-            raise ViewFormatError(f"view at {self.path} is not empty; a fresh state loads only into an empty view")
-        batch = WriteBatch(raw_mode=True)
-        put, handles = batch.put, self._handles
-        segments, deletes, lineages = handles[vf.SEGMENTS], handles[vf.PARTITIONS], handles[vf.EPOCH_STATE]
-        index, metas = handles[vf.EPOCH_INDEX], handles[vf.PARTITION_META]
+            self._discard_entries()
         partitions = fresh.partitions()
-        for key, partition in partitions.items():
-            assert partition.meta is not None
-            put(key, vf.encode_partition_meta(partition.meta), metas)
-            if partition.delete is not None:
-                put(key, vf.encode_partition_delete(partition.delete), deletes)
-            for segment_id, md in partition.segments.items():
-                put(key + segment_id.bytes, fresh.stored_bytes(md), segments)
-            for epoch, lineage in partition.lineages.items():
-                put(key + vf.EPOCH.pack(epoch), vf.encode_lineage(lineage), lineages)
-            for epoch, epoch_index in partition.index.items():
-                prefix = key + vf.EPOCH.pack(epoch)
-                for start, segment in epoch_index.ids.items():
-                    put(prefix + vf.OFFSET.pack(start), segment.bytes, index)
-        for partition_number, offset in next_offsets.items():
-            put(vf.applied_key(metadata_topic, partition_number), vf.encode_offset(offset), handles[vf.APPLIED])
-        self._write(batch)
+        self.load_entries(metadata_topic, fresh.runs(partitions), next_offsets, hashed=False)
         self.model.adopt(partitions)
+
+    def _discard_entries(self) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for family in (*vf.CONTENT_FAMILIES, vf.PARTITION_META):
+            batch.delete_range(b"", _PAST_EVERY_KEY, self._handles[family])
+        self._write(batch)
+        self.model.reset()
 
     def _write(self, batch: WriteBatch) -> None:
         options = WriteOptions()
@@ -306,22 +300,22 @@ class MetadataView:
         return any(map(self._holds, vf.ALL_FAMILIES))
 
     def load_entries(self, metadata_topic: str, runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
-                     next_offsets: Mapping[int, int], view_digest: str | None = None) -> None:
+                     next_offsets: Mapping[int, int], view_digest: str | None = None, hashed: bool = True) -> None:
         """Bulk-load an EMPTY view with entries as this view stores them (a snapshot's), then the metadata-topic
         offsets they reflect: a view that resumes from those offsets.
 
         `runs` are (column family, keys, values): each family's entries in one stretch of runs, keys strictly
         ascending, the content families in name order. They are written as RocksDB tables beside the view and
-        hashed on the way; with `view_digest`, content that does not hash to it is refused (SnapshotError) before
-        anything enters the view. Then the tables are ingested, and the offsets written last, so an interrupted
-        load never looks like a view that applied them."""
+        hashed on the way (unless not `hashed`); with `view_digest`, content that does not hash to it is refused
+        (SnapshotError) before anything enters the view. Then the tables are ingested, and the offsets written
+        last, so an interrupted load never looks like a view that applied them."""
         if self.holds_entries():
             raise ViewFormatError(f"view at {self.path} is not empty; entries load only into an empty view")
         tables = self.path.parent / f"{self.path.name}.tables"
         shutil.rmtree(tables, ignore_errors=True)
         tables.mkdir(parents=True)
         try:
-            files, loaded = _write_tables(runs, tables, self.path)
+            files, loaded = _write_tables(runs, tables, self.path, hashed or view_digest is not None)
             if view_digest is not None and loaded != view_digest:
                 raise SnapshotError(f"its entries make a view with digest {loaded}, the snapshot states {view_digest}")
             ingest = IngestExternalFileOptions()
@@ -336,8 +330,8 @@ class MetadataView:
         self._write(batch)
 
 
-def _write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], tables: Path, view: Path
-                  ) -> tuple[dict[str, Path], str]:
+def _write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], tables: Path, view: Path,
+                  hashed: bool = True) -> tuple[dict[str, Path], str]:
     """Write each column family's runs of entries into a RocksDB table file under `tables`: the files by family,
     and the digest of the content entries (a table needs its keys in RocksDB's order, the digest needs them in the
     view's; both are checked here, with errors naming what was out of place)."""
@@ -371,7 +365,7 @@ def _write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], 
             writer.open(str(files[family]))
         deque(map(writer.__setitem__, keys, values), maxlen=0)  # one C-level pass, no Python loop per entry
         last = keys[-1]
-        if family in vf.CONTENT_FAMILIES:
+        if hashed and family in vf.CONTENT_FAMILIES:
             digest.add(family, keys, values)
     if writer is not None:
         writer.finish()
@@ -647,22 +641,27 @@ class FreshState(state.InMemoryState):
 
     def __init__(self) -> None:
         super().__init__()
-        self._record: ConsumedRecord | None = None
+        self._event: MetadataEvent | None = None  # the event being applied, and its record's bytes
+        self._event_bytes: bytes | None = None
         self._raw: dict[uuid.UUID, bytes] = {}
 
     def apply(self, record: ConsumedRecord) -> Outcome:
-        self._record = record
+        return self.fold(record.key, record.event, record.offset, record.skipped_before, record.raw)
+
+    def fold(self, key: RecordKey, event: MetadataEvent | None, offset: int, skipped_before: bool,
+             raw: bytes | None) -> Outcome:
+        """`apply` of a record's parts (`raw`: its value as consumed), without building a ConsumedRecord."""
+        self._event, self._event_bytes = event, raw
         try:
-            return state.apply_record(self, record.key, record.event, record.offset, record.skipped_before)
+            return state.apply_record(self, key, event, offset, skipped_before)
         finally:
-            self._record = None
+            self._event = self._event_bytes = None
 
     def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None:
         super().put_segment(metadata)
-        record = self._record
-        if record is not None and record.event is metadata and record.raw is not None and \
-                codec.is_current(record.raw):
-            self._raw[metadata.remote_log_segment_id.id] = record.raw
+        raw = self._event_bytes
+        if raw is not None and self._event is metadata and codec.is_current(raw):
+            self._raw[metadata.remote_log_segment_id.id] = raw
         else:
             self._raw.pop(metadata.remote_log_segment_id.id, None)
 
@@ -681,6 +680,26 @@ class FreshState(state.InMemoryState):
             for (topic_id, number), held in self._partitions.items()
         }
 
-    def stored_bytes(self, md: RemoteLogSegmentMetadata) -> bytes:
-        """What the view stores for a segment of this state: its record's bytes, or its encoding."""
-        return self._raw.get(md.remote_log_segment_id.id) or vf.encode_segment(md)
+    def runs(self, partitions: dict[bytes, PartitionModel]) -> Iterator[tuple[str, list[bytes], list[bytes]]]:
+        """The view's entries of `partitions` (this state's), as `MetadataView.load_entries` takes them: each
+        family's in key order, the content families by name, then the partitions' bookkeeping."""
+        entries: dict[str, list[tuple[bytes, bytes]]] = {family: [] for family in (*vf.CONTENT_FAMILIES,
+                                                                                    vf.PARTITION_META)}
+        segments, deletes, lineages = entries[vf.SEGMENTS], entries[vf.PARTITIONS], entries[vf.EPOCH_STATE]
+        index, metas = entries[vf.EPOCH_INDEX], entries[vf.PARTITION_META]
+        raw = self._raw
+        for key, partition in partitions.items():
+            assert partition.meta is not None
+            metas.append((key, vf.encode_partition_meta(partition.meta)))
+            if partition.delete is not None:
+                deletes.append((key, vf.encode_partition_delete(partition.delete)))
+            segments += [(key + segment_id.bytes, raw.get(segment_id) or vf.encode_segment(md))
+                         for segment_id, md in partition.segments.items()]
+            lineages += [(key + vf.EPOCH.pack(epoch), vf.encode_lineage(lineage))
+                         for epoch, lineage in partition.lineages.items()]
+            for epoch, epoch_index in partition.index.items():
+                prefix = key + vf.EPOCH.pack(epoch)
+                index += [(prefix + vf.OFFSET.pack(start), segment.bytes) for start, segment in epoch_index.ids.items()]
+        for family in (*sorted(vf.CONTENT_FAMILIES), vf.PARTITION_META):
+            run = sorted(entries.pop(family))
+            yield family, [key for key, _ in run], [value for _, value in run]

@@ -19,7 +19,8 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from support import wait_until
 
 from rlmm import codec, state
-from rlmm.events import MetadataEvent, RecordKey, key_of, segment_key
+from rlmm.applier import MetadataApplier
+from rlmm.events import MetadataEvent, RecordKey, key_of, metadata_partition_for, segment_key
 from rlmm.manager import RemoteLogMetadataManager
 from rlmm.state import (
     InMemoryState,
@@ -413,3 +414,52 @@ def produce_to(bootstrap: str, topic: str, partition: int, records: Iterable[tup
     for key, value in records:
         producer.produce(topic, key=key, value=value, partition=partition)
     assert producer.flush(30) == 0, f"records to {topic}[{partition}] not delivered in 30 s"
+
+
+# --- backlogs: a new node reading a writer's history in windows ----------------------------------------------
+
+# Every consume of at least two records is a backlog, replayed in windows.
+WINDOWED = {"apply.batch.max.records": 2}
+
+
+def on_distinct_metadata_partitions() -> tuple[TopicIdPartition, TopicIdPartition]:
+    """Two user partitions whose records go to metadata partitions 0 and 1 of a two-partition topic."""
+    found: dict[int, TopicIdPartition] = {}
+    while len(found) < 2:
+        tp = make_tp("spread", 0)
+        found.setdefault(metadata_partition_for(tp.topic_id, tp.partition, 2), tp)
+    return found[0], found[1]
+
+
+def written_history(make_manager: Callable[..., RemoteLogMetadataManager], seed: int
+                    ) -> tuple[RemoteLogMetadataManager, tuple[TopicIdPartition, TopicIdPartition]]:
+    """A writer's history of eight uploads on each of two user partitions, on metadata partitions 0 and 1."""
+    writer = make_manager(broker_id=0, partitions=2)
+    tps = on_distinct_metadata_partitions()
+    register(writer, *tps)
+    drive(writer, {tp: workload(random.Random(seed + i), tp, uploads=8) for i, tp in enumerate(tps)})
+    writer.wait_caught_up(60)
+    return writer, tps
+
+
+def append_garbage(bootstrap: str, topic: str, tp: TopicIdPartition) -> int:
+    """Append bytes no tierlog wrote, then a valid record, to tp's metadata partition (0 of two); the garbage's
+    offset."""
+    garbage = (key_of(segment(tp, 900, 901, {0: 900})).encode(), b"\x00garbage")
+    later = segment(tp, 1000, 1001, {0: 1000})
+    produce_to(bootstrap, topic, 0, [garbage, (key_of(later).encode(), codec.encode(later))])
+    return max(r.offset for r in read_topic(bootstrap, topic) if r.partition == 0) - 1
+
+
+def counting_commits(monkeypatch: Any) -> list[int]:
+    """The size of each commit the appliers make from now on (`monkeypatch`: pytest's fixture)."""
+    sizes: list[int] = []
+    commit = MetadataApplier._commit
+
+    def counted(self: MetadataApplier, records: list[Any], next_offsets: dict[int, int]) -> Any:
+        outcomes = commit(self, records, next_offsets)
+        sizes.append(len(records))
+        return outcomes
+
+    monkeypatch.setattr(MetadataApplier, "_commit", counted)
+    return sizes

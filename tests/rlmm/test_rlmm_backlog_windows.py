@@ -15,17 +15,23 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Message
-from rlmm_testkit import drive, make_tp, produce_to, read_topic, register, segment, workload
+from rlmm_testkit import (
+    WINDOWED,
+    append_garbage,
+    counting_commits,
+    drive,
+    make_tp,
+    read_topic,
+    register,
+    workload,
+    written_history,
+)
 from support import wait_until
 
-from rlmm import RemoteLogMetadataManager, applier, codec
+from rlmm import RemoteLogMetadataManager, applier
 from rlmm.applier import ApplierSettings, CompactedWindow, MetadataApplier
-from rlmm.events import key_of, metadata_partition_for
 from rlmm.types import TopicIdPartition
 from rlmm.view import ConsumedRecord, MetadataView, ViewBatch
-
-# Every consume of at least two records is a backlog, replayed in windows.
-WINDOWED = {"apply.batch.max.records": 2}
 
 
 def written_topic(make_manager: Callable[..., RemoteLogMetadataManager], seed: int
@@ -44,20 +50,6 @@ def windows_in_commits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Windows replayed in commits, as a node replays them over a view that holds something (one that was away): a
     new node's first window is loaded at once instead (test_rlmm_fresh_window.py)."""
     monkeypatch.setattr(MetadataApplier, "_load_fresh", lambda self, replay, ends: False)
-
-
-def counting_commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of each commit the appliers make from now on."""
-    sizes: list[int] = []
-    commit = MetadataApplier._commit
-
-    def counted(self: MetadataApplier, records: list[ConsumedRecord], next_offsets: dict[int, int]) -> Any:
-        outcomes = commit(self, records, next_offsets)
-        sizes.append(len(records))
-        return outcomes
-
-    monkeypatch.setattr(MetadataApplier, "_commit", counted)
-    return sizes
 
 
 @pytest.mark.usefixtures("windows_in_commits")
@@ -106,38 +98,20 @@ def test_a_node_stopped_between_the_commits_of_one_window_resumes_to_the_writers
     assert resumed.view_digest() == writer.view_digest()
 
 
-def _on_distinct_metadata_partitions() -> tuple[TopicIdPartition, TopicIdPartition]:
-    found: dict[int, TopicIdPartition] = {}
-    while len(found) < 2:
-        tp = make_tp("spread", 0)
-        found.setdefault(metadata_partition_for(tp.topic_id, tp.partition, 2), tp)
-    return found[0], found[1]
-
-
 @pytest.mark.usefixtures("windows_in_commits")
 def test_an_unreadable_record_in_a_later_commit_of_a_window_halts_only_its_partition_at_its_offset(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    writer = make_manager(broker_id=0, partitions=2)
-    broken, healthy = _on_distinct_metadata_partitions()
-    register(writer, broken, healthy)
-    drive(writer, {tp: workload(random.Random(70 + i), tp, uploads=8) for i, tp in enumerate((broken, healthy))})
-    writer.wait_caught_up(60)
-    garbage = (key_of(segment(broken, 900, 901, {0: 900})).encode(), b"\x00garbage")
-    later = segment(broken, 1000, 1001, {0: 1000})
-    produce_to(kafka_bootstrap, metadata_topic, 0, [garbage, (key_of(later).encode(), codec.encode(later))])
-    ends = {p: 0 for p in (0, 1)}
-    for record in read_topic(kafka_bootstrap, metadata_topic):
-        ends[record.partition] = record.offset + 1
-    bad_offset = ends[0] - 2
+    writer, (broken, healthy) = written_history(make_manager, 70)
+    bad_offset = append_garbage(kafka_bootstrap, metadata_topic, broken)
 
     monkeypatch.setattr(applier, "WINDOW_COMMIT_RECORDS", 2)
     commits = counting_commits(monkeypatch)
     rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
     register(rebuilt, healthy)
     errors = wait_until(rebuilt.metadata_errors, timeout=60, description="the rebuilt node reporting the record")
-    wait_until(lambda: rebuilt.applied_offsets().get(1) == ends[1], timeout=60,
+    wait_until(lambda: rebuilt.applied_offsets().get(1) == writer.applied_offsets()[1], timeout=60,
                description="the healthy metadata partition read to its end")
     assert len(commits) > 2
     assert list(errors) == [0] and f"offset {bad_offset}" in str(errors[0])
@@ -150,11 +124,7 @@ def test_a_record_that_fails_to_apply_in_an_early_commit_keeps_its_partition_at_
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    writer = make_manager(broker_id=0, partitions=2)
-    tps = _on_distinct_metadata_partitions()
-    register(writer, *tps)
-    drive(writer, {tp: workload(random.Random(80 + i), tp, uploads=8) for i, tp in enumerate(tps)})
-    writer.wait_caught_up(60)
+    writer, _ = written_history(make_manager, 80)
     newest = {r.key: r.offset for r in read_topic(kafka_bootstrap, metadata_topic) if r.partition == 0}
     replayed = sorted(newest.values())  # what a window over the whole log replays of partition 0
     failing = replayed[1]  # in the window's first commit, with more of partition 0 in later ones

@@ -24,7 +24,18 @@ from rlmm_strategies import (
     replay_at_offsets,
     settle,
 )
-from rlmm_testkit import decoded, drive, make_tp, read_topic, register, replay, segment, update_of, workload
+from rlmm_testkit import (
+    WINDOWED,
+    decoded,
+    drive,
+    make_tp,
+    read_topic,
+    register,
+    replay,
+    segment,
+    update_of,
+    workload,
+)
 from support import wait_until
 
 from rlmm import RemoteLogMetadataManager, applier, codec
@@ -266,8 +277,6 @@ def test_the_same_records_without_a_pending_write_replay_only_the_newest() -> No
 
 # --- the real manager on the shared broker: every batch full, so every read goes through windows -------------
 
-WINDOWED = {"apply.batch.max.records": 2}
-
 
 def test_a_node_reading_only_windows_completes_its_own_writes_and_matches_a_replay_of_its_topic(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str
@@ -297,11 +306,12 @@ def test_a_node_stopped_between_windows_of_a_rebuild_resumes_from_the_last_commi
     windows: list[int] = []
 
     # The fault: the rebuilding node stops for good right after committing its third window.
-    def stop_after_three(self: applier.MetadataApplier, window: CompactedWindow) -> None:
-        apply_window(self, window)
+    def stop_after_three(self: applier.MetadataApplier, window: CompactedWindow) -> tuple[int, str]:
+        replayed = apply_window(self, window)
         windows.append(window.records)
         if len(windows) == 3:
             self._stop.set()
+        return replayed
 
     monkeypatch.setattr(applier.MetadataApplier, "_apply_window", stop_after_three)
     stopped = make_manager(broker_id=1, partitions=2, state_dir=tmp_path / "rebuilt", **WINDOWED)
