@@ -182,8 +182,15 @@ def _user_partition_key(raw: bytes) -> RecordKey:
 
 
 def segment_key(segment_id: RemoteLogSegmentId) -> RecordKey:
+    # Field by field: a rebuild builds one per segment record, and the frozen constructor costs twice as much.
     tp = segment_id.topic_id_partition
-    return RecordKey("segment", tp.topic_id, tp.partition, segment_id.id)
+    key = _new(RecordKey)
+    _set(key, "kind", "segment")
+    _set(key, "topic_id", tp.topic_id)
+    _set(key, "partition", tp.partition)
+    _set(key, "segment_id", segment_id.id)
+    _set(key, "epoch", None)
+    return key
 
 
 def partition_delete_key(tp: TopicIdPartition) -> RecordKey:

@@ -154,6 +154,13 @@ def apply_record(
     """
     if event is None:
         return _apply_tombstone(store, key, offset)
+    if type(event) is RemoteLogSegmentMetadata:
+        # key_of's check field by field, without building the expected key: a rebuild applies a record per segment.
+        segment_id = event.remote_log_segment_id
+        tp = segment_id.topic_id_partition
+        if key.kind == "segment" and key.segment_id == segment_id.id and key.topic_id == tp.topic_id and \
+                key.partition == tp.partition and key.epoch is None:
+            return _apply_segment(store, event, offset, skipped_before)
     try:
         expected = key_of(event)
     except InvalidArgumentError as exc:
