@@ -370,15 +370,15 @@ class MetadataApplier:
                     request_of(message) if own_writes else None, partition in after_cleaning)
 
     def _apply_window(self, window: CompactedWindow) -> tuple[int, str]:
-        """Replay the window in commits of at most WINDOW_COMMIT_RECORDS records, the last one with the window's
-        ends: a record and the state it builds are held decoded only until its commit. A commit before the last
-        reaches the records it applied; every record the window skipped below them is superseded by one applied
-        or read again after a crash. Returns how many records it replayed, and how."""
+        """Replay the window: into a view that applied nothing yet, loaded at once (`_load_fresh`); else in commits
+        of at most WINDOW_COMMIT_RECORDS records, the last one with the window's ends, so that a record and the state
+        it builds are held decoded only until its commit. A commit before the last reaches the records it applied;
+        every record the window skipped below them is superseded by one applied or read again after a crash.
+        Returns how many records it replayed, and how."""
         replay = window.replay_order()
         window.clear()
         replayed = len(replay)
-        # A view that applied nothing yet (a new node's, or one whose first load was cut short) loads its first window
-        # at once.
+        # Nothing applied: a new node's view, or one whose first load was cut short.
         if not self.applied and self._load_fresh(replay, window.ends):
             return replayed, "loaded into the empty view"
         stopped: dict[int, int] = {}  # partitions a record this window could not read halted, at its offset
@@ -407,7 +407,7 @@ class MetadataApplier:
         return replayed, "applied"
 
     def _load_fresh(self, replay: list[WindowRecord], ends: dict[int, int]) -> bool:
-        """Replay a window into a view that holds nothing yet (a new node's first window), folded in memory and
+        """Replay a window into a view that applied nothing yet (a new node's first window), folded in memory and
         written at once (MetadataView.load_fresh); the window's records are let go once folded. False, with nothing
         written or halted, when a record fails to apply: the window is then replayed in commits, which halt that
         record's partition."""
@@ -448,7 +448,8 @@ class MetadataApplier:
         next_offsets.update((partition, offset) for partition, (offset, _) in unreadable.items())
         try:
             self._view.load_fresh(self._settings.metadata_topic, fresh, next_offsets)
-        except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors; nothing was written
+        except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
+            # No offset was written: the window is read again, and what a load cut short left is removed first.
             raise _CommitFailure(str(exc)) from None
         del fresh
         _release_free_memory()

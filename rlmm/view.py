@@ -627,13 +627,11 @@ def apply_records(
     return outcomes
 
 
-
-
-
 class FreshState(state.InMemoryState):
-    """A window of the topic folded in memory for a view that holds nothing yet (a new node's first window), then
+    """A window of the topic folded in memory for a view that applied nothing yet (a new node's first window), then
     written to it at once (`MetadataView.load_fresh`): the reference store of rlmm.state, which the property tests
-    hold equal to the view, costs half of a `ViewBatch`, whose every read goes through its overlay to the read model.
+    hold equal to the view, costs about half of a `ViewBatch`, whose every read goes through its overlay to the read
+    model (0.28 s against 0.54 s for the 47k records a compacted topic of 40k live segments holds).
 
     Beside the state it keeps what the view keeps: a partition's bookkeeping from its first change until it is
     forgotten, as `ViewBatch` writes it (the reference store drops a partition once it holds nothing), and the bytes
