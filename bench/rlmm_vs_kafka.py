@@ -117,7 +117,9 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
     an empty state dir bootstraps from the newest snapshot there, then tails the topic."""
     tps = read_partitions(events_file)
     rng = random.Random(seed)
-    write_target = TopicIdPartition(uuid.UUID(int=rng.getrandbits(128)), "bench-writes", 0)
+    # A topic id of its own: drawn from `rng`, it was the first user partition's (the events' first draw too), and
+    # the writes then landed in that partition under another topic name.
+    write_target = TopicIdPartition(uuid.UUID(int=random.Random(f"writes-{seed}").getrandbits(128)), "bench-writes", 0)
     config = {"bootstrap.servers": bootstrap, "broker.id": 0, "state.dir": state_dir, "metadata.topic.name": topic,
               "metadata.topic.num.partitions": partitions, "metadata.topic.create": False,
               "startup.timeout.ms": int(NODE_TIMEOUT_S * 1000)}

@@ -10,6 +10,7 @@ import logging
 import shutil
 import threading
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
@@ -299,7 +300,13 @@ class RemoteLogMetadataManager:
             if not snapshot.deleted:
                 floors = snapshot.sole_floors if leader_epoch == snapshot.sole_epoch else snapshot.floors.get(
                     leader_epoch)
-                return None if floors is None else floors.floor(offset)
+                if floors is None:
+                    return None
+                # EpochFloors.floor, inlined too.
+                segments, bounds = floors.segments, floors.bounds
+                count = len(segments)
+                position = bisect_right(bounds, offset, 0, count)
+                return segments[position - 1] if position and offset <= bounds[count + position - 1] else None
         return self._snapshot(tp).segment_for_offset(leader_epoch, offset)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
