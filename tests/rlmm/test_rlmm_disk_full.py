@@ -6,16 +6,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import random
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from rlmm_testkit import make_tp, register, segment
+from rlmm_testkit import WINDOWED, drive, make_tp, register, segment, workload
 from support import wait_until
 
 from rlmm import RemoteLogMetadataManager, RemoteStorageError, TopicIdPartition
+from rlmm.applier import MetadataApplier, WindowRecord
 from rlmm.errors import MetadataTimeoutError
 
 MakeManager = Callable[..., RemoteLogMetadataManager]
@@ -109,3 +111,38 @@ def test_close_on_a_full_disk_raises_nothing(make_manager: MakeManager, small_di
         wait_until(lambda: not _write_succeeds(manager, tp, starts), timeout=MAX_WRITES_TO_FILL_A_PAGE,
                    description="a write failing on the full disk")
         manager.close()
+
+
+def test_a_new_nodes_first_window_loaded_onto_a_full_disk_is_loaded_again_once_space_returns(
+    make_manager: MakeManager, small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = make_manager(broker_id=0)
+    tp = make_tp("disk-rebuild")
+    register(writer, tp)
+    drive(writer, {tp: workload(random.Random(5), tp, uploads=30)})
+    writer.wait_caught_up(60)
+    load = MetadataApplier._load_fresh
+    failures: list[BaseException] = []
+    applied_before_retry: list[dict[int, int]] = []
+
+    # The fault: the disk is full while the first window's tables are written, and has room again right after.
+    def load_once_on_a_full_disk(self: MetadataApplier, replay: list[WindowRecord], ends: dict[int, int]) -> bool:
+        if failures:
+            applied_before_retry.append(dict(self.applied))
+            return load(self, replay, ends)
+        with disk_filled(small_disk):
+            try:
+                return load(self, replay, ends)
+            except BaseException as exc:
+                failures.append(exc)
+                raise
+
+    monkeypatch.setattr(MetadataApplier, "_load_fresh", load_once_on_a_full_disk)
+    rebuilt = make_manager(broker_id=1, state_dir=small_disk / "state", **WINDOWED)
+    wait_until(lambda: applied_before_retry, timeout=RECOVERY_LIMIT_S, description="the load tried again")
+    rebuilt.wait_caught_up(60)
+    assert "No space left on device" in str(failures[0])
+    assert applied_before_retry[0] == {}  # nothing of the failed load counted as applied
+    assert rebuilt.view_digest() == writer.view_digest()
+    register(rebuilt, tp)
+    assert rebuilt.list_remote_log_segments(tp) == writer.list_remote_log_segments(tp)
