@@ -226,8 +226,9 @@ class RemoteLogSegmentMetadata:
         broker_id: int, event_timestamp_ms: int, segment_size_in_bytes: int, segment_leader_epochs: dict[int, int],
         custom_metadata: bytes | None, state: RemoteLogSegmentState, txn_idx_empty: bool,
     ) -> RemoteLogSegmentMetadata:
-        """Build one from values a schema-typed decoder produced (ints, bytes, bool): when they are plainly within
-        Kafka's ranges the field checks are skipped, else the full constructor judges and names what is wrong."""
+        """Build one from values a schema-typed decoder produced (ints, bytes, bool; a dict of epochs it made for
+        this call, which a one-epoch segment keeps as it is): when they are plainly within Kafka's ranges the field
+        checks are skipped, else the full constructor judges and names what is wrong."""
         if len(segment_leader_epochs) == 1:  # most segments: one leader epoch, checked without a loop
             epochs = segment_leader_epochs
             ((epoch, epoch_start),) = epochs.items()
