@@ -49,7 +49,7 @@ from rlmm.state import Outcome
 from rlmm.view import ConsumedRecord, FreshState, MetadataView, apply_records
 
 TOPIC = "tierlog-test-metadata"
-# Each example opens three RocksDB views.
+# Each example opens two RocksDB views.
 FRESH_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=25)
 
 
