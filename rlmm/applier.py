@@ -139,6 +139,11 @@ class CompactedWindow:
         was last read to the end, so older records of its key may be missing too."""
         self.records += 1
         self.ends[partition] = offset + 1
+        self.keep(partition, offset, key, value, request, after_cleaning)
+
+    def keep(self, partition: int, offset: int, key: bytes, value: bytes | None, request: str | None,
+             after_cleaning: bool) -> None:
+        """`add`, for a reader that notes `records` and `ends` itself, a batch at a time (the applier)."""
         every = self._every.get(key)
         if every is not None:
             every.append((partition, offset, key, value, request, False))
@@ -323,16 +328,18 @@ class MetadataApplier:
         """Add records to the window until it is full (False) or the backlog ended (True)."""
         max_records = self._settings.batch_max_records
         started = flowing = time.monotonic()
+        # The window's ends are the positions `_add` notes anyway, for the partitions it read: not noted per record.
+        before = dict(self._next_offsets)
         while True:
             self._add(window, messages)
             now = time.monotonic()
             if messages:
                 flowing = now
-            if len(messages) < max_records and (self._read_to_end() or now - flowing >= WINDOW_IDLE_S):
-                return True
-            if window.records >= WINDOW_MAX_RECORDS or window.kept() >= WINDOW_MAX_KEPT or \
+            ended = len(messages) < max_records and (self._read_to_end() or now - flowing >= WINDOW_IDLE_S)
+            if ended or window.records >= WINDOW_MAX_RECORDS or window.kept() >= WINDOW_MAX_KEPT or \
                     now - started >= WINDOW_MAX_S or self._stop.is_set():
-                return False
+                window.ends.update((p, end) for p, end in self._next_offsets.items() if before.get(p) != end)
+                return ended
             messages = self._consumer.consume(max_records, WINDOW_POLL_S)
 
     def _note_position(self, partition: int, offset: int) -> bool:
@@ -352,10 +359,12 @@ class MetadataApplier:
         # Per consumed record, the least work: most are superseded within the window. A record of this node's
         # write was registered before it was produced, so with nothing pending no record in hand can be ours.
         own_writes = self._writer.has_pending()
-        add, halted = window.add, self.halted
+        keep, halted = window.keep, self.halted
         at_end, next_offsets, after_cleaning = self._at_end, self._next_offsets, self._after_cleaning
+        window.records += len(messages)
         for message in messages:
             if message.error() is not None:
+                window.records -= 1
                 self._consume_error(message)
                 continue
             partition, offset = message.partition(), message.offset()
@@ -366,8 +375,8 @@ class MetadataApplier:
                 after_cleaning.add(partition)  # type: ignore[arg-type]
             next_offsets[partition] = offset + 1  # type: ignore[index,operator]
             if partition not in halted:
-                add(partition, offset, message.key() or b"", message.value(),  # type: ignore[arg-type]
-                    request_of(message) if own_writes else None, partition in after_cleaning)
+                keep(partition, offset, message.key() or b"", message.value(),  # type: ignore[arg-type]
+                     request_of(message) if own_writes else None, partition in after_cleaning)
 
     def _apply_window(self, window: CompactedWindow) -> tuple[int, str]:
         """Replay the window: into a view that applied nothing yet, loaded at once (`_load_fresh`); else in commits
