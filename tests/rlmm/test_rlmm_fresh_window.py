@@ -49,8 +49,8 @@ from rlmm.state import Outcome
 from rlmm.view import ConsumedRecord, FreshState, MetadataView, apply_records
 
 TOPIC = "tierlog-test-metadata"
-# Each example opens two RocksDB views.
-FRESH_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=25)
+# Each example opens two RocksDB views (about 0.5 s): few examples, beside the many of the pure properties.
+FRESH_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=10)
 
 
 @contextmanager
@@ -147,7 +147,7 @@ def test_a_view_that_applied_records_refuses_a_fresh_load() -> None:
         assert list(view.segments(tp)) == [md]
 
 
-@settings(FRESH_SETTINGS, max_examples=10)
+@settings(FRESH_SETTINGS, max_examples=5)
 @given(histories(), histories())
 def test_what_a_fresh_load_cut_short_left_is_removed_before_the_next_one(left: Scenario, scenario: Scenario) -> None:
     # A load cut short (the disk filled between two of its tables) leaves entries without offsets in the view,
