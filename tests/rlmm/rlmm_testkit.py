@@ -431,13 +431,15 @@ def on_distinct_metadata_partitions() -> tuple[TopicIdPartition, TopicIdPartitio
     return found[0], found[1]
 
 
-def written_history(make_manager: Callable[..., RemoteLogMetadataManager], seed: int
-                    ) -> tuple[RemoteLogMetadataManager, tuple[TopicIdPartition, TopicIdPartition]]:
-    """A writer's history of eight uploads on each of two user partitions, on metadata partitions 0 and 1."""
+def written_history(make_manager: Callable[..., RemoteLogMetadataManager], seed: int,
+                    tps: Sequence[TopicIdPartition] | None = None, uploads: int = 8
+                    ) -> tuple[RemoteLogMetadataManager, tuple[TopicIdPartition, ...]]:
+    """A writer's history of `uploads` uploads on each of `tps` (by default two user partitions, on metadata
+    partitions 0 and 1), over a two-partition metadata topic."""
     writer = make_manager(broker_id=0, partitions=2)
-    tps = on_distinct_metadata_partitions()
+    tps = tuple(tps or on_distinct_metadata_partitions())
     register(writer, *tps)
-    drive(writer, {tp: workload(random.Random(seed + i), tp, uploads=8) for i, tp in enumerate(tps)})
+    drive(writer, {tp: workload(random.Random(seed + i), tp, uploads=uploads) for i, tp in enumerate(tps)})
     writer.wait_caught_up(60)
     return writer, tps
 
@@ -449,6 +451,22 @@ def append_garbage(bootstrap: str, topic: str, tp: TopicIdPartition) -> int:
     later = segment(tp, 1000, 1001, {0: 1000})
     produce_to(bootstrap, topic, 0, [garbage, (key_of(later).encode(), codec.encode(later))])
     return max(r.offset for r in read_topic(bootstrap, topic) if r.partition == 0) - 1
+
+
+def rebuilt_past_garbage(make_manager: Callable[..., RemoteLogMetadataManager], writer: RemoteLogMetadataManager,
+                         healthy: TopicIdPartition, bad_offset: int) -> RemoteLogMetadataManager:
+    """A new node rebuilding, in windows, a topic with garbage at `bad_offset` of metadata partition 0
+    (`append_garbage`): it halts that partition only, at that offset, and reads partition 1 (`healthy`'s) to its
+    end, as the writer has it."""
+    rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
+    register(rebuilt, healthy)
+    errors = wait_until(rebuilt.metadata_errors, timeout=60, description="the rebuilt node reporting the record")
+    wait_until(lambda: rebuilt.applied_offsets().get(1) == writer.applied_offsets()[1], timeout=60,
+               description="the healthy metadata partition read to its end")
+    assert list(errors) == [0] and f"offset {bad_offset}" in str(errors[0])
+    assert rebuilt.applied_offsets()[0] == bad_offset
+    assert rebuilt.list_remote_log_segments(healthy) == writer.list_remote_log_segments(healthy)
+    return rebuilt
 
 
 def counting_commits(monkeypatch: Any) -> list[int]:

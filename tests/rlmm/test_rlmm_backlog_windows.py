@@ -6,7 +6,6 @@ halts its partition at its offset, whichever commit it falls in.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,11 +18,9 @@ from rlmm_testkit import (
     WINDOWED,
     append_garbage,
     counting_commits,
-    drive,
     make_tp,
     read_topic,
-    register,
-    workload,
+    rebuilt_past_garbage,
     written_history,
 )
 from support import wait_until
@@ -35,14 +32,9 @@ from rlmm.view import ConsumedRecord, MetadataView, ViewBatch
 
 
 def written_topic(make_manager: Callable[..., RemoteLogMetadataManager], seed: int
-                  ) -> tuple[RemoteLogMetadataManager, list[TopicIdPartition]]:
+                  ) -> tuple[RemoteLogMetadataManager, tuple[TopicIdPartition, ...]]:
     """A writer's history over three user partitions on two metadata partitions."""
-    writer = make_manager(broker_id=0, partitions=2)
-    tps = [make_tp("orders", p) for p in range(3)]
-    register(writer, *tps)
-    drive(writer, {tp: workload(random.Random(seed + tp.partition), tp, uploads=10) for tp in tps})
-    writer.wait_caught_up(60)
-    return writer, tps
+    return written_history(make_manager, seed, [make_tp("orders", p) for p in range(3)], uploads=10)
 
 
 @pytest.fixture
@@ -108,15 +100,8 @@ def test_an_unreadable_record_in_a_later_commit_of_a_window_halts_only_its_parti
 
     monkeypatch.setattr(applier, "WINDOW_COMMIT_RECORDS", 2)
     commits = counting_commits(monkeypatch)
-    rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
-    register(rebuilt, healthy)
-    errors = wait_until(rebuilt.metadata_errors, timeout=60, description="the rebuilt node reporting the record")
-    wait_until(lambda: rebuilt.applied_offsets().get(1) == writer.applied_offsets()[1], timeout=60,
-               description="the healthy metadata partition read to its end")
+    rebuilt_past_garbage(make_manager, writer, healthy, bad_offset)
     assert len(commits) > 2
-    assert list(errors) == [0] and f"offset {bad_offset}" in str(errors[0])
-    assert rebuilt.applied_offsets()[0] == bad_offset
-    assert rebuilt.list_remote_log_segments(healthy) == writer.list_remote_log_segments(healthy)
 
 
 @pytest.mark.usefixtures("windows_in_commits")

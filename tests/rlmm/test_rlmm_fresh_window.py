@@ -5,7 +5,6 @@ commits make, and a record that cannot be read or applied halts only its partiti
 
 from __future__ import annotations
 
-import random
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -29,12 +28,11 @@ from rlmm_testkit import (
     WINDOWED,
     append_garbage,
     counting_commits,
-    drive,
     make_tp,
     read_topic,
+    rebuilt_past_garbage,
     register,
     segment,
-    workload,
     written_history,
 )
 from support import wait_until
@@ -175,11 +173,7 @@ def test_what_a_fresh_load_cut_short_left_is_removed_before_the_next_one(left: S
 def test_a_new_node_loads_its_first_window_at_once_and_serves_the_partitions_it_watched_meanwhile(
     make_manager: Callable[..., RemoteLogMetadataManager], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writer = make_manager(broker_id=0, partitions=2)
-    tps = [make_tp("orders", p) for p in range(4)]
-    register(writer, *tps)
-    drive(writer, {tp: workload(random.Random(90 + tp.partition), tp, uploads=10) for tp in tps})
-    writer.wait_caught_up(60)
+    writer, tps = written_history(make_manager, 90, [make_tp("orders", p) for p in range(4)], uploads=10)
     commits = counting_commits(monkeypatch)
     rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
     register(rebuilt, *tps)  # watched from the start: their lookups must see the load
@@ -204,15 +198,8 @@ def test_an_unreadable_record_in_a_new_nodes_first_window_halts_only_its_partiti
     writer, (broken, healthy) = written_history(make_manager, 100)
     bad_offset = append_garbage(kafka_bootstrap, metadata_topic, broken)
     commits = counting_commits(monkeypatch)
-    rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
-    register(rebuilt, healthy)
-    errors = wait_until(rebuilt.metadata_errors, timeout=60, description="the rebuilt node reporting the record")
-    wait_until(lambda: rebuilt.applied_offsets().get(1) == writer.applied_offsets()[1], timeout=60,
-               description="the healthy metadata partition read to its end")
+    rebuilt = rebuilt_past_garbage(make_manager, writer, healthy, bad_offset)
     assert commits == []
-    assert list(errors) == [0] and f"offset {bad_offset}" in str(errors[0])
-    assert rebuilt.applied_offsets()[0] == bad_offset
-    assert rebuilt.list_remote_log_segments(healthy) == writer.list_remote_log_segments(healthy)
     # What the broken partition held before the garbage is loaded too.
     assert set(rebuilt.view.segments(broken)) == set(writer.view.segments(broken))
 

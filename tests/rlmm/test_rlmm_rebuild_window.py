@@ -35,6 +35,7 @@ from rlmm_testkit import (
     segment,
     update_of,
     workload,
+    written_history,
 )
 from support import wait_until
 
@@ -296,11 +297,7 @@ def test_a_node_stopped_between_windows_of_a_rebuild_resumes_from_the_last_commi
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    writer = make_manager(broker_id=0, partitions=2)
-    tps = [make_tp("orders", p) for p in range(3)]
-    register(writer, *tps)
-    drive(writer, {tp: workload(random.Random(40 + tp.partition), tp, uploads=8) for tp in tps})
-    writer.wait_caught_up(60)
+    writer, _ = written_history(make_manager, 40, [make_tp("orders", p) for p in range(3)])
     monkeypatch.setattr(applier, "WINDOW_MAX_RECORDS", 4)
     apply_window = applier.MetadataApplier._apply_window
     windows: list[int] = []
