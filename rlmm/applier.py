@@ -13,7 +13,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message
 
-from rlmm import codec, state
+from rlmm import codec, fresh_load, state
 from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
 from rlmm.event_log import EventConsumer, OffsetReader
@@ -66,6 +66,7 @@ class ApplierSettings:
     topic_id: str
     broker_id: int
     batch_max_records: int
+    fold_worker: bool = True  # a new node's first window, when large, is folded on two cores (rlmm.fresh_load)
 
 
 class _ApplyFailure(Exception):
@@ -210,6 +211,7 @@ class MetadataApplier:
         self._next_offsets: dict[int, int] = dict(starts)
         self._after_cleaning: set[int] = set()
         self._consumer.assign(starts)
+        self._worker: fresh_load.FoldWorker | None = None  # started while a new node's first large window is read
         self._stop = threading.Event()
         self._registrations = threading.Event()  # set when partitions register: resolve their targets at once
         self._threads = [
@@ -330,8 +332,15 @@ class MetadataApplier:
         started = flowing = time.monotonic()
         # The window's ends are the positions `_add` notes anyway, for the partitions it read: not noted per record.
         before = dict(self._next_offsets)
+        # A new node's first window, once it keeps enough records, gets a worker to fold half of it (_load_fresh),
+        # started now so that its interpreter is up when the window is read.
+        wants_worker = self._settings.fold_worker
         while True:
             self._add(window, messages)
+            if wants_worker and window.kept() >= fresh_load.WORKER_MIN_KEPT:
+                wants_worker = False
+                if not self.applied and self._worker is None:
+                    self._worker = fresh_load.FoldWorker.start()
             now = time.monotonic()
             if messages:
                 flowing = now
@@ -417,54 +426,82 @@ class MetadataApplier:
 
     def _load_fresh(self, replay: list[WindowRecord], ends: dict[int, int]) -> bool:
         """Replay a window into a view that applied nothing yet (a new node's first window), folded in memory and
-        written at once (MetadataView.load_fresh); the window's records are let go once folded. False, with nothing
-        written or halted, when a record fails to apply: the window is then replayed in commits, which halt that
-        record's partition."""
+        written at once (MetadataView.load_fresh); the window's records are let go once folded. A large window's
+        metadata partitions are shared with a worker process on the other core (rlmm.fresh_load). False, with
+        nothing written or halted, when a record fails to apply: the window is then replayed in commits, which halt
+        that record's partition."""
         fresh = FreshState()
-        # Only the records the applier must hear of one by one (its own writes', dropped ones, partition deletions);
-        # the rest are counted, so that a rebuild holds no more than the state it builds.
-        noted: list[ConsumedRecord] = []
-        outcomes: list[state.Outcome] = []
-        requests: dict[tuple[int, int], str | None] = {}
-        unreadable: dict[int, tuple[int, str]] = {}  # partition -> its first record that cannot be read, and why
-        applied = 0
-        for raw in replay:
-            partition = raw.metadata_partition
-            if partition in self.halted or partition in unreadable:
-                continue
-            try:
-                key, event = codec.decode_record(raw.key, raw.value)
-            except (codec.DecodeError, InvalidArgumentError) as exc:
-                unreadable[partition] = (raw.offset, str(exc))
-                continue
-            try:
-                outcome = fresh.fold(key, event, raw.offset, raw.skipped_before, raw.value)
-            except Exception:
-                log.warning("metadata topic %s partition %d offset %d: the record failed to apply; replaying the "
-                            "window in commits", self._settings.metadata_topic, partition, raw.offset, exc_info=True)
-                return False
-            if outcome.applied and raw.request is None and not isinstance(event, RemotePartitionDeleteMetadata):
-                applied += 1
-            else:
-                noted.append(ConsumedRecord(partition, raw.offset, key, event, raw.value, raw.skipped_before))
-                outcomes.append(outcome)
-                requests[(partition, raw.offset)] = raw.request
-        replay.clear()
-        for partition, (offset, why) in unreadable.items():
-            # What came before it in the window is applied; the node resumes from it once fixed.
-            self._halt(partition, offset, f"cannot read record ({why})")
-        next_offsets = {partition: end for partition, end in ends.items() if partition not in self.halted}
-        next_offsets.update((partition, offset) for partition, (offset, _) in unreadable.items())
+        worker, self._worker = self._worker, None
+        mine: Sequence[fresh_load.Record] = replay
+        theirs: Sequence[fresh_load.Record] = []
+        if worker is not None:
+            mine, theirs = fresh_load.split(replay)
+            if not theirs or not worker.submit(theirs, self._view.path.parent / f"{self._view.path.name}.fold"):
+                worker.close()
+                mine, theirs, worker = replay, [], None
         try:
-            self._view.load_fresh(self._settings.metadata_topic, fresh, next_offsets)
-        except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
-            # No offset was written: the window is read again, and what a load cut short left is removed first.
-            raise _CommitFailure(str(exc)) from None
+            folded = fresh_load.fold(fresh, mine, self.halted)
+            share = None if worker is None or folded.failed else worker.answer(self._stop)
+            if share is not None and not fresh.partition_keys().isdisjoint(share.partitions):
+                log.warning("metadata topic %s: user partitions have records on more than one metadata partition; "
+                            "folding the rebuild's first window in one process", self._settings.metadata_topic)
+                share = None
+            theirs_folded = share.folded if share is not None else None
+            if theirs and theirs_folded is None and not folded.failed:
+                theirs_folded = fresh_load.fold(fresh, theirs, self.halted)
+            failed = folded.failed or (theirs_folded.failed if theirs_folded is not None else None)
+            if failed:
+                log.warning("metadata topic %s: a record failed to apply (%s); replaying the window in commits",
+                            self._settings.metadata_topic, failed)
+                return False
+            noted, outcomes, requests = self._noted(mine, folded)
+            applied, unreadable = folded.applied, folded.unreadable
+            if theirs_folded is not None:
+                more = self._noted(theirs, theirs_folded)
+                noted += more[0]
+                outcomes += more[1]
+                requests.update(more[2])
+                applied += theirs_folded.applied
+                unreadable.update(theirs_folded.unreadable)
+            replay.clear()
+            del mine, theirs
+            for partition, (offset, why) in unreadable.items():
+                # What came before it in the window is applied; the node resumes from it once fixed.
+                self._halt(partition, offset, f"cannot read record ({why})")
+            next_offsets = {partition: end for partition, end in ends.items() if partition not in self.halted}
+            next_offsets.update((partition, offset) for partition, (offset, _) in unreadable.items())
+            try:
+                self._view.load_fresh(self._settings.metadata_topic, fresh, next_offsets,
+                                      share.tables if share is not None else None,
+                                      share.partitions if share is not None else ())
+            except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
+                # No offset was written: the window is read again, and what a load cut short left is removed first.
+                raise _CommitFailure(str(exc)) from None
+        finally:
+            if worker is not None:
+                worker.close()
         del fresh
         _release_free_memory()
         self._stamp()
         self._after_commit(noted, requests, outcomes, next_offsets, applied)
         return True
+
+    @staticmethod
+    def _noted(
+        records: Sequence[fresh_load.Record], folded: fresh_load.Folded,
+    ) -> tuple[list[ConsumedRecord], list[state.Outcome], dict[tuple[int, int], str | None]]:
+        """The records of a fold the applier must hear of one by one (decoded again if the worker folded them)."""
+        noted: list[ConsumedRecord] = []
+        outcomes: list[state.Outcome] = []
+        requests: dict[tuple[int, int], str | None] = {}
+        for index, key, event, outcome in folded.noted:
+            partition, offset, raw_key, value, request, skipped_before = records[index]
+            if key is None:
+                key, event = codec.decode_record(raw_key, value)
+            noted.append(ConsumedRecord(partition, offset, key, event, value, skipped_before))
+            outcomes.append(outcome)
+            requests[(partition, offset)] = request
+        return noted, outcomes, requests
 
     def _commit_records(
         self, records: list[ConsumedRecord], requests: dict[tuple[int, int], str | None], ends: dict[int, int],
@@ -647,6 +684,9 @@ class MetadataApplier:
         self._registrations.set()
         for thread in self._threads:
             thread.join(timeout=timeout_s)
+        worker, self._worker = self._worker, None
+        if worker is not None:  # the window it was started for was never loaded
+            worker.close()
 
 
 @contextmanager

@@ -86,6 +86,9 @@ CONFIG_KEYS = (
     ConfigKey("write.timeout.ms", parse_int, 30_000, check=_positive, requirement="> 0"),
     ConfigKey("startup.timeout.ms", parse_int, 60_000, check=_positive, requirement="> 0"),
     ConfigKey("apply.batch.max.records", parse_int, 2000, check=_positive, requirement="> 0"),
+    # A new node folds a large first window of its rebuild on two cores: a worker process takes half of the
+    # metadata partitions (rlmm.fresh_load). Off: one process does it all.
+    ConfigKey("apply.rebuild.worker", parse_bool, True),
     *bootstrap.CONFIG_KEYS,  # snapshot.* (issue 11: snapshot bootstrap)
 )
 
@@ -136,7 +139,8 @@ class RemoteLogMetadataManager:
         self._consumer = consumer
         self._offsets = offsets
         self._applier = MetadataApplier(
-            ApplierSettings(self.metadata_topic, topic.topic_id, self.broker_id, self._cfg["apply.batch.max.records"]),
+            ApplierSettings(self.metadata_topic, topic.topic_id, self.broker_id, self._cfg["apply.batch.max.records"],
+                            self._cfg["apply.rebuild.worker"]),
             self._view, consumer, offsets, self._writer, self._lock, self._registered, self._metadata_partition,
         )
         # The view keeps one read model for its life; lookups go to it, and to these dicts, directly.

@@ -17,7 +17,7 @@ import bisect
 import threading
 import uuid
 from array import array
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from rlmm import state
@@ -387,6 +387,15 @@ class ReadModel:
                 self.partitions[tp_key] = partition
                 if tp_key in self.snapshots:
                     self._publish(tp_key, snapshot_of(partition))
+
+    def forget(self, tp_keys: Iterable[bytes]) -> None:
+        """Partitions the view was just loaded with, not by this process: each is read again from RocksDB when next
+        asked for (a watched one now, for its snapshot)."""
+        for tp_key in tp_keys:
+            with self.lock:
+                self.partitions.pop(tp_key, None)
+                if tp_key in self.snapshots:
+                    self._publish(tp_key, snapshot_of(self.get(tp_key)))
 
     def fold(self, changes: dict[bytes, tuple[TopicIdPartition | None, PartitionChanges]]) -> None:
         """Apply a committed batch; each partition changes whole under the lock, so a lookup sees it before or

@@ -264,19 +264,24 @@ class MetadataView:
     def batch(self) -> ViewBatch:
         return ViewBatch(self)
 
-    def load_fresh(self, metadata_topic: str, fresh: FreshState, next_offsets: Mapping[int, int]) -> None:
+    def load_fresh(self, metadata_topic: str, fresh: FreshState, next_offsets: Mapping[int, int],
+                   tables: Mapping[str, Path] | None = None, their_partitions: Iterable[bytes] = ()) -> None:
         """Load a state folded in memory into a view that applied nothing of the topic yet, with the offsets it
         reaches, and let the read model take its partitions. Like a snapshot's entries, the state is written as
         RocksDB tables and ingested (no memtable holds it, no log records it), the offsets last; what a load cut
-        short left (entries without offsets, which no node resumes from) is removed first."""
+        short left (entries without offsets, which no node resumes from) is removed first.
+
+        `tables` (table files by column family) hold `their_partitions`, folded by another process
+        (rlmm.fresh_load): ingested with the state's, and read from RocksDB when first asked for."""
         if self.applied_offsets(metadata_topic):
             raise ViewFormatError(f"view at {self.path} applied records of {metadata_topic} already; a fresh state "
                                   "loads only into a view that applied none")
         if self.holds_entries():
             self._discard_entries()
         partitions = fresh.partitions()
-        self.load_entries(metadata_topic, fresh.runs(partitions), next_offsets, hashed=False)
+        self.load_entries(metadata_topic, fresh.runs(partitions), next_offsets, hashed=False, more_tables=tables)
         self.model.adopt(partitions)
+        self.model.forget(their_partitions)
 
     def _discard_entries(self) -> None:
         batch = WriteBatch(raw_mode=True)
@@ -300,7 +305,8 @@ class MetadataView:
         return any(map(self._holds, vf.ALL_FAMILIES))
 
     def load_entries(self, metadata_topic: str, runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
-                     next_offsets: Mapping[int, int], view_digest: str | None = None, hashed: bool = True) -> None:
+                     next_offsets: Mapping[int, int], view_digest: str | None = None, hashed: bool = True,
+                     more_tables: Mapping[str, Path] | None = None) -> None:
         """Bulk-load an EMPTY view with entries as this view stores them (a snapshot's), then the metadata-topic
         offsets they reflect: a view that resumes from those offsets.
 
@@ -308,19 +314,21 @@ class MetadataView:
         ascending, the content families in name order. They are written as RocksDB tables beside the view and
         hashed on the way (unless not `hashed`); with `view_digest`, content that does not hash to it is refused
         (SnapshotError) before anything enters the view. Then the tables are ingested, and the offsets written
-        last, so an interrupted load never looks like a view that applied them."""
+        last, so an interrupted load never looks like a view that applied them. `more_tables`: table files (by
+        column family) to ingest with them, their keys distinct from the runs' (never hashed)."""
         if self.holds_entries():
             raise ViewFormatError(f"view at {self.path} is not empty; entries load only into an empty view")
         tables = self.path.parent / f"{self.path.name}.tables"
         shutil.rmtree(tables, ignore_errors=True)
         tables.mkdir(parents=True)
         try:
-            files, loaded = _write_tables(runs, tables, self.path, hashed or view_digest is not None)
+            files, loaded = write_tables(runs, tables, self.path, hashed or view_digest is not None)
             if view_digest is not None and loaded != view_digest:
                 raise SnapshotError(f"its entries make a view with digest {loaded}, the snapshot states {view_digest}")
             ingest = IngestExternalFileOptions()
             ingest.set_move_files(True)
-            for family, file in files.items():
+            # One file per call: files of one family may overlap (distinct keys, interleaved ranges).
+            for family, file in [*files.items(), *(more_tables or {}).items()]:
                 self._cf[family].ingest_external_file([str(file)], ingest)
         finally:
             shutil.rmtree(tables, ignore_errors=True)
@@ -330,7 +338,7 @@ class MetadataView:
         self._write(batch)
 
 
-def _write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], tables: Path, view: Path,
+def write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], tables: Path, view: Path,
                   hashed: bool = True) -> tuple[dict[str, Path], str]:
     """Write each column family's runs of entries into a RocksDB table file under `tables`: the files by family,
     and the digest of the content entries (a table needs its keys in RocksDB's order, the digest needs them in the
@@ -668,6 +676,10 @@ class FreshState(state.InMemoryState):
 
     def _tidy(self, tp: TopicIdPartition) -> None:
         """Partitions stay until forgotten, as the view's bookkeeping does."""
+
+    def partition_keys(self) -> set[bytes]:
+        """The view's keys of the partitions this state holds."""
+        return {vf.tp_key(topic_id, number) for topic_id, number in self._partitions}
 
     def partitions(self) -> dict[bytes, PartitionModel]:
         """The state as the read model holds it, by the view's partition key (sharing this state's containers)."""

@@ -1,0 +1,284 @@
+"""A new node's first window, folded on two cores.
+
+A rebuild's first window (MetadataApplier._load_fresh) is decoded and folded into a FreshState, one core's Python
+work: about 20 us per record kept. The user partitions of different metadata partitions never share state (all of a
+user partition's records are on the metadata partition its id hashes to), so the window splits by metadata
+partition: a worker process (`python -m rlmm.fresh_load`, started while the window is still being read) folds one
+share into a FreshState of its own and writes it as RocksDB tables, while the applier folds the other. The applier
+ingests both into the view; the read model reads the worker's partitions from RocksDB when first asked for, as after
+a restart.
+
+The worker is an optimisation only. If it cannot start, fails, answers late, speaks another version, or finds a user
+partition the applier's share holds too (records on the wrong metadata partition), the applier folds its share
+itself, with a log line; the view is then the one a single process builds. A record whose rule raises in the worker
+sends the window through the commits, as in the applier's own share.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import pickle
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from rlmm import codec, state
+from rlmm.errors import InvalidArgumentError
+from rlmm.events import MetadataEvent, RecordKey
+from rlmm.types import RemotePartitionDeleteMetadata
+from rlmm.view import FreshState, write_tables
+
+log = logging.getLogger(__name__)
+
+# A window keeping fewer records is folded by the applier alone: the worker's start (about 0.1 s of the other core)
+# and the records' trip to it would cost more than folding half of them (about 10 us per record) saves.
+WORKER_MIN_KEPT = 20_000
+# How long the applier waits for the worker's share once its own is folded: the worker folds at most half of a
+# window (WINDOW_MAX_KEPT records, about 2 s), so this is a stall, not a slow fold.
+WORKER_ANSWER_S = 60.0
+_PROTOCOL = 1
+_FRAME = struct.Struct(">Q")
+
+# A window's record: (metadata partition, offset, key, value, request, skipped_before), a WindowRecord's fields.
+Record = tuple[int, int, bytes, bytes | None, str | None, bool]
+
+
+@dataclass
+class Folded:
+    """What folding a share of a window's records found, beside the state it built."""
+
+    applied: int = 0  # records applied that nothing else need hear of
+    # (index in the share, key, event, outcome) of the records the applier must hear of one by one: its own writes',
+    # dropped ones, partition deletions. The worker sends no key nor event: the applier decodes these few again.
+    noted: list[tuple[int, RecordKey | None, MetadataEvent | None, state.Outcome]] = field(default_factory=list)
+    unreadable: dict[int, tuple[int, str]] = field(default_factory=dict)  # partition -> first unreadable offset, why
+    failed: str | None = None  # a record whose rule raised, and the traceback: the window goes through the commits
+
+
+@dataclass
+class WorkerShare:
+    """The worker's answer: its fold, the table files it wrote (by column family) and the partitions they hold."""
+
+    folded: Folded
+    tables: dict[str, Path]
+    partitions: list[bytes]
+
+
+def fold(fresh: FreshState, records: Sequence[Record], skip: Container[int]) -> Folded:
+    """Decode and fold `records` (in replay order) into `fresh`, passing over the metadata partitions in `skip`
+    (halted). A partition's first unreadable record ends its share; a record whose rule raises ends the fold."""
+    folded = Folded()
+    unreadable, noted = folded.unreadable, folded.noted
+    for index, (partition, offset, raw_key, value, request, skipped_before) in enumerate(records):
+        if partition in skip or partition in unreadable:
+            continue
+        try:
+            key, event = codec.decode_record(raw_key, value)
+        except (codec.DecodeError, InvalidArgumentError) as exc:
+            unreadable[partition] = (offset, str(exc))
+            continue
+        try:
+            outcome = fresh.fold(key, event, offset, skipped_before, value)
+        except Exception:
+            folded.failed = f"metadata partition {partition} offset {offset}: {traceback.format_exc()}"
+            return folded
+        if outcome.applied and request is None and not isinstance(event, RemotePartitionDeleteMetadata):
+            folded.applied += 1
+        else:
+            noted.append((index, key, event, outcome))
+    return folded
+
+
+def split(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
+    """The window's records as two shares of whole metadata partitions, of about as many records each: the
+    applier's and the worker's, each in replay order."""
+    counts = Counter(record[0] for record in records)
+    theirs: set[int] = set()
+    mine_count = theirs_count = 0
+    for partition, count in counts.most_common():
+        if theirs_count < mine_count:
+            theirs.add(partition)
+            theirs_count += count
+        else:
+            mine_count += count
+    mine: list[Record] = []
+    their_records: list[Record] = []
+    for record in records:
+        if record[0] in theirs:
+            their_records.append(tuple(record))  # type: ignore[arg-type]  # plain, for the trip (no class to import)
+        else:
+            mine.append(record)
+    return mine, their_records
+
+
+class FoldWorker:
+    """The applier's handle on one worker process, used for one window: `submit`, then `answer`, then `close`."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+        self._directory: Path | None = None
+        self._buffer = b""
+
+    @classmethod
+    def start(cls) -> FoldWorker | None:
+        """Start a worker, or None where there is no second core or no interpreter to start."""
+        if len(os.sched_getaffinity(0)) < 2 or not sys.executable:
+            return None
+        # The worker imports this very tierlog (not one another path would find first): its package's parent first,
+        # and not the current directory (-P).
+        root = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+        try:
+            process = subprocess.Popen([sys.executable, "-P", "-m", "rlmm.fresh_load"], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, env=env)
+        except OSError as exc:
+            log.info("cannot start a worker to fold a rebuild's first window on a second core (%s); folding it in "
+                     "this process", exc)
+            return None
+        return cls(process)
+
+    def submit(self, records: Sequence[Record], directory: Path) -> bool:
+        """Hand the worker its share, through a file in `directory` (its tables go there too); False, with the
+        worker closed, when that fails (the disk is full)."""
+        try:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            self._directory = directory
+            with open(directory / "records.pickle", "wb") as out:
+                pickle.dump(records, out, protocol=pickle.HIGHEST_PROTOCOL)
+            assert self._process.stdin is not None
+            _send(self._process.stdin, (str(directory / "records.pickle"), str(directory)))
+        except OSError as exc:
+            log.info("cannot hand a share of the window to the fold worker (%s); folding it in this process", exc)
+            self.close()
+            return False
+        return True
+
+    def answer(self, stop: threading.Event) -> WorkerShare | None:
+        """The worker's share, or None (logged) if it failed, spoke another version, or did not answer within
+        WORKER_ANSWER_S."""
+        deadline = time.monotonic() + WORKER_ANSWER_S
+        try:
+            hello = self._receive(deadline, stop)
+            if hello != (_PROTOCOL, str(Path(__file__).resolve())):
+                raise _WorkerError(f"it is another tierlog ({hello!r})")
+            share = self._receive(deadline, stop)
+            if isinstance(share, str):
+                raise _WorkerError(share)
+            if not isinstance(share, WorkerShare):
+                raise _WorkerError(f"it answered {type(share).__name__}")
+            return share
+        except (_WorkerError, OSError, pickle.UnpicklingError, EOFError) as exc:
+            log.warning("the worker folding a share of the rebuild's first window failed: %s; folding its share in "
+                        "this process", exc)
+            self.close()
+            return None
+
+    def _receive(self, deadline: float, stop: threading.Event) -> Any:
+        stdout = self._process.stdout
+        assert stdout is not None
+        while True:
+            if len(self._buffer) >= _FRAME.size:
+                (size,) = _FRAME.unpack_from(self._buffer)
+                if len(self._buffer) >= _FRAME.size + size:
+                    frame = self._buffer[_FRAME.size:_FRAME.size + size]
+                    self._buffer = self._buffer[_FRAME.size + size:]
+                    return pickle.loads(frame)
+            left = deadline - time.monotonic()
+            if left <= 0 or stop.is_set():
+                raise _WorkerError("the applier stopped" if stop.is_set() else "it did not answer in time")
+            readable, _, _ = select.select([stdout], [], [], min(left, 0.1))
+            if readable:
+                chunk = os.read(stdout.fileno(), 1 << 20)
+                if not chunk:
+                    raise _WorkerError(f"it exited (status {self._process.wait(1)})")
+                self._buffer += chunk
+
+    def close(self) -> None:
+        """Stop the worker (if still running) and remove what it was given and wrote."""
+        if self._process.poll() is None:
+            self._process.kill()
+        try:
+            self._process.wait(5)
+        except subprocess.TimeoutExpired:
+            log.warning("the fold worker (pid %d) did not exit when killed", self._process.pid)
+        for pipe in (self._process.stdin, self._process.stdout):
+            if pipe is not None:
+                pipe.close()
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+
+
+class _WorkerError(Exception):
+    pass
+
+
+def _send(out: IO[bytes], message: object) -> None:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(_FRAME.pack(len(payload)) + payload)
+    out.flush()
+
+
+def _read_frame(source: IO[bytes]) -> object | None:
+    header = source.read(_FRAME.size)
+    if len(header) < _FRAME.size:
+        return None
+    (size,) = _FRAME.unpack(header)
+    return pickle.loads(source.read(size))
+
+
+def fold_share(records: Sequence[Record], directory: Path) -> WorkerShare | str:
+    """The worker's work: fold its share into a FreshState of its own and write it as table files in `directory`;
+    its answer, or why writing failed."""
+    fresh = FreshState()
+    folded = fold(fresh, records, ())
+    # The applier decodes its few noted records again: keys and events need not travel.
+    folded.noted = [(index, None, None, outcome) for index, _, _, outcome in folded.noted]
+    if folded.failed is not None:
+        return WorkerShare(folded, {}, [])
+    partitions = fresh.partitions()
+    try:
+        tables, _ = write_tables(fresh.runs(partitions), directory, directory, hashed=False)
+    except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors (a full disk)
+        return f"writing its tables failed: {exc}"
+    return WorkerShare(folded, tables, list(partitions))
+
+
+def main() -> int:
+    """The worker: say hello, fold the one share it is handed, answer, exit (at once on end of input)."""
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write to the applier's pipe
+    _send(out, (_PROTOCOL, str(Path(__file__).resolve())))
+    request = _read_frame(sys.stdin.buffer)
+    if not isinstance(request, tuple):  # end of input: the applier went on without this worker
+        return 0
+    records_path, directory = request
+    gc.disable()  # as the applier folds: many short-lived acyclic objects, and a large state the collector rescans
+    try:
+        with open(records_path, "rb") as source:
+            records: list[Record] = pickle.load(source)
+        os.unlink(records_path)
+        answer: WorkerShare | str = fold_share(records, Path(directory))
+    except Exception:
+        answer = f"it failed: {traceback.format_exc()}"
+    _send(out, answer)
+    return 0
+
+
+if __name__ == "__main__":
+    # As the module itself, so that what the worker pickles names rlmm.fresh_load, not __main__.
+    from rlmm.fresh_load import main as worker_main
+
+    sys.exit(worker_main())
