@@ -27,7 +27,7 @@ from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageErr
 from rlmm.event_log import EventConsumer, OffsetReader
 from rlmm.events import SEGMENT_KEY_PREFIX, segment_key_ids
 from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition
-from rlmm.view import ConsumedRecord, FreshState, MetadataView
+from rlmm.view import ConsumedRecord, FreshState, FreshTables, MetadataView
 from rlmm.writer import Append, MetadataWriter, request_of
 
 log = logging.getLogger(__name__)
@@ -439,9 +439,13 @@ class MetadataApplier:
             if not theirs or not worker.submit(theirs, self._view.path.parent / f"{self._view.path.name}.fold"):
                 worker.close()
                 mine, theirs, worker = replay, [], None
+        written: FreshTables | None = None
         try:
             folded = fresh_load.fold(fresh, mine, self.halted)
-            share = None if worker is None or folded.failed else worker.answer(self._stop)
+            share = None
+            if worker is not None and not folded.failed:
+                written = self._write_fresh(fresh)  # while the worker folds on
+                share = worker.answer(self._stop)
             if share is not None and not fresh.partition_keys().isdisjoint(share.partitions):
                 log.warning("metadata topic %s: user partitions have records on more than one metadata partition; "
                             "folding the rebuild's first window in one process", self._settings.metadata_topic)
@@ -449,6 +453,7 @@ class MetadataApplier:
             theirs_folded = share.folded if share is not None else None
             if theirs and theirs_folded is None and not folded.failed:
                 theirs_folded = fresh_load.fold(fresh, theirs, self.halted)
+                written = None  # its tables lack their share
             failed = folded.failed or (theirs_folded.failed if theirs_folded is not None else None)
             if failed:
                 log.warning("metadata topic %s: a record failed to apply (%s); replaying the window in commits",
@@ -471,7 +476,7 @@ class MetadataApplier:
             next_offsets = {partition: end for partition, end in ends.items() if partition not in self.halted}
             next_offsets.update((partition, offset) for partition, (offset, _) in unreadable.items())
             try:
-                self._view.load_fresh(self._settings.metadata_topic, fresh, next_offsets,
+                self._view.load_fresh(self._settings.metadata_topic, written or fresh, next_offsets,
                                       share.tables if share is not None else None,
                                       share.partitions if share is not None else ())
             except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
@@ -485,6 +490,12 @@ class MetadataApplier:
         self._stamp()
         self._after_commit(noted, requests, outcomes, next_offsets, applied)
         return True
+
+    def _write_fresh(self, fresh: FreshState) -> FreshTables:
+        try:
+            return self._view.fresh_tables(fresh)
+        except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
+            raise _CommitFailure(str(exc)) from None
 
     @staticmethod
     def _noted(

@@ -147,6 +147,8 @@ class FoldWorker:
             log.info("cannot start a worker to fold a rebuild's first window on a second core (%s); folding it in "
                      "this process", exc)
             return None
+        log.info("a large first window to load: half of its metadata partitions go to a worker process (pid %d) on "
+                 "the second core", process.pid)
         return cls(process)
 
     def submit(self, records: Sequence[Record], directory: Path) -> bool:

@@ -264,12 +264,20 @@ class MetadataView:
     def batch(self) -> ViewBatch:
         return ViewBatch(self)
 
-    def load_fresh(self, metadata_topic: str, fresh: FreshState, next_offsets: Mapping[int, int],
+    def fresh_tables(self, fresh: FreshState) -> FreshTables:
+        """Write a state folded in memory as RocksDB tables beside the view, for `load_fresh` to ingest (so that a
+        caller can write them while it waits for another process's tables); nothing enters the view."""
+        partitions = fresh.partitions()
+        files, _ = write_tables(fresh.runs(partitions), self._tables_directory(), self.path, hashed=False)
+        return FreshTables(partitions, files)
+
+    def load_fresh(self, metadata_topic: str, fresh: FreshState | FreshTables, next_offsets: Mapping[int, int],
                    tables: Mapping[str, Path] | None = None, their_partitions: Iterable[bytes] = ()) -> None:
         """Load a state folded in memory into a view that applied nothing of the topic yet, with the offsets it
         reaches, and let the read model take its partitions. Like a snapshot's entries, the state is written as
-        RocksDB tables and ingested (no memtable holds it, no log records it), the offsets last; what a load cut
-        short left (entries without offsets, which no node resumes from) is removed first.
+        RocksDB tables (`fresh_tables`, unless given so) and ingested (no memtable holds it, no log records it),
+        the offsets last; what a load cut short left (entries without offsets, which no node resumes from) is
+        removed first.
 
         `tables` (table files by column family) hold `their_partitions`, folded by another process
         (rlmm.fresh_load): ingested with the state's, and read from RocksDB when first asked for."""
@@ -278,9 +286,9 @@ class MetadataView:
                                   "loads only into a view that applied none")
         if self.holds_entries():
             self._discard_entries()
-        partitions = fresh.partitions()
-        self.load_entries(metadata_topic, fresh.runs(partitions), next_offsets, hashed=False, more_tables=tables)
-        self.model.adopt(partitions)
+        written = fresh if isinstance(fresh, FreshTables) else self.fresh_tables(fresh)
+        self._ingest(metadata_topic, [*written.files.items(), *(tables or {}).items()], next_offsets)
+        self.model.adopt(written.partitions)
         self.model.forget(their_partitions)
 
     def _discard_entries(self) -> None:
@@ -305,8 +313,7 @@ class MetadataView:
         return any(map(self._holds, vf.ALL_FAMILIES))
 
     def load_entries(self, metadata_topic: str, runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
-                     next_offsets: Mapping[int, int], view_digest: str | None = None, hashed: bool = True,
-                     more_tables: Mapping[str, Path] | None = None) -> None:
+                     next_offsets: Mapping[int, int], view_digest: str | None = None, hashed: bool = True) -> None:
         """Bulk-load an EMPTY view with entries as this view stores them (a snapshot's), then the metadata-topic
         offsets they reflect: a view that resumes from those offsets.
 
@@ -314,24 +321,36 @@ class MetadataView:
         ascending, the content families in name order. They are written as RocksDB tables beside the view and
         hashed on the way (unless not `hashed`); with `view_digest`, content that does not hash to it is refused
         (SnapshotError) before anything enters the view. Then the tables are ingested, and the offsets written
-        last, so an interrupted load never looks like a view that applied them. `more_tables`: table files (by
-        column family) to ingest with them, their keys distinct from the runs' (never hashed)."""
+        last, so an interrupted load never looks like a view that applied them."""
         if self.holds_entries():
             raise ViewFormatError(f"view at {self.path} is not empty; entries load only into an empty view")
-        tables = self.path.parent / f"{self.path.name}.tables"
-        shutil.rmtree(tables, ignore_errors=True)
-        tables.mkdir(parents=True)
+        tables = self._tables_directory()
         try:
             files, loaded = write_tables(runs, tables, self.path, hashed or view_digest is not None)
             if view_digest is not None and loaded != view_digest:
                 raise SnapshotError(f"its entries make a view with digest {loaded}, the snapshot states {view_digest}")
+        except BaseException:
+            shutil.rmtree(tables, ignore_errors=True)
+            raise
+        self._ingest(metadata_topic, files.items(), next_offsets)
+
+    def _tables_directory(self) -> Path:
+        """An empty directory beside the view for the tables of a load."""
+        tables = self.path.parent / f"{self.path.name}.tables"
+        shutil.rmtree(tables, ignore_errors=True)
+        tables.mkdir(parents=True)
+        return tables
+
+    def _ingest(self, metadata_topic: str, files: Iterable[tuple[str, Path]], next_offsets: Mapping[int, int]) -> None:
+        """Move table files (column family, file) into the view, then write the offsets they reach."""
+        try:
             ingest = IngestExternalFileOptions()
             ingest.set_move_files(True)
             # One file per call: files of one family may overlap (distinct keys, interleaved ranges).
-            for family, file in [*files.items(), *(more_tables or {}).items()]:
+            for family, file in files:
                 self._cf[family].ingest_external_file([str(file)], ingest)
         finally:
-            shutil.rmtree(tables, ignore_errors=True)
+            shutil.rmtree(self.path.parent / f"{self.path.name}.tables", ignore_errors=True)
         batch = WriteBatch(raw_mode=True)
         for partition, offset in next_offsets.items():
             batch.put(vf.applied_key(metadata_topic, partition), vf.encode_offset(offset), self._handles[vf.APPLIED])
@@ -633,6 +652,15 @@ def apply_records(
     outcomes = [batch.apply(record) for record in records]
     batch.commit(metadata_topic, next_offsets)
     return outcomes
+
+
+@dataclass
+class FreshTables:
+    """A FreshState written as RocksDB tables beside a view (`MetadataView.fresh_tables`): its partitions, as the
+    read model takes them, and the table files by column family."""
+
+    partitions: dict[bytes, PartitionModel]
+    files: dict[str, Path]
 
 
 class FreshState(state.InMemoryState):

@@ -25,6 +25,7 @@ from rlmm_testkit import (
     append_garbage,
     counting_commits,
     make_tp,
+    on_distinct_metadata_partitions,
     produce_to,
     read_topic,
     rebuilt_past_garbage,
@@ -166,7 +167,9 @@ def test_a_new_node_folds_its_first_window_with_a_worker_and_loads_what_one_proc
     make_manager: Callable[..., RemoteLogMetadataManager], monkeypatch: pytest.MonkeyPatch,
     worker_for_any_window: list[fresh_load.WorkerShare | None],
 ) -> None:
-    writer, tps = written_history(make_manager, 120, [make_tp("orders", p) for p in range(6)], uploads=10)
+    # Partitions on both metadata partitions, so that both shares hold some.
+    writer, tps = written_history(make_manager, 120, [*on_distinct_metadata_partitions(),
+                                                      *(make_tp("orders", p) for p in range(4))], uploads=10)
     commits = counting_commits(monkeypatch)
     rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
     register(rebuilt, *tps)  # watched from the start: their lookups must see the worker's partitions too
@@ -185,7 +188,7 @@ def test_a_worker_that_fails_leaves_its_share_to_the_applier_and_the_view_is_the
     make_manager: Callable[..., RemoteLogMetadataManager], monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture, worker_for_any_window: list[fresh_load.WorkerShare | None], fault: str,
 ) -> None:
-    writer, tps = written_history(make_manager, 130, [make_tp("orders", p) for p in range(4)])
+    writer, tps = written_history(make_manager, 130)  # on both metadata partitions: both shares hold some
     workers: list[subprocess.Popen[bytes]] = []
     submit = fresh_load.FoldWorker.submit
 
