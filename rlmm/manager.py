@@ -302,12 +302,14 @@ class RemoteLogMetadataManager:
                 not self._halted or readable.metadata_partition not in self._halted):
             snapshot = readable.snapshot
             if not snapshot.deleted:
-                floors = snapshot.sole_floors if leader_epoch == snapshot.sole_epoch else snapshot.floors.get(
-                    leader_epoch)
-                if floors is None:
-                    return None
+                if leader_epoch == snapshot.sole_epoch:
+                    segments, bounds = snapshot.sole_segments, snapshot.sole_bounds
+                else:
+                    floors = snapshot.floors.get(leader_epoch)
+                    if floors is None:
+                        return None
+                    segments, bounds = floors.segments, floors.bounds
                 # EpochFloors.floor, inlined too.
-                segments, bounds = floors.segments, floors.bounds
                 count = len(segments)
                 position = bisect_right(bounds, offset, 0, count)
                 return segments[position - 1] if position and offset <= bounds[count + position - 1] else None
