@@ -134,7 +134,8 @@ class FoldWorker:
     @classmethod
     def start(cls) -> FoldWorker | None:
         """Start a worker, or None where there is no second core or no interpreter to start."""
-        if len(os.sched_getaffinity(0)) < 2 or not sys.executable:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if cores < 2 or not sys.executable:
             return None
         # The worker imports this very tierlog (not one another path would find first): its package's parent first,
         # and not the current directory (-P).

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from rlmm_testkit import WINDOWED, drive, make_tp, register, segment, workload
+from rlmm_testkit import WINDOWED, drive, make_tp, on_distinct_metadata_partitions, register, segment, workload
 from support import wait_until
 
-from rlmm import RemoteLogMetadataManager, RemoteStorageError, TopicIdPartition
+from rlmm import RemoteLogMetadataManager, RemoteStorageError, TopicIdPartition, fresh_load
 from rlmm.applier import MetadataApplier, WindowRecord
 from rlmm.errors import MetadataTimeoutError
 
@@ -113,13 +113,17 @@ def test_close_on_a_full_disk_raises_nothing(make_manager: MakeManager, small_di
         manager.close()
 
 
+@pytest.mark.parametrize("with_worker", [False, True], ids=["one process", "with a fold worker"])
 def test_a_new_nodes_first_window_loaded_onto_a_full_disk_is_loaded_again_once_space_returns(
-    make_manager: MakeManager, small_disk: Path, monkeypatch: pytest.MonkeyPatch
+    make_manager: MakeManager, small_disk: Path, monkeypatch: pytest.MonkeyPatch, with_worker: bool
 ) -> None:
-    writer = make_manager(broker_id=0)
-    tp = make_tp("disk-rebuild")
-    register(writer, tp)
-    drive(writer, {tp: workload(random.Random(5), tp, uploads=30)})
+    # With a worker (rlmm.fresh_load), the full disk fails its share's file or tables, or the node's own.
+    partitions = 2 if with_worker else 1
+    monkeypatch.setattr(fresh_load, "WORKER_MIN_KEPT", 1 if with_worker else fresh_load.WORKER_MIN_KEPT)
+    writer = make_manager(broker_id=0, partitions=partitions)
+    tps = on_distinct_metadata_partitions() if with_worker else (make_tp("disk-rebuild"),)
+    register(writer, *tps)
+    drive(writer, {tp: workload(random.Random(5 + i), tp, uploads=30) for i, tp in enumerate(tps)})
     writer.wait_caught_up(60)
     load = MetadataApplier._load_fresh
     failures: list[BaseException] = []
@@ -138,11 +142,13 @@ def test_a_new_nodes_first_window_loaded_onto_a_full_disk_is_loaded_again_once_s
                 raise
 
     monkeypatch.setattr(MetadataApplier, "_load_fresh", load_once_on_a_full_disk)
-    rebuilt = make_manager(broker_id=1, state_dir=small_disk / "state", **WINDOWED)
+    rebuilt = make_manager(broker_id=1, state_dir=small_disk / "state", partitions=partitions, **WINDOWED)
     wait_until(lambda: applied_before_retry, timeout=RECOVERY_LIMIT_S, description="the load tried again")
     rebuilt.wait_caught_up(60)
     assert "No space left on device" in str(failures[0])
     assert applied_before_retry[0] == {}  # nothing of the failed load counted as applied
     assert rebuilt.view_digest() == writer.view_digest()
-    register(rebuilt, tp)
-    assert rebuilt.list_remote_log_segments(tp) == writer.list_remote_log_segments(tp)
+    register(rebuilt, *tps)
+    for tp in tps:
+        assert rebuilt.list_remote_log_segments(tp) == writer.list_remote_log_segments(tp)
+    assert list(rebuilt.view.path.parent.glob("*.fold")) == []  # the worker's files went into the view or away
