@@ -183,7 +183,7 @@ class FoldWorker:
             if not isinstance(share, WorkerShare):
                 raise _WorkerError(f"it answered {type(share).__name__}")
             return share
-        except (_WorkerError, OSError, pickle.UnpicklingError, EOFError) as exc:
+        except Exception as exc:  # whatever went wrong with it, the applier can fold the share itself
             log.warning("the worker folding a share of the rebuild's first window failed: %s; folding its share in "
                         "this process", exc)
             self.close()
