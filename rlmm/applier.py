@@ -446,7 +446,7 @@ class MetadataApplier:
             if worker is not None and not folded.failed:
                 written = self._write_fresh(fresh)  # while the worker folds on
                 share = worker.answer(self._stop)
-            if share is not None and not fresh.partition_keys().isdisjoint(share.partitions):
+            if share is not None and not folded.touched.isdisjoint(share.folded.touched):
                 log.warning("metadata topic %s: user partitions have records on more than one metadata partition; "
                             "folding the rebuild's first window in one process", self._settings.metadata_topic)
                 share = None

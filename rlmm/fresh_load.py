@@ -65,6 +65,9 @@ class Folded:
     noted: list[tuple[int, RecordKey | None, MetadataEvent | None, state.Outcome]] = field(default_factory=list)
     unreadable: dict[int, tuple[int, str]] = field(default_factory=dict)  # partition -> first unreadable offset, why
     failed: str | None = None  # a record whose rule raised, and the traceback: the window goes through the commits
+    # The user partitions (topic id as an int, partition) its records name, whatever they left: two shares naming
+    # one are not independent (records on the wrong metadata partition), and must be folded in one process.
+    touched: set[tuple[int, int]] = field(default_factory=set)
 
 
 @dataclass
@@ -80,7 +83,7 @@ def fold(fresh: FreshState, records: Sequence[Record], skip: Container[int]) -> 
     """Decode and fold `records` (in replay order) into `fresh`, passing over the metadata partitions in `skip`
     (halted). A partition's first unreadable record ends its share; a record whose rule raises ends the fold."""
     folded = Folded()
-    unreadable, noted = folded.unreadable, folded.noted
+    unreadable, noted, touch = folded.unreadable, folded.noted, folded.touched.add
     for index, (partition, offset, raw_key, value, request, skipped_before) in enumerate(records):
         if partition in skip or partition in unreadable:
             continue
@@ -89,6 +92,7 @@ def fold(fresh: FreshState, records: Sequence[Record], skip: Container[int]) -> 
         except (codec.DecodeError, InvalidArgumentError) as exc:
             unreadable[partition] = (offset, str(exc))
             continue
+        touch((key.topic_id.int, key.partition))  # an int's hash is C code, a UUID's is not
         try:
             outcome = fresh.fold(key, event, offset, skipped_before, value)
         except Exception:

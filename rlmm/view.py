@@ -705,10 +705,6 @@ class FreshState(state.InMemoryState):
     def _tidy(self, tp: TopicIdPartition) -> None:
         """Partitions stay until forgotten, as the view's bookkeeping does."""
 
-    def partition_keys(self) -> set[bytes]:
-        """The view's keys of the partitions this state holds."""
-        return {vf.tp_key(topic_id, number) for topic_id, number in self._partitions}
-
     def partitions(self) -> dict[bytes, PartitionModel]:
         """The state as the read model holds it, by the view's partition key (sharing this state's containers)."""
         return {

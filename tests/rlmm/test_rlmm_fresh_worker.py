@@ -80,7 +80,8 @@ def assert_shared_load_is_one_process_load(records: list[fresh_load.Record]) -> 
         own = fresh_load.fold(fresh, mine, ())
         share = fresh_load.fold_share(theirs, Path(tables))
         assert isinstance(share, fresh_load.WorkerShare)
-        assert fresh.partition_keys().isdisjoint(share.partitions)
+        assert own.touched.isdisjoint(share.folded.touched)
+        assert len(own.touched | share.folded.touched) == len({tuple(r[2].split(b":")[1:3]) for r in records})
         for partition in share.partitions:  # watched before the load: published from RocksDB after it
             shared.model.watch(partition)
         shared.load_fresh(TOPIC, fresh, ends, share.tables, share.partitions)
