@@ -6,10 +6,12 @@
 from __future__ import annotations
 
 import random
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from rlmm.types import (
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
+from rlmm.view import MetadataView
 
 LogRecord = tuple[RecordKey, MetadataEvent | None]
 Segment = RemoteLogSegmentMetadata | None
@@ -481,3 +484,14 @@ def counting_commits(monkeypatch: Any) -> list[int]:
 
     monkeypatch.setattr(MetadataApplier, "_commit", counted)
     return sizes
+
+
+@contextmanager
+def empty_view() -> Iterator[MetadataView]:
+    """A new view in a directory of its own (the tables of a load are written beside it), closed and removed after."""
+    with tempfile.TemporaryDirectory() as directory:
+        view = MetadataView.open(Path(directory) / "view")
+        try:
+            yield view
+        finally:
+            view.close()

@@ -5,10 +5,7 @@ commits make, and a record that cannot be read or applied halts only its partiti
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -28,6 +25,7 @@ from rlmm_testkit import (
     WINDOWED,
     append_garbage,
     counting_commits,
+    empty_view,
     make_tp,
     read_topic,
     rebuilt_past_garbage,
@@ -49,16 +47,6 @@ from rlmm.view import ConsumedRecord, FreshState, MetadataView, apply_records
 TOPIC = "tierlog-test-metadata"
 # Each example opens two RocksDB views (about 0.5 s): few examples, beside the many of the pure properties.
 FRESH_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=10)
-
-
-@contextmanager
-def empty_view() -> Iterator[MetadataView]:
-    with tempfile.TemporaryDirectory() as directory:
-        view = MetadataView.open(Path(directory))
-        try:
-            yield view
-        finally:
-            view.close()
 
 
 def consumed(records: Sequence[TopicRecord], skipped: Sequence[bool]) -> list[ConsumedRecord]:

@@ -12,8 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from rlmm_testkit import (
     WINDOWED,
     append_garbage,
     counting_commits,
+    empty_view,
     make_tp,
     on_distinct_metadata_partitions,
     produce_to,
@@ -40,20 +40,10 @@ from rlmm import view_format as vf
 from rlmm.events import MetadataEvent, RecordKey, key_of
 from rlmm.read_model import read_partition, snapshot_of
 from rlmm.snapshot import snapshot_entries
-from rlmm.view import FreshState, MetadataView
+from rlmm.view import FreshState
 
 TOPIC = "tierlog-test-metadata"
 SETTINGS = settings(PROPERTY_SETTINGS, max_examples=10)  # two RocksDB views per example
-
-
-@contextmanager
-def empty_view() -> Iterator[MetadataView]:
-    with tempfile.TemporaryDirectory() as directory:
-        view = MetadataView.open(Path(directory) / "view")
-        try:
-            yield view
-        finally:
-            view.close()
 
 
 def window(log: Sequence[tuple[RecordKey, MetadataEvent | None]]) -> list[fresh_load.Record]:
