@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -434,9 +435,10 @@ class MetadataApplier:
         worker, self._worker = self._worker, None
         mine: Sequence[fresh_load.Record] = replay
         theirs: Sequence[fresh_load.Record] = []
+        shares = self._view.path.parent / f"{self._view.path.name}.fold"  # a directory per worker, under this
         if worker is not None:
             mine, theirs = fresh_load.split(replay)
-            if not theirs or not worker.submit(theirs, self._view.path.parent / f"{self._view.path.name}.fold"):
+            if not theirs or not worker.submit(theirs, shares):
                 worker.close()
                 mine, theirs, worker = replay, [], None
         written: FreshTables | None = None
@@ -485,6 +487,7 @@ class MetadataApplier:
         finally:
             if worker is not None:
                 worker.close()
+            shutil.rmtree(shares, ignore_errors=True)  # with what any load cut short left
         del fresh
         _release_free_memory()
         self._stamp()

@@ -156,11 +156,12 @@ class FoldWorker:
                  "the second core", process.pid)
         return cls(process)
 
-    def submit(self, records: Sequence[Record], directory: Path) -> bool:
-        """Hand the worker its share, through a file in `directory` (its tables go there too); False, with the
-        worker closed, when that fails (the disk is full)."""
+    def submit(self, records: Sequence[Record], under: Path) -> bool:
+        """Hand the worker its share, through a file in a directory of its own under `under` (its tables go there
+        too: never where a worker of a node that stopped mid-load may still write); False, with the worker closed,
+        when that fails (the disk is full)."""
         try:
-            shutil.rmtree(directory, ignore_errors=True)
+            directory = under / str(self._process.pid)
             directory.mkdir(parents=True)
             self._directory = directory
             with open(directory / "records.pickle", "wb") as out:
@@ -267,20 +268,23 @@ def main() -> int:
     """The worker: say hello, fold the one share it is handed, answer, exit (at once on end of input)."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the applier's pipe
-    _send(out, (_PROTOCOL, str(Path(__file__).resolve())))
-    request = _read_frame(sys.stdin.buffer)
-    if not isinstance(request, tuple):  # end of input: the applier went on without this worker
-        return 0
-    records_path, directory = request
-    gc.disable()  # as the applier folds: many short-lived acyclic objects, and a large state the collector rescans
     try:
-        with open(records_path, "rb") as source:
-            records: list[Record] = pickle.load(source)
-        os.unlink(records_path)
-        answer: WorkerShare | str = fold_share(records, Path(directory))
-    except Exception:
-        answer = f"it failed: {traceback.format_exc()}"
-    _send(out, answer)
+        _send(out, (_PROTOCOL, str(Path(__file__).resolve())))
+        request = _read_frame(sys.stdin.buffer)
+        if not isinstance(request, tuple):  # end of input: the applier went on without this worker
+            return 0
+        records_path, directory = request
+        gc.disable()  # as the applier folds: many short-lived acyclic objects, and a large state the GC rescans
+        try:
+            with open(records_path, "rb") as source:
+                records: list[Record] = pickle.load(source)
+            os.unlink(records_path)
+            answer: WorkerShare | str = fold_share(records, Path(directory))
+        except Exception:
+            answer = f"it failed: {traceback.format_exc()}"
+        _send(out, answer)
+    except BrokenPipeError:  # the applier is gone (its node stopped); the next load removes what this one wrote
+        pass
     return 0
 
 

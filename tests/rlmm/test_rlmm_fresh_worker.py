@@ -155,14 +155,19 @@ def assert_rebuilt_like(rebuilt: RemoteLogMetadataManager, writer: RemoteLogMeta
 
 
 def test_a_new_node_folds_its_first_window_with_a_worker_and_loads_what_one_process_loads(
-    make_manager: Callable[..., RemoteLogMetadataManager], monkeypatch: pytest.MonkeyPatch,
+    make_manager: Callable[..., RemoteLogMetadataManager], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     worker_for_any_window: list[fresh_load.WorkerShare | None],
 ) -> None:
     # Partitions on both metadata partitions, so that both shares hold some.
     writer, tps = written_history(make_manager, 120, [*on_distinct_metadata_partitions(),
                                                       *(make_tp("orders", p) for p in range(4))], uploads=10)
     commits = counting_commits(monkeypatch)
-    rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
+    # What a node that stopped mid-load left: its worker's table files, which must not enter this view.
+    state_dir = tmp_path / "rebuilt"
+    stale = state_dir / "view.fold" / "1"
+    stale.mkdir(parents=True)
+    (stale / f"{vf.SEGMENTS}.sst").write_bytes(b"a table of a load cut short")
+    rebuilt = make_manager(broker_id=1, state_dir=state_dir, partitions=2, **WINDOWED)
     register(rebuilt, *tps)  # watched from the start: their lookups must see the worker's partitions too
     assert_rebuilt_like(rebuilt, writer, tps)
     assert commits == []  # one load, no commit
@@ -171,7 +176,7 @@ def test_a_new_node_folds_its_first_window_with_a_worker_and_loads_what_one_proc
     alone = make_manager(broker_id=2, partitions=2, **WINDOWED, **{"apply.rebuild.worker": False})
     alone.wait_caught_up(60)
     assert list(snapshot_entries(rebuilt.view)) == list(snapshot_entries(alone.view))  # bookkeeping rows too
-    assert not (rebuilt.view.path.parent / f"{rebuilt.view.path.name}.fold").exists()
+    assert sorted(path.name for path in state_dir.iterdir()) == ["view"]  # no worker's directory left
 
 
 @pytest.mark.parametrize("fault", ["killed", "stalled", "another release", "no interpreter"])
