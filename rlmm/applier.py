@@ -311,6 +311,11 @@ class MetadataApplier:
 
         A crash between windows resumes from the last one committed: every record it skipped is superseded by a
         record the resumed node reads again or has applied."""
+        if not self.applied and self._settings.fold_worker and self._worker is None and \
+                self._consumer.backlog(self._next_offsets) >= fresh_load.WORKER_MIN_KEPT:
+            # A new node before a large backlog: its first window's worker (_fill would start it only once the
+            # window holds that many records), booting while the window is read.
+            self._worker = fresh_load.FoldWorker.start()
         with _cyclic_gc_paused():
             while True:
                 # A view without segments (a new node's first window) holds none a tombstone could name.
@@ -334,7 +339,7 @@ class MetadataApplier:
         # The window's ends are the positions `_add` notes anyway, for the partitions it read: not noted per record.
         before = dict(self._next_offsets)
         # A new node's first window, once it keeps enough records, gets a worker to fold half of it (_load_fresh),
-        # started now so that its interpreter is up when the window is read.
+        # started now so that its interpreter is up when the window is read (unless _catch_up started it already).
         wants_worker = self._settings.fold_worker
         while True:
             self._add(window, messages)
