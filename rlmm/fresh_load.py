@@ -3,14 +3,14 @@
 A rebuild's first window (MetadataApplier._load_fresh) is decoded and folded into a FreshState, one core's Python
 work: about 20 us per record kept. The user partitions of different metadata partitions never share state (all of a
 user partition's records are on the metadata partition its id hashes to), so the window splits by metadata
-partition: a worker process (`python -m rlmm.fresh_load`, started while the window is still being read) folds one
-share into a FreshState of its own and writes it as RocksDB tables, while the applier folds the other. The applier
-ingests both into the view; the read model reads the worker's partitions from RocksDB when first asked for, as after
-a restart.
+partition: a worker process (`python -m rlmm.fresh_load`, started as a new node's large backlog begins, so that its
+interpreter is up when the window ends) folds one share into a FreshState of its own and writes it as RocksDB tables,
+while the applier folds the other and writes its own. The applier ingests both into the view; the read model reads
+the worker's partitions from RocksDB when first asked for, as after a restart.
 
-The worker is an optimisation only. If it cannot start, fails, answers late, speaks another version, or finds a user
-partition the applier's share holds too (records on the wrong metadata partition), the applier folds its share
-itself, with a log line; the view is then the one a single process builds. A record whose rule raises in the worker
+The worker is an optimisation only. If it cannot start, fails, answers late, speaks another version, or its records
+name a user partition the applier's records name too (records on the wrong metadata partition), the applier folds
+its share itself, with a log line; the view is then the one a single process builds. A record whose rule raises in the worker
 sends the window through the commits, as in the applier's own share.
 """
 
