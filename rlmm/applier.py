@@ -212,7 +212,8 @@ class MetadataApplier:
         self._next_offsets: dict[int, int] = dict(starts)
         self._after_cleaning: set[int] = set()
         self._consumer.assign(starts)
-        self._worker: fresh_load.FoldWorker | None = None  # started while a new node's first large window is read
+        # A new node's fold worker for its first window (rlmm.fresh_load), started before it reads a large backlog.
+        self._worker = self._worker_for(starts)
         self._stop = threading.Event()
         self._registrations = threading.Event()  # set when partitions register: resolve their targets at once
         self._threads = [
@@ -235,6 +236,20 @@ class MetadataApplier:
         except RemoteStorageError as exc:  # not answered in time, or refused
             log.info("metadata topic %s: reading from the beginning (%s)", self._settings.metadata_topic, exc)
             return {}
+
+    def _worker_for(self, starts: dict[int, int]) -> fresh_load.FoldWorker | None:
+        """A new node's fold worker, started now if the topic holds enough records past `starts` (its interpreter
+        then boots while the backlog is read; started once the first window holds that many, it was often still
+        booting when the window ended). None otherwise, or if the topic's ends are not known: _fill starts one then."""
+        if self.applied or not starts or not self._settings.fold_worker:
+            return None
+        try:
+            ends = self._offsets.end_offsets(sorted(starts), OFFSETS_TIMEOUT_S)
+        except RemoteStorageError:
+            return None
+        if sum(end - starts[partition] for partition, end in ends.items()) < fresh_load.WORKER_MIN_KEPT:
+            return None
+        return fresh_load.FoldWorker.start()
 
     # --- the apply loop ---------------------------------------------------------------------------------
 
@@ -311,11 +326,6 @@ class MetadataApplier:
 
         A crash between windows resumes from the last one committed: every record it skipped is superseded by a
         record the resumed node reads again or has applied."""
-        if not self.applied and self._settings.fold_worker and self._worker is None and \
-                self._consumer.backlog(self._next_offsets) >= fresh_load.WORKER_MIN_KEPT:
-            # A new node before a large backlog: its first window's worker (_fill would start it only once the
-            # window holds that many records), booting while the window is read.
-            self._worker = fresh_load.FoldWorker.start()
         with _cyclic_gc_paused():
             while True:
                 # A view without segments (a new node's first window) holds none a tombstone could name.
@@ -339,7 +349,7 @@ class MetadataApplier:
         # The window's ends are the positions `_add` notes anyway, for the partitions it read: not noted per record.
         before = dict(self._next_offsets)
         # A new node's first window, once it keeps enough records, gets a worker to fold half of it (_load_fresh),
-        # started now so that its interpreter is up when the window is read (unless _catch_up started it already).
+        # started now so that its interpreter is up when the window is read (unless _worker_for started it already).
         wants_worker = self._settings.fold_worker
         while True:
             self._add(window, messages)

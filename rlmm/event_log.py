@@ -274,19 +274,6 @@ class EventConsumer:
     def consume(self, max_records: int, timeout_s: float) -> list[Message]:
         return list(self._consumer.consume(max_records, timeout_s))
 
-    def backlog(self, next_offsets: Mapping[int, int]) -> int:
-        """How many records lie between `next_offsets` and the end of each partition as last fetched: no request
-        is made, and a partition not fetched yet counts none."""
-        total = 0
-        for partition, offset in next_offsets.items():
-            try:
-                marks = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
-            except KafkaException:
-                continue
-            if marks is not None and marks[1] > offset >= 0:
-                total += marks[1] - offset
-        return total
-
     def rewind_to_start(self, partition: int) -> None:
         """Read the partition again from the first offset still on its log."""
         self._consumer.seek(TopicPartition(self.topic, partition, OFFSET_BEGINNING))

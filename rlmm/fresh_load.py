@@ -10,8 +10,8 @@ the worker's partitions from RocksDB when first asked for, as after a restart.
 
 The worker is an optimisation only. If it cannot start, fails, answers late, speaks another version, or its records
 name a user partition the applier's records name too (records on the wrong metadata partition), the applier folds
-its share itself, with a log line; the view is then the one a single process builds. A record whose rule raises in the worker
-sends the window through the commits, as in the applier's own share.
+its share itself, with a log line; the view is then the one a single process builds. A record whose rule raises in
+the worker sends the window through the commits, as in the applier's own share.
 """
 
 from __future__ import annotations

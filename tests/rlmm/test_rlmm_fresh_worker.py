@@ -37,7 +37,7 @@ from support import wait_until
 
 from rlmm import RemoteLogMetadataManager, codec, fresh_load
 from rlmm import view_format as vf
-from rlmm.event_log import EventConsumer
+from rlmm.applier import MetadataApplier
 from rlmm.events import MetadataEvent, RecordKey, key_of
 from rlmm.read_model import read_partition, snapshot_of
 from rlmm.snapshot import snapshot_entries
@@ -169,8 +169,13 @@ def test_a_new_node_folds_its_first_window_with_a_worker_and_loads_what_one_proc
     stale = state_dir / "view.fold" / "1"
     stale.mkdir(parents=True)
     (stale / f"{vf.SEGMENTS}.sst").write_bytes(b"a table of a load cut short")
+    started: list[object] = []
+    worker_for = MetadataApplier._worker_for
+    monkeypatch.setattr(MetadataApplier, "_worker_for",
+                        lambda self, starts: started.append(worker_for(self, starts)) or started[-1])
     rebuilt = make_manager(broker_id=1, state_dir=state_dir, partitions=2, **WINDOWED)
     register(rebuilt, *tps)  # watched from the start: their lookups must see the worker's partitions too
+    assert started != [None]  # before the backlog was read, from the topic's offsets
     assert_rebuilt_like(rebuilt, writer, tps)
     assert commits == []  # one load, no commit
     [share] = worker_for_any_window
@@ -292,31 +297,12 @@ def test_a_user_partition_on_two_metadata_partitions_is_folded_in_one_process(
     assert stray in rebuilt.view.segments(moved)
 
 
-def test_the_consumers_backlog_counts_the_records_past_the_given_offsets_as_last_fetched(
-    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
-) -> None:
-    written_history(make_manager, 170)
-    ends: dict[int, int] = {}
-    for record in read_topic(kafka_bootstrap, metadata_topic):
-        ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
-    consumer = EventConsumer(metadata_topic, {"bootstrap.servers": kafka_bootstrap}, 2)
-    try:
-        assert consumer.backlog({0: 0, 1: 0}) == 0  # nothing fetched yet: no estimate, and no request made
-        consumer.assign({})
-        wait_until(lambda: consumer.consume(1, 0.5), timeout=30, description="a first record fetched")
-        wait_until(lambda: consumer.backlog({0: 0, 1: 0}) == ends[0] + ends[1], timeout=30,
-                   description="both partitions' ends as fetched")
-        assert consumer.backlog({0: ends[0] - 2, 1: ends[1]}) == 2
-    finally:
-        consumer.close()
-
-
-def test_without_a_backlog_estimate_the_worker_starts_once_the_window_holds_enough_records(
+def test_without_the_topics_ends_the_worker_starts_once_the_window_holds_enough_records(
     make_manager: Callable[..., RemoteLogMetadataManager], monkeypatch: pytest.MonkeyPatch,
     worker_for_any_window: list[fresh_load.WorkerShare | None],
 ) -> None:
     writer, tps = written_history(make_manager, 180)
-    monkeypatch.setattr(EventConsumer, "backlog", lambda self, next_offsets: 0)  # e.g. not fetched yet
+    monkeypatch.setattr(MetadataApplier, "_worker_for", lambda self, starts: None)  # e.g. the ends were not listed
     rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
     register(rebuilt, *tps)
     assert_rebuilt_like(rebuilt, writer, tps)
