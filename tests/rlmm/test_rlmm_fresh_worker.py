@@ -169,10 +169,14 @@ def test_a_new_node_folds_its_first_window_with_a_worker_and_loads_what_one_proc
     stale = state_dir / "view.fold" / "1"
     stale.mkdir(parents=True)
     (stale / f"{vf.SEGMENTS}.sst").write_bytes(b"a table of a load cut short")
-    started: list[object] = []
+    started: list[fresh_load.FoldWorker | None] = []
     worker_for = MetadataApplier._worker_for
-    monkeypatch.setattr(MetadataApplier, "_worker_for",
-                        lambda self, starts: started.append(worker_for(self, starts)) or started[-1])
+
+    def recorded(self: MetadataApplier, starts: dict[int, int]) -> fresh_load.FoldWorker | None:
+        started.append(worker_for(self, starts))
+        return started[-1]
+
+    monkeypatch.setattr(MetadataApplier, "_worker_for", recorded)
     rebuilt = make_manager(broker_id=1, state_dir=state_dir, partitions=2, **WINDOWED)
     register(rebuilt, *tps)  # watched from the start: their lookups must see the worker's partitions too
     assert started != [None]  # before the backlog was read, from the topic's offsets
