@@ -5,6 +5,7 @@ Both test packages build their session fixture from here, so a run of both start
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,7 +21,13 @@ def s3_settings(endpoint: S3Endpoint) -> S3Settings:
 
 @contextmanager
 def local_spark(endpoint: S3Endpoint) -> Iterator[SparkSession]:
+    path_before = set(sys.path)
     session = get_spark("tierlog-tests", master="local[2]", s3=s3_settings(endpoint))
+    # pyspark puts every --packages jar on sys.path, in case one holds Python code (none of these do). A later
+    # importlib.metadata lookup (prompt_toolkit's, when pyspark imports IPython) then lists each jar, 400k names
+    # in the AWS SDK bundle, and caches them for the life of the process: every garbage collection of the rest of
+    # the suite, one per RocksDB view closed, walked them, 0.5 s each.
+    sys.path[:] = [p for p in sys.path if p in path_before or not p.endswith(".jar")]
     session.sparkContext.setLogLevel("ERROR")
     # Two cores: a handful of shuffle partitions keeps per-task overhead below the work.
     session.conf.set("spark.sql.shuffle.partitions", "4")
