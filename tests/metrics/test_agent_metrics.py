@@ -60,6 +60,9 @@ def test_metrics_bind_the_configured_address(short_dir: Path) -> None:
 def test_metrics_address_option_reaches_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, object] = {}
     monkeypatch.setattr("tierlog.agent.server.serve", lambda *a, **kw: seen.update(kw))
+    # main() points the root logger at stderr at INFO; here stderr is this test's capture, which the rest of the
+    # run (every INFO record of it) and py4j's shutdown then wrote to, after it was closed.
+    monkeypatch.setattr("tierlog.agent.server.setup_logging", lambda *a, **kw: None)
     main(["--socket", "/nonexistent/s.sock", "--metrics-port", "0", "--metrics-address", "::1"])
     assert seen["metrics_address"] == "::1"
 
@@ -114,5 +117,8 @@ def test_tierlog_agent_passes_its_metrics_address_to_the_agent(monkeypatch: pyte
 
     seen: dict[str, object] = {}
     monkeypatch.setattr("tierlog.agent.server.serve", lambda *a, **kw: seen.update(kw))
+    # main() points the root logger at stderr at INFO; here stderr is this test's capture, which the rest of the
+    # run (every INFO record of it) and py4j's shutdown then wrote to, after it was closed.
+    monkeypatch.setattr("tierlog.agent.server.setup_logging", lambda *a, **kw: None)
     assert tierlog(["agent", "--socket", "/nonexistent/s.sock", "--metrics-port", "0", "--metrics-address", "::1"]) == 0
     assert seen["metrics_address"] == "::1"
