@@ -233,9 +233,14 @@ def test_a_write_waiting_for_room_in_the_producer_queue_fails_by_its_deadline_wi
     make_kafka_cluster: Callable[..., KafkaCluster], tmp_path: Path
 ) -> None:
     cluster = make_kafka_cluster(nodes=1)
+    # The record holding the slot times out of librdkafka's queue well after the blocked write's deadline, and
+    # before the manager's close gives up flushing: left queued, its delivery callback kept the producer alive,
+    # reconnecting to the stopped broker, until the interpreter exited.
+    queued_for_ms = int((WRITE_TIMEOUT_S * 2 + DEADLINE_SLACK_S) * 1000)
     config = manager_config(cluster.bootstrap, tmp_path / "state", unique_topic_name("live-queue"),
                             partitions=PARTITIONS, **{"write.timeout.ms": int(WRITE_TIMEOUT_S * 1000),
-                                                      "kafka.queue.buffering.max.messages": 1})
+                                                      "kafka.queue.buffering.max.messages": 1,
+                                                      "kafka.message.timeout.ms": queued_for_ms})
     manager = RemoteLogMetadataManager(config)
     try:
         queued, blocked = make_tp("queued"), make_tp("blocked")
