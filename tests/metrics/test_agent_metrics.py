@@ -57,14 +57,20 @@ def test_metrics_bind_the_configured_address(short_dir: Path) -> None:
         server.stop(grace=1)
 
 
-def test_metrics_address_option_reaches_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def served_with(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """The options the agent's main() passes to serve(), which does not run. Nor does main's logging setup: it points
+    the root logger, at INFO, at stderr, here pytest's capture, which the rest of the run then wrote every INFO record
+    to, and py4j's shutdown too, once it was closed."""
     seen: dict[str, object] = {}
     monkeypatch.setattr("tierlog.agent.server.serve", lambda *a, **kw: seen.update(kw))
-    # main() points the root logger at stderr at INFO; here stderr is this test's capture, which the rest of the
-    # run (every INFO record of it) and py4j's shutdown then wrote to, after it was closed.
     monkeypatch.setattr("tierlog.agent.server.setup_logging", lambda *a, **kw: None)
+    return seen
+
+
+def test_metrics_address_option_reaches_the_server(served_with: dict[str, object]) -> None:
     main(["--socket", "/nonexistent/s.sock", "--metrics-port", "0", "--metrics-address", "::1"])
-    assert seen["metrics_address"] == "::1"
+    assert served_with["metrics_address"] == "::1"
 
 
 def test_build_info_and_component_readiness(agent: tuple[AgentServer, grpc.Channel]) -> None:
@@ -112,13 +118,8 @@ def test_rsm_bytes_latency_cache_and_absent_index(agent: tuple[AgentServer, grpc
 
 
 
-def test_tierlog_agent_passes_its_metrics_address_to_the_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tierlog_agent_passes_its_metrics_address_to_the_agent(served_with: dict[str, object]) -> None:
     from tierlog.cli.main import main as tierlog
 
-    seen: dict[str, object] = {}
-    monkeypatch.setattr("tierlog.agent.server.serve", lambda *a, **kw: seen.update(kw))
-    # main() points the root logger at stderr at INFO; here stderr is this test's capture, which the rest of the
-    # run (every INFO record of it) and py4j's shutdown then wrote to, after it was closed.
-    monkeypatch.setattr("tierlog.agent.server.setup_logging", lambda *a, **kw: None)
     assert tierlog(["agent", "--socket", "/nonexistent/s.sock", "--metrics-port", "0", "--metrics-address", "::1"]) == 0
-    assert seen["metrics_address"] == "::1"
+    assert served_with["metrics_address"] == "::1"
