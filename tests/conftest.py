@@ -39,6 +39,7 @@ from dev.s3 import S3Endpoint  # noqa: E402
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from pyspark.sql import SparkSession
 
 # Fixtures that need the shared services / the 3-node cluster / Docker; tests using them get the marker
 # automatically, so `-m "not services"` selects the tests that need nothing running.
@@ -156,6 +157,22 @@ def s3_bucket(s3_client: S3Client) -> Iterator[str]:
         yield bucket
     finally:
         delete_bucket(s3_client, bucket)
+
+
+# -- Spark ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark(s3_endpoint: S3Endpoint) -> Iterator[SparkSession]:
+    """The one local[2] SparkSession of the run (s3a on the shared S3 server), for tests that run jobs in-process.
+
+    One fixture for every package: a module's own session stopped the shared one, and the next had to start again.
+    Imported here: a run without Spark tests does not load pyspark.
+    """
+    from support.spark import local_spark
+
+    with local_spark(s3_endpoint) as session:
+        yield session
 
 
 # -- topics -------------------------------------------------------------------------------------

@@ -8,26 +8,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cli_testkit import REPO_ROOT, TIERLOG, MetadataTopic, Run
-from pyspark.sql import SparkSession
-from support.spark import local_spark
 from support.topics import create_topic, unique_topic_name
 
-from dev.s3 import S3Endpoint
 from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, produce_history
 
 # The CLI reads the dev services' KAFKA_BOOTSTRAP / S3_* only in development; these tests are development.
 os.environ.setdefault("TIERLOG_DEV", "1")
-
-
-@pytest.fixture(scope="session")
-def cli_spark(s3_endpoint: S3Endpoint) -> Iterator[SparkSession]:
-    with local_spark(s3_endpoint) as session:
-        yield session
 
 
 @pytest.fixture(scope="module")

@@ -185,7 +185,7 @@ def test_a_command_without_kafka_settings_exits_2_and_says_how_to_give_them(
 def test_archive_then_snapshot_then_rebuild_from_it_reaches_the_topic_digest(
     metadata_topic: MetadataTopic,
     tierlog: Tierlog,
-    cli_spark: SparkSession,
+    spark: SparkSession,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -213,7 +213,7 @@ def test_archive_then_snapshot_then_rebuild_from_it_reaches_the_topic_digest(
 def test_reconcile_of_an_empty_bucket_treats_topics_the_cluster_lacks_as_deleted_not_missing(
     metadata_topic: MetadataTopic,
     rebuilt_node: tuple[Path, Run],
-    cli_spark: SparkSession,
+    spark: SparkSession,
     s3_endpoint: S3Endpoint,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -237,7 +237,7 @@ def test_replay_of_the_archive_against_the_rebuilt_view_matches_and_lists_its_pa
     metadata_topic: MetadataTopic,
     rebuilt_node: tuple[Path, Run],
     tierlog: Tierlog,
-    cli_spark: SparkSession,
+    spark: SparkSession,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -261,7 +261,7 @@ def test_replay_of_the_archive_against_the_rebuilt_view_matches_and_lists_its_pa
 def test_usage_writes_its_table_and_chart_and_prints_remote_bytes_per_topic(
     metadata_topic: MetadataTopic,
     tierlog: Tierlog,
-    cli_spark: SparkSession,
+    spark: SparkSession,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -300,7 +300,7 @@ def test_spark_submit_runs_the_replay_job_unchanged(
 def test_verify_against_an_empty_bucket_counts_nothing_missing_for_topics_the_cluster_lacks(
     metadata_topic: MetadataTopic,
     rebuilt_node: tuple[Path, Run],
-    cli_spark: SparkSession,
+    spark: SparkSession,
     s3_endpoint: S3Endpoint,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

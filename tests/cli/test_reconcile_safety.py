@@ -137,7 +137,7 @@ def _reconcile(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dic
 
 
 def test_delete_against_an_archive_behind_the_topic_refuses_and_deletes_nothing(
-    tiered: TieredTopic, tierlog: Callable[..., Run], cli_spark: object, tmp_path: Path,
+    tiered: TieredTopic, tierlog: Callable[..., Run], spark: object, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     archive = tmp_path / "archive"
@@ -163,7 +163,7 @@ def test_delete_against_the_topic_removes_only_old_orphans_and_keeps_every_live_
     engine: list[str], tiered: TieredTopic, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if engine:
-        request.getfixturevalue("cli_spark")  # the session's shared local Spark
+        request.getfixturevalue("spark")  # the session's shared local Spark
     live = tiered.tier(4)
     old_orphans = tiered.plant_orphans(2, age_s=3 * DAY_S)
     young_stray = tiered.plant_orphans(1, age_s=0)  # an upload whose metadata may not be readable yet

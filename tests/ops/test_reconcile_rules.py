@@ -5,13 +5,9 @@ listing; the in-process and Spark runs give the same report."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
-import pytest
 from pyspark.sql import SparkSession
-from support.spark import local_spark
 
-from dev.s3 import S3Endpoint
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
 from rsm.backend import ObjectInfo
 from rsm.keys import segment_keys
@@ -82,12 +78,6 @@ def test_a_finished_segment_without_objects_is_missing_both() -> None:
 
 def test_a_started_copy_without_objects_is_not_missing() -> None:
     assert reconcile_in_process([], [_segment(0, "COPY_SEGMENT_STARTED")], ReconcileRules(NOW)).missing == ()
-
-
-@pytest.fixture(scope="module")
-def spark(s3_endpoint: S3Endpoint) -> Iterator[SparkSession]:
-    with local_spark(s3_endpoint) as session:
-        yield session
 
 
 def test_spark_and_in_process_runs_give_the_same_report(spark: SparkSession) -> None:

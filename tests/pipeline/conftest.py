@@ -1,4 +1,4 @@
-"""Fixtures of the pipeline tests: one local[2] SparkSession for the session and a generated history per module.
+"""Fixtures of the pipeline tests: a generated history per module (the SparkSession is tests/conftest.py's).
 
 The history (100k records) is archived into a fresh prefix of the shared S3 bucket, read back through s3a.
 """
@@ -6,22 +6,14 @@ The history (100k records) is archived into a fresh prefix of the shared S3 buck
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from pipeline_testkit import ARCHIVE_EVENTS, METADATA_TOPIC, ArchivedHistory
-from pyspark.sql import SparkSession
-from support.spark import local_spark, s3_settings
+from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
 from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, write_archive
 from tierlog.pipeline.locations import open_store
-
-
-@pytest.fixture(scope="session")
-def spark(s3_endpoint: S3Endpoint) -> Iterator[SparkSession]:
-    with local_spark(s3_endpoint) as session:
-        yield session
 
 
 # Module scope, though only test_pipeline_jobs.py uses it: a session-scoped history kept its 100k records (~800k

@@ -1,6 +1,6 @@
-"""The SparkSession the pipeline and CLI tests share: local[2], with s3a pointed at the test S3 server.
+"""The SparkSession the pipeline, CLI and ops tests share: local[2], with s3a pointed at the test S3 server.
 
-Both test packages build their session fixture from here, so a run of both starts one Spark, set up once.
+tests/conftest.py's session-scoped `spark` fixture builds it from here, so a run starts one Spark, set up once.
 """
 
 from __future__ import annotations
