@@ -5,9 +5,10 @@ a late joiner, a node rebuilt from an empty state dir, and a topic that Kafka's 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 from rlmm_testkit import (
     TopicRecord,
     compacted,
@@ -24,6 +25,7 @@ from rlmm_testkit import (
 )
 from support import wait_until
 
+from dev.kafka import KafkaCluster
 from rlmm import RemoteLogMetadataManager, codec
 from rlmm.events import key_of
 from rlmm.types import RemotePartitionDeleteState as P
@@ -98,32 +100,44 @@ AGGRESSIVE_COMPACTION = {
     "max.compaction.lag.ms": 200,
     "delete.retention.ms": 200,
 }
-# The broker's cleaner wakes every log.cleaner.backoff.ms (15 s by default); two passes drop tombstones too.
+# The shared broker's cleaner wakes every 15 s (log.cleaner.backoff.ms): waiting for it made each test below take
+# 11-17 s. A broker of the module's own, whose cleaner wakes every 300 ms, compacts within a few seconds; the bound
+# is only waited out by a cleaner that never runs.
 COMPACTION_WAIT_S = 90.0
+FAST_CLEANER = {"log.cleaner.backoff.ms": 300}
+
+
+@pytest.fixture(scope="module")
+def fast_cleaning_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`bootstrap.servers` of a one-node cluster of this module's own, whose log cleaner wakes every 300 ms."""
+    with KafkaCluster(tmp_path_factory.mktemp("fast-cleaner"), 1, properties=FAST_CLEANER) as cluster:
+        yield cluster.bootstrap
 
 
 def test_a_fresh_node_rebuilds_from_a_compacted_topic_to_the_digest_of_the_writer(
-    make_manager: MakeManager, create_topic: Callable[..., str], kafka_bootstrap: str
+    make_manager: MakeManager, create_topic: Callable[..., str], fast_cleaning_broker: str
 ) -> None:
-    topic = create_topic("rlmm-compacted", partitions=1, config=AGGRESSIVE_COMPACTION)
-    writer = make_manager(broker_id=0, partitions=1, **{"metadata.topic.name": topic})
+    bootstrap = fast_cleaning_broker
+    topic = create_topic("rlmm-compacted", partitions=1, config=AGGRESSIVE_COMPACTION, bootstrap=bootstrap)
+    on_topic = {"bootstrap.servers": bootstrap, "metadata.topic.name": topic}
+    writer = make_manager(broker_id=0, partitions=1, **on_topic)
     tps = [make_tp("orders", p) for p in range(3)]
     register(writer, *tps)
     drive(writer, {tp: workload(random.Random(30 + tp.partition), tp, uploads=12) for tp in tps})
-    produced = read_topic(kafka_bootstrap, topic)
+    produced = read_topic(bootstrap, topic)
 
     def compacted_now() -> list[TopicRecord] | None:
         # Appends roll the active segment (segment.ms), so everything written before becomes cleanable.
         ticker = make_tp("ticker")
         writer.add_remote_log_segment_metadata(segment(ticker, 0, 0, {0: 0})).result(timeout=30)
-        now = read_topic(kafka_bootstrap, topic)
+        now = read_topic(bootstrap, topic)
         return now if _offsets(produced) - _offsets(now) else None
 
-    remaining = wait_until(compacted_now, timeout=COMPACTION_WAIT_S, interval=2.0,
+    remaining = wait_until(compacted_now, timeout=COMPACTION_WAIT_S, interval=0.5,
                            description=f"the log cleaner compacting {topic}")
     assert len(_offsets(produced) - _offsets(remaining)) > 0
     writer.wait_caught_up(CAUGHT_UP_S)
-    fresh = make_manager(broker_id=1, partitions=1, **{"metadata.topic.name": topic})
+    fresh = make_manager(broker_id=1, partitions=1, **on_topic)
     fresh.wait_caught_up(CAUGHT_UP_S)
     assert fresh.view_digest() == writer.view_digest()
     assert replay(compacted(decoded(remaining))).digest() == writer.view_digest()
@@ -134,11 +148,13 @@ def _offsets(records: list[TopicRecord]) -> set[int]:
 
 
 def test_a_node_away_while_the_cleaner_removed_its_partitions_delete_started_applies_the_delete_finished(
-    make_manager: MakeManager, create_topic: Callable[..., str], kafka_bootstrap: str, tmp_path: Path
+    make_manager: MakeManager, create_topic: Callable[..., str], fast_cleaning_broker: str, tmp_path: Path
 ) -> None:
+    bootstrap = fast_cleaning_broker
     # Tombstones kept a day: the returning node's view is recent enough to resume, not to rebuild.
-    topic = create_topic("rlmm-away", partitions=1, config={**AGGRESSIVE_COMPACTION, "delete.retention.ms": 86_400_000})
-    on_topic = {"metadata.topic.name": topic}
+    topic = create_topic("rlmm-away", partitions=1, config={**AGGRESSIVE_COMPACTION, "delete.retention.ms": 86_400_000},
+                         bootstrap=bootstrap)
+    on_topic = {"bootstrap.servers": bootstrap, "metadata.topic.name": topic}
     writer = make_manager(broker_id=0, partitions=1, **on_topic)
     doomed = make_tp("doomed")
     register(writer, doomed)
@@ -158,11 +174,11 @@ def test_a_node_away_while_the_cleaner_removed_its_partitions_delete_started_app
     def started_removed() -> bool:
         # Appends roll the active segment (segment.ms), so the delete records become cleanable.
         writer.add_remote_log_segment_metadata(segment(make_tp("ticker"), 0, 0, {0: 0})).result(timeout=30)
-        states = [codec.decode(r.value).state for r in read_topic(kafka_bootstrap, topic)  # type: ignore[union-attr]
+        states = [codec.decode(r.value).state for r in read_topic(bootstrap, topic)  # type: ignore[union-attr]
                   if r.key == started_key and r.value is not None]
         return states == [P.DELETE_PARTITION_FINISHED]
 
-    wait_until(started_removed, timeout=COMPACTION_WAIT_S, interval=2.0,
+    wait_until(started_removed, timeout=COMPACTION_WAIT_S, interval=0.5,
                description=f"the log cleaner removing the DELETE_PARTITION_STARTED record of {topic}")
     writer.wait_caught_up(CAUGHT_UP_S)
     back = make_manager(broker_id=1, partitions=1, state_dir=tmp_path / "away", **on_topic)
