@@ -4,8 +4,9 @@ Starts its own one-node Kafka (the pinned version), feeds both managers the same
 copy-finished updates, and retention deletes of a share of them, over 2,000 user partitions and 50 metadata
 partitions), then runs each node in a fresh process, interleaved: cold rebuild from the topic (tierlog also from
 a compacted copy), restart, in-process lookup and write latency, RSS, metadata topic bytes. Kafka's manager is
-driven through its public API by the Java harness in bench/tbrlmm. Prints one JSON document on stdout and a
-Markdown table of ratios (tierlog/TBRLMM) on stderr.
+driven through its public API by the Java harness in bench/tbrlmm. Last, tierlog's lookups are timed again while
+its applier applies records a producer process appends (other partitions' uploads; TBRLMM's figure there is its
+idle one). Prints one JSON document on stdout and a Markdown table of ratios (tierlog/TBRLMM) on stderr.
 
 Usage: python bench/rlmm_vs_kafka.py [--full] [--events N] [--rounds R] [--markdown FILE]
 (quick: 200k events, the `make bench-kafka` target; --full: 1M events.)
@@ -17,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import pickle
 import platform
 import random
 import shutil
@@ -78,6 +80,7 @@ SNAPSHOT_LOCATION = "snapshots"
 COMPACTED_SEGMENT_MS = 4000
 NODE_TIMEOUT_S = 3600.0
 COMPACTION_TIMEOUT_S = 180.0
+BUSY_TIMEOUT_S = 300.0
 
 
 # --- the events both managers are fed ----------------------------------------------------------------------
@@ -111,10 +114,12 @@ def read_partitions(path: Path) -> list[TopicIdPartition]:
 # --- one tierlog node, in a process of its own -------------------------------------------------------------
 
 def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, events_file: Path, lookups: int,
-                 writes: int, seed: int, snapshots: str | None = None) -> dict[str, Any]:
+                 writes: int, seed: int, snapshots: str | None = None, busy_file: Path | None = None
+                 ) -> dict[str, Any]:
     """Start a manager on `state_dir`, wait until every user partition is ready, then time lookups and writes:
     the same steps, in the same order, as the harness's `node` command. With `snapshots` (a bucket location),
-    an empty state dir bootstraps from the newest snapshot there, then tails the topic."""
+    an empty state dir bootstraps from the newest snapshot there, then tails the topic. With `busy_file`, lookups
+    are then timed again while the applier applies that file's records, appended by a producer process."""
     tps = read_partitions(events_file)
     rng = random.Random(seed)
     # A topic id of its own: drawn from `rng`, it was the first user partition's (the events' first draw too), and
@@ -127,14 +132,14 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
     if snapshots is not None:
         config["snapshot.location"] = SNAPSHOT_LOCATION
         source = BucketSnapshotSource(open_bench_store(snapshots))
-    bootstrap_log = _Messages()
-    logging.getLogger("rlmm.bootstrap").addHandler(bootstrap_log)
-    logging.getLogger("rlmm.bootstrap").setLevel(logging.INFO)
+    node_log = _Messages()
+    logging.getLogger("rlmm").addHandler(node_log)
+    logging.getLogger("rlmm").setLevel(logging.INFO)
     started = time.perf_counter()
     manager = RemoteLogMetadataManager(config, snapshot_source=source)
-    if snapshots is not None and not any(m.startswith("bootstrapped") for m in bootstrap_log.messages):
+    if snapshots is not None and not any(m.startswith("bootstrapped") for m in node_log.messages):
         manager.close()
-        raise SystemExit(f"the node did not bootstrap from the snapshot: {bootstrap_log.messages}")
+        raise SystemExit(f"the node did not bootstrap from the snapshot: {node_log.messages}")
     try:
         everything = {*tps, write_target}
         manager.on_partition_leadership_changes(everything, set())
@@ -181,17 +186,71 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
                 RemoteLogSegmentState.COPY_SEGMENT_FINISHED, 0)).result(60)
             add_ns.append(t1 - t0)
             finish_ns.append(time.perf_counter_ns() - t1)
+        busy = {} if busy_file is None else lookups_while_busy(manager, live, rng, bootstrap, topic, partitions,
+                                                               busy_file)
     finally:
         manager.close()
-    return {"ready_s": round(ready_s, 3), "live_segments": len(live), "lookups": lookups, "lookup_hits": hits,
+    return {**busy, "ready_s": round(ready_s, 3), "live_segments": len(live), "lookups": lookups, "lookup_hits": hits,
             "lookup_p50_us": _pct(lookup_ns, 0.5) / 1e3, "lookup_p99_us": _pct(lookup_ns, 0.99) / 1e3,
             "writes": writes, "add_p50_ms": _pct(add_ns, 0.5) / 1e6, "add_p99_ms": _pct(add_ns, 0.99) / 1e6,
             "finish_p50_ms": _pct(finish_ns, 0.5) / 1e6, "finish_p99_ms": _pct(finish_ns, 0.99) / 1e6,
-            "rss_mib": round(rss_after_ready, 1), "rss_after_reads_mib": round(rss_after_reads, 1)}
+            "rss_mib": round(rss_after_ready, 1), "rss_after_reads_mib": round(rss_after_reads, 1),
+            "log": node_log.messages}
+
+
+def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSegmentMetadata], rng: random.Random,
+                       bootstrap: str, topic: str, partitions: int, busy_file: Path) -> dict[str, Any]:
+    """Lookups timed back to back, in the thread that calls the manager, from the moment the applier starts on the
+    records a producer process appends (`busy_file`: other user partitions' uploads) until it has read past them all.
+    The applier's thread shares the interpreter's lock with the lookups: this is what a fetch sees while metadata of
+    other partitions streams in."""
+    with busy_file.open("rb") as source:
+        expected = len(pickle.load(source))
+    applied_before = manager.record_counts()[0]
+    read_before = sum(manager.applied_offsets().values())  # the next offset of each metadata partition
+    producer = subprocess.Popen([sys.executable, __file__, "busy-producer", bootstrap, topic, str(partitions),
+                                 str(busy_file)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while manager.record_counts()[0] == applied_before:
+            if time.monotonic() > deadline or producer.poll() not in (None, 0):
+                raise SystemExit(f"the applier did not start on the busy records (producer exit {producer.poll()})")
+            time.sleep(0.001)
+        busy_ns: list[int] = []
+        started = time.perf_counter()
+        while (read := sum(manager.applied_offsets().values()) - read_before) < expected:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the applier read {read} of {expected} busy records in {BUSY_TIMEOUT_S} s")
+            for _ in range(1000):
+                md = live[rng.randrange(len(live))]
+                epoch = min(md.segment_leader_epochs)
+                offset = md.start_offset + int(rng.random() * (md.end_offset - md.start_offset))
+                t0 = time.perf_counter_ns()
+                manager.remote_log_segment_metadata(md.topic_id_partition, epoch, offset)
+                busy_ns.append(time.perf_counter_ns() - t0)
+        busy_s = time.perf_counter() - started
+        if producer.wait(BUSY_TIMEOUT_S) != 0:
+            raise SystemExit(f"the busy producer failed ({producer.returncode})")
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait()
+    return {"busy_records": expected, "busy_applied": manager.record_counts()[0] - applied_before,
+            "busy_s": round(busy_s, 3), "busy_lookups": len(busy_ns),
+            "busy_lookup_p50_us": _pct(busy_ns, 0.5) / 1e3, "busy_lookup_p99_us": _pct(busy_ns, 0.99) / 1e3,
+            "busy_lookup_p999_us": _pct(busy_ns, 0.999) / 1e3, "busy_lookup_max_us": max(busy_ns) / 1e3}
+
+
+def write_busy_records(path: Path, count: int, seed: int, retention: int) -> None:
+    """The records of `count` logical events over 200 user partitions the node does not look up in."""
+    rng = random.Random(f"busy-{seed}")
+    with path.open("wb") as out:
+        pickle.dump(list(tierlog_records(history(count, user_partitions(200, rng), rng, retention))), out)
 
 
 class _Messages(logging.Handler):
-    """Keeps the messages logged to it: tells whether the node really started from the snapshot."""
+    """Keeps the messages the node's manager logs: whether it really started from the snapshot, whether its fold
+    worker answered. They go into the step's JSON, so a slow round can be explained afterwards."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -314,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lookups", type=int, default=20_000)
     parser.add_argument("--writes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--busy-events", type=int, default=100_000,
+                        help="logical events the applier applies while lookups are timed again (0: no such step)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the ratio table to this file")
     args = parser.parse_args(argv)
     total = args.events or (1_000_000 if args.full else 200_000)
@@ -366,10 +427,10 @@ def _run(args: argparse.Namespace, total: int, rounds: int, classpath: str, work
             result["snapshot"] = prepare_snapshot(bootstrap, location, args.partitions)
             print(f"snapshot: {result['snapshot']}", file=sys.stderr, flush=True)
 
-            def tierlog(topic: str, state_dir: Path, *snapshots: str) -> dict[str, Any]:
+            def tierlog(topic: str, state_dir: Path, snapshots: str = "-", busy: str = "-") -> dict[str, Any]:
                 return run_json([sys.executable, __file__, "tierlog-node", bootstrap, topic, str(args.partitions),
                                  str(state_dir), str(events_file), str(args.lookups), str(args.writes), str(args.seed),
-                                 *snapshots])
+                                 snapshots, busy])
 
             def tbrlmm(log_dir: Path) -> dict[str, Any]:
                 return run_json([*java, "node", str(events_file), bootstrap, str(args.partitions), str(log_dir),
@@ -396,6 +457,13 @@ def _run(args: argparse.Namespace, total: int, rounds: int, classpath: str, work
                     print(f"round {r}: {name}", file=sys.stderr, flush=True)
                     measured[name] = step()
                 runs.append(measured)
+            if args.busy_events:
+                # Last, on the first round's restarted node: the records it appends would make later steps' topic
+                # longer than TBRLMM's.
+                print("tierlog: lookups while the applier is busy", file=sys.stderr, flush=True)
+                busy_file = work / "busy.pickle"
+                write_busy_records(busy_file, args.busy_events, args.seed, args.retention)
+                result["busy"] = tierlog(UNCOMPACTED_TOPIC, work / "tierlog-0", busy=str(busy_file))
         finally:
             remove_location(location)
     result["runs"] = runs
@@ -438,6 +506,15 @@ def ratio_table(result: dict[str, Any]) -> str:
         ("metadata topic bytes, compacted (MB)", sizes["tierlog_compacted"] / 1e6, sizes["tbrlmm"] / 1e6,
          "lower", "{:.1f}"),
     ]
+    if "busy" in result:
+        busy = result["busy"]
+        at = rows.index(next(row for row in rows if row[0] == "lookup p99 (µs)")) + 1
+        rows[at:at] = [
+            (f"lookup p50 while the applier applies {busy['busy_records']:,} records (µs; TBRLMM idle)",
+             busy["busy_lookup_p50_us"], k["lookup_p50_us"], "lower", "{:.1f}"),
+            (f"lookup p99 while the applier applies {busy['busy_records']:,} records (µs; TBRLMM idle)",
+             busy["busy_lookup_p99_us"], k["lookup_p99_us"], "lower", "{:.1f}"),
+        ]
     if "snapshot_bootstrap" in m:
         s = m["snapshot_bootstrap"]
         rows.insert(2, ("bootstrap from snapshot + tail (events/s)", s["events_per_s"], k["events_per_s"],
@@ -456,8 +533,13 @@ def ratio_table(result: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "tierlog-node":
-        b, topic, parts, state, events_path, lookups, writes, seed = sys.argv[2:10]
+        b, topic, parts, state, events_path, lookups, writes, seed, snapshots, busy = sys.argv[2:12]
         print(json.dumps(tierlog_node(b, topic, int(parts), state, Path(events_path), int(lookups), int(writes),
-                                      int(seed), *sys.argv[10:11])))
+                                      int(seed), None if snapshots == "-" else snapshots,
+                                      None if busy == "-" else Path(busy))))
+    elif len(sys.argv) > 1 and sys.argv[1] == "busy-producer":
+        b, topic, parts, busy = sys.argv[2:6]
+        with open(busy, "rb") as source:
+            produce_records(b, topic, int(parts), pickle.load(source))
     else:
         main()

@@ -457,12 +457,16 @@ class MetadataApplier:
                 worker.close()
                 mine, theirs, worker = replay, [], None
         written: FreshTables | None = None
+        began = time.monotonic()
+        waited = 0.0
         try:
             folded = fresh_load.fold(fresh, mine, self.halted)
             share = None
             if worker is not None and not folded.failed:
                 written = self._write_fresh(fresh)  # while the worker folds on
+                asked = time.monotonic()
                 share = worker.answer(self._stop)
+                waited = time.monotonic() - asked
             if share is not None and not folded.touched.isdisjoint(share.folded.touched):
                 log.warning("metadata topic %s: user partitions have records on more than one metadata partition; "
                             "folding the rebuild's first window in one process", self._settings.metadata_topic)
@@ -499,6 +503,10 @@ class MetadataApplier:
             except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
                 # No offset was written: the window is read again, and what a load cut short left is removed first.
                 raise _CommitFailure(str(exc)) from None
+            log.info("metadata topic %s: the first window loaded in %.2f s (%d records applied%s)",
+                     self._settings.metadata_topic, time.monotonic() - began, applied,
+                     f"; {len(share.partitions)} user partitions folded by the worker, {waited:.2f} s waited for it"
+                     if share is not None else "")
         finally:
             if worker is not None:
                 worker.close()
