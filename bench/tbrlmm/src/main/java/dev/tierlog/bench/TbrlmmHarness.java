@@ -8,6 +8,7 @@ import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.Uuid;
+import org.apache.kafka.common.errors.TopicExistsException;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.kafka.server.log.remote.metadata.storage.RemoteLogMetadataTopicPartitioner;
 import org.apache.kafka.server.log.remote.metadata.storage.TopicBasedRemoteLogMetadataManager;
@@ -36,6 +37,7 @@ import java.util.Optional;
 import java.util.Random;
 import java.util.Set;
 import java.util.UUID;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -50,6 +52,7 @@ import java.util.concurrent.TimeUnit;
 public final class TbrlmmHarness {
     private static final byte[] FINISHED_CUSTOM_METADATA = new byte[24];
     private static final long READY_TIMEOUT_MS = TimeUnit.MINUTES.toMillis(30);
+    private static final long BUSY_TIMEOUT_MS = TimeUnit.MINUTES.toMillis(5);
 
     private TbrlmmHarness() {
     }
@@ -68,11 +71,11 @@ public final class TbrlmmHarness {
         switch (args[0]) {
             case "produce" -> produce(history, bootstrap, partitions);
             case "node" -> {
-                if (args.length != 8) {
+                if (args.length != 8 && args.length != 9) {
                     usage();
                 }
                 node(history, bootstrap, partitions, args[4], Integer.parseInt(args[5]),
-                     Integer.parseInt(args[6]), Long.parseLong(args[7]));
+                     Integer.parseInt(args[6]), Long.parseLong(args[7]), args.length == 9 ? args[8] : null);
             }
             default -> usage();
         }
@@ -82,7 +85,7 @@ public final class TbrlmmHarness {
 
     private static void usage() {
         System.err.println("usage: TbrlmmHarness produce EVENTS BOOTSTRAP PARTITIONS\n"
-                           + "       TbrlmmHarness node EVENTS BOOTSTRAP PARTITIONS LOG_DIR LOOKUPS WRITES SEED");
+                           + "       TbrlmmHarness node EVENTS BOOTSTRAP PARTITIONS LOG_DIR LOOKUPS WRITES SEED [BUSY_EVENTS]");
         System.exit(2);
     }
 
@@ -131,6 +134,10 @@ public final class TbrlmmHarness {
             // The settings TBRLMM creates its topic with (delete policy, infinite retention), at RF 1.
             admin.createTopics(List.of(new NewTopic(topic, partitions, (short) 1)
                 .configs(Map.of("cleanup.policy", "delete", "retention.ms", "-1")))).all().get(60, TimeUnit.SECONDS);
+        } catch (ExecutionException e) {
+            if (!(e.getCause() instanceof TopicExistsException)) {
+                throw e;
+            }
         }
         RemoteLogMetadataSerde serde = new RemoteLogMetadataSerde();
         RemoteLogMetadataTopicPartitioner partitioner = new RemoteLogMetadataTopicPartitioner(partitions);
@@ -155,7 +162,7 @@ public final class TbrlmmHarness {
     }
 
     private static void node(History history, String bootstrap, int partitions, String logDir, int lookups,
-                             int writes, long seed) throws Exception {
+                             int writes, long seed, String busyEvents) throws Exception {
         Map<String, Object> config = new HashMap<>();
         config.put(TopicBasedRemoteLogMetadataManagerConfig.LOG_DIR, logDir);
         config.put(TopicBasedRemoteLogMetadataManagerConfig.BROKER_ID, 0);
@@ -227,6 +234,8 @@ public final class TbrlmmHarness {
             finishNs[i] = System.nanoTime() - t1;
         }
 
+        String busy = busyEvents == null ? "" : lookupsWhileBusy(manager, live, random, busyEvents, bootstrap, partitions);
+
         System.gc();
         long heapUsed = ManagementFactory.getMemoryMXBean().getHeapMemoryUsage().getUsed();
         manager.close();
@@ -237,10 +246,107 @@ public final class TbrlmmHarness {
             "{\"ready_s\": %.3f, \"live_segments\": %d, \"lookups\": %d, \"lookup_hits\": %d, "
             + "\"lookup_p50_us\": %.2f, \"lookup_p99_us\": %.2f, \"writes\": %d, \"add_p50_ms\": %.3f, "
             + "\"add_p99_ms\": %.3f, \"finish_p50_ms\": %.3f, \"finish_p99_ms\": %.3f, \"rss_mib\": %.1f, "
-            + "\"heap_used_mib\": %.1f}%n",
+            + "\"heap_used_mib\": %.1f%s}%n",
             readySeconds, live.size(), lookups, hits, pct(lookupNs, 0.5) / 1e3, pct(lookupNs, 0.99) / 1e3, writes,
             pct(addNs, 0.5) / 1e6, pct(addNs, 0.99) / 1e6, pct(finishNs, 0.5) / 1e6, pct(finishNs, 0.99) / 1e6,
-            rssAfterReady / 1024.0, heapUsed / 1048576.0);
+            rssAfterReady / 1024.0, heapUsed / 1048576.0, busy);
+    }
+
+    /**
+     * Lookups timed back to back while TBRLMM's consumer applies the events of {@code busyFile} (other user
+     * partitions, registered first), which a producer process appends: from the moment the first of them is seen
+     * until the last is. Returns the figures as JSON members, each after a comma.
+     */
+    private static String lookupsWhileBusy(TopicBasedRemoteLogMetadataManager manager,
+                                           List<RemoteLogSegmentMetadata> live, Random random, String busyFile,
+                                           String bootstrap, int partitions) throws Exception {
+        History busy = readHistory(Path.of(busyFile));
+        Set<TopicIdPartition> busyPartitions = new HashSet<>(busy.partitions());
+        manager.onPartitionLeadershipChanges(busyPartitions, Set.of());
+        long deadline = System.currentTimeMillis() + BUSY_TIMEOUT_MS;
+        for (TopicIdPartition tp : busyPartitions) {
+            while (!manager.isReady(tp)) {
+                checkDeadline(deadline, "TBRLMM did not get ready for the busy partitions");
+                Thread.sleep(2);
+            }
+        }
+        // Seen first: the first upload; seen last: the last copy-finished update of a segment retention keeps.
+        RemoteLogSegmentId first = ((RemoteLogSegmentMetadata) busy.events().get(0)).remoteLogSegmentId();
+        RemoteLogSegmentId last = null;
+        Set<RemoteLogSegmentId> deletedLater = new HashSet<>();
+        for (int i = busy.events().size() - 1; i >= 0 && last == null; i--) {
+            if (busy.events().get(i) instanceof RemoteLogSegmentMetadataUpdate update) {
+                if (update.state() == RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+                    && !deletedLater.contains(update.remoteLogSegmentId())) {
+                    last = update.remoteLogSegmentId();
+                } else if (update.state() != RemoteLogSegmentState.COPY_SEGMENT_FINISHED) {
+                    deletedLater.add(update.remoteLogSegmentId());
+                }
+            }
+        }
+        String java = ProcessHandle.current().info().command().orElse("java");
+        Process producer = new ProcessBuilder(java, "-cp", System.getProperty("java.class.path"),
+                                              TbrlmmHarness.class.getName(), "produce", busyFile, bootstrap,
+                                              Integer.toString(partitions))
+            .redirectOutput(ProcessBuilder.Redirect.DISCARD).redirectError(ProcessBuilder.Redirect.INHERIT).start();
+        try {
+            while (state(manager, first) == null
+                   && state(manager, last) != RemoteLogSegmentState.COPY_SEGMENT_FINISHED) {
+                checkDeadline(deadline, "TBRLMM did not start on the busy events");
+                Thread.sleep(1);
+            }
+            long[] busyNs = new long[1 << 16];
+            int count = 0;
+            long started = System.nanoTime();
+            while (state(manager, last) != RemoteLogSegmentState.COPY_SEGMENT_FINISHED) {
+                checkDeadline(deadline, "TBRLMM did not apply the busy events in time");
+                for (int i = 0; i < 1000; i++) {
+                    RemoteLogSegmentMetadata md = live.get(random.nextInt(live.size()));
+                    int epoch = md.segmentLeaderEpochs().firstKey();
+                    long offset = md.startOffset()
+                        + (long) (random.nextDouble() * (md.endOffset() - md.startOffset()));
+                    long t0 = System.nanoTime();
+                    manager.remoteLogSegmentMetadata(md.topicIdPartition(), epoch, offset);
+                    long took = System.nanoTime() - t0;
+                    if (count == busyNs.length) {
+                        busyNs = Arrays.copyOf(busyNs, count * 2);
+                    }
+                    busyNs[count++] = took;
+                }
+            }
+            double busySeconds = (System.nanoTime() - started) / 1e9;
+            if (!producer.waitFor(BUSY_TIMEOUT_MS, TimeUnit.MILLISECONDS) || producer.exitValue() != 0) {
+                throw new IllegalStateException("the busy producer failed");
+            }
+            long[] sorted = Arrays.copyOf(busyNs, count);
+            Arrays.sort(sorted);
+            return String.format(Locale.ROOT,
+                ", \"busy_records\": %d, \"busy_s\": %.3f, \"busy_lookups\": %d, \"busy_lookup_p50_us\": %.2f, "
+                + "\"busy_lookup_p99_us\": %.2f, \"busy_lookup_p999_us\": %.2f, \"busy_lookup_max_us\": %.2f",
+                busy.events().size(), busySeconds, count, pct(sorted, 0.5) / 1e3, pct(sorted, 0.99) / 1e3,
+                pct(sorted, 0.999) / 1e3, count == 0 ? Double.NaN : sorted[count - 1] / 1e3);
+        } finally {
+            producer.destroyForcibly();
+        }
+    }
+
+    /** The state TBRLMM's cache holds for a segment, or null while it holds none. */
+    private static RemoteLogSegmentState state(TopicBasedRemoteLogMetadataManager manager, RemoteLogSegmentId id)
+            throws Exception {
+        Iterator<RemoteLogSegmentMetadata> it = manager.listRemoteLogSegments(id.topicIdPartition());
+        while (it.hasNext()) {
+            RemoteLogSegmentMetadata md = it.next();
+            if (md.remoteLogSegmentId().equals(id)) {
+                return md.state();
+            }
+        }
+        return null;
+    }
+
+    private static void checkDeadline(long deadline, String what) {
+        if (System.currentTimeMillis() > deadline) {
+            throw new IllegalStateException(what);
+        }
     }
 
     private static double pct(long[] sorted, double q) {
