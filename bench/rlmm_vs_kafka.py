@@ -21,6 +21,7 @@ import os
 import pickle
 import platform
 import random
+import select
 import shutil
 import statistics
 import subprocess
@@ -200,8 +201,8 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
 
 def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSegmentMetadata], rng: random.Random,
                        bootstrap: str, topic: str, partitions: int, busy_file: Path) -> dict[str, Any]:
-    """Lookups timed back to back, in the thread that calls the manager, from the moment the applier starts on the
-    records a producer process appends (`busy_file`: other user partitions' uploads) until it has read past them all.
+    """Lookups timed back to back, in the thread that calls the manager, from the moment a producer process starts
+    appending records (`busy_file`: other user partitions' uploads) until the applier has read past them all.
     The applier's thread shares the interpreter's lock with the lookups: this is what a fetch sees while metadata of
     other partitions streams in."""
     with busy_file.open("rb") as source:
@@ -219,12 +220,14 @@ def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSe
     applied_before = manager.record_counts()[0]
     read_before = sum(manager.applied_offsets().values())  # the next offset of each metadata partition
     producer = subprocess.Popen([sys.executable, __file__, "busy-producer", bootstrap, topic, str(partitions),
-                                 str(busy_file)], stdout=subprocess.DEVNULL)
+                                 str(busy_file)], stdout=subprocess.PIPE)
     try:
-        while manager.record_counts()[0] == applied_before:
-            if time.monotonic() > deadline or producer.poll() not in (None, 0):
-                raise SystemExit(f"the applier did not start on the busy records (producer exit {producer.poll()})")
-            time.sleep(0.001)
+        # The producer says when it has its records in hand and starts appending (the applier then reads a window
+        # of them, applied at once: the count of applied records moves only at its end).
+        assert producer.stdout is not None
+        ready, _, _ = select.select([producer.stdout], [], [], BUSY_TIMEOUT_S)
+        if not ready or producer.stdout.readline() != b"producing\n":
+            raise SystemExit(f"the busy producer did not start (exit {producer.poll()})")
         busy_ns: list[int] = []
         started = time.perf_counter()
         while (read := sum(manager.applied_offsets().values()) - read_before) < expected:
@@ -238,6 +241,8 @@ def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSe
                 manager.remote_log_segment_metadata(md.topic_id_partition, epoch, offset)
                 busy_ns.append(time.perf_counter_ns() - t0)
         busy_s = time.perf_counter() - started
+        if not busy_ns:
+            raise SystemExit("no lookup was timed while the applier was busy")
         if producer.wait(BUSY_TIMEOUT_S) != 0:
             raise SystemExit(f"the busy producer failed ({producer.returncode})")
     finally:
@@ -555,6 +560,8 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "busy-producer":
         b, topic, parts, busy = sys.argv[2:6]
         with open(busy, "rb") as source:
-            produce_records(b, topic, int(parts), pickle.load(source))
+            busy_records = pickle.load(source)
+        print("producing", flush=True)
+        produce_records(b, topic, int(parts), busy_records)
     else:
         main()
