@@ -1,6 +1,7 @@
 """Wheel build steps pyproject.toml cannot express: the wheel carries the Avro schemas (as rlmm/schemas/),
 the agent protocol's generated Python code, and the Kafka plugin jar (as tierlog/jars/), all taken from the
-checkout's top-level schemas/ and jvm/ so each has one source for both languages.
+checkout's top-level schemas/ and jvm/ so each has one source for both languages. It also compiles the fetch
+path's lookup in C (rlmm/_segment_lookup.c), optional: without a C compiler the wheel is pure Python and answers alike.
 
 An editable install (`pip install -e .`) copies nothing: the packages then find schemas/ and jvm/target/
 in the checkout itself.
@@ -14,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -76,4 +77,9 @@ class BuildWithArtifacts(build_py):
         shutil.copy2(_plugin_jar(), jars / JAR_NAME)
 
 
-setup(cmdclass={"build_py": BuildWithArtifacts})
+setup(
+    cmdclass={"build_py": BuildWithArtifacts},
+    # optional: a failed compile is a warning, and rlmm.manager then answers lookups in Python.
+    ext_modules=[Extension("rlmm._segment_lookup", ["rlmm/_segment_lookup.c"], optional=True,
+                           extra_compile_args=["-O2"])],
+)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import pytest
 from rlmm_strategies import interesting_offsets
 from rlmm_testkit import ApiWrite, call_error, make_tp, partition_delete, register, segment, submit, update_of
 from support.reference_model import ReferenceModel
@@ -21,6 +22,7 @@ from rlmm import (
     RemoteStorageError,
     TopicIdPartition,
 )
+from rlmm._segment_lookup import SegmentLookup
 
 S = RemoteLogSegmentState
 P = RemotePartitionDeleteState
@@ -73,11 +75,14 @@ def answers(reads: Callable[[], object]) -> object:
         return type(exc)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["lookup-in-c", "lookup-in-python"])
 def test_the_manager_answers_like_the_reference_model_through_a_random_call_sequence(
-    make_manager: MakeManager
+    make_manager: MakeManager, native: bool
 ) -> None:
     rng = random.Random(2024)
-    manager = make_manager(partitions=2)
+    manager = make_manager(partitions=2, **{"lookup.native": native})
+    # The fetch path's lookup is the C one (rlmm/_segment_lookup.c) exactly when asked for; either answers alike.
+    assert isinstance(manager.remote_log_segment_metadata, SegmentLookup) is native
     model = ReferenceModel()
     tps = [make_tp("orders", 0), make_tp("orders", 1)]
     register(manager, *tps)
