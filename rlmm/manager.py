@@ -52,11 +52,9 @@ from rlmm.view import MetadataView
 from rlmm.writer import MetadataWriter
 
 try:  # built by setup.py where a C compiler is (optional): see rlmm/_segment_lookup.c
-    from rlmm._segment_lookup import SegmentLookup as _SegmentLookup
-
-    SegmentLookup: type[_SegmentLookup] | None = _SegmentLookup
+    from rlmm._segment_lookup import SegmentLookup
 except ImportError:  # a build without the compiler
-    SegmentLookup = None
+    SegmentLookup = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger(__name__)
 
