@@ -38,6 +38,7 @@ from rlmm_testkit import (
     written_history,
 )
 from support import wait_until
+from support.topics import produce
 
 from rlmm import RemoteLogMetadataManager, applier, codec
 from rlmm.applier import CompactedWindow, holds_segment
@@ -224,6 +225,31 @@ def test_a_segment_id_added_again_after_its_tombstone_in_one_window_is_added_ane
         assert view.segment(added.remote_log_segment_id) == added
         assert view.digest() == full.digest()
     with_view(body)
+
+
+def test_a_node_reading_a_segments_delete_tombstone_and_re_add_in_its_backlog_holds_the_re_add(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str, tmp_path: Path
+) -> None:
+    """The same case through the applier's own reading of a backlog (MetadataApplier._add, which inlines
+    CompactedWindow.keep's plain path), on a real broker: the node held the segment, was away while it was deleted,
+    tombstoned and added again, and reads all of that as one backlog window."""
+    tp = make_tp()
+    added = segment(tp, 0, 9, {0: 0})
+    finished = added.create_with_update(update_of(added, S.COPY_SEGMENT_FINISHED))
+    deleting = finished.create_with_update(update_of(finished, S.DELETE_SEGMENT_STARTED))
+    deleted = deleting.create_with_update(update_of(deleting, S.DELETE_SEGMENT_FINISHED))
+    key = key_of(added).encode()
+    node = make_manager(state_dir=tmp_path / "node", **WINDOWED)  # creates the (one-partition) topic
+    produce(kafka_bootstrap, metadata_topic, [(key, codec.encode(added)), (key, codec.encode(finished))])
+    node.wait_caught_up(60)
+    node.close()
+    produce(kafka_bootstrap, metadata_topic, [(key, codec.encode(deleting)), (key, codec.encode(deleted)),
+                                              (key, None), (key, codec.encode(added))])
+    node = make_manager(state_dir=tmp_path / "node", **WINDOWED)  # four records: a backlog
+    node.wait_caught_up(60)
+    full = replay(decoded(read_topic(kafka_bootstrap, metadata_topic)))
+    assert full.segment(added.remote_log_segment_id) == added
+    assert node.view_digest() == full.digest()
 
 
 def test_an_update_after_a_skipped_re_add_with_other_offsets_follows_the_re_add() -> None:
