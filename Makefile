@@ -12,7 +12,7 @@ JVM_SOURCES := $(wildcard jvm/pom.xml) $(shell find jvm/src -type f 2>/dev/null)
 setup: python-deps kafka-jars jvm
 
 python-deps: $(STAMPS)/python-deps
-$(STAMPS)/python-deps: pyproject.toml setup.py rlmm/_segment_lookup.c
+$(STAMPS)/python-deps: pyproject.toml setup.py $(wildcard rlmm/*.c)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev,spark]'
 	@mkdir -p $(STAMPS) && touch $@
 

@@ -59,8 +59,9 @@ def installed() -> Iterator[tuple[Path, Path, dict[str, str]]]:
             names = set(archive.namelist())
         assert "tierlog/jars/tierlog-kafka-plugin.jar" in names
         assert {"rlmm/schemas/segment_record.v1.avsc", "tierlog/agent/proto/agent_pb2_grpc.py"} <= names
-        # The fetch path's lookup, compiled (setup.py; a C compiler is on every machine this suite runs on).
-        assert any(n.startswith("rlmm/_segment_lookup.") and n.endswith(".so") for n in names), sorted(names)
+        # rlmm's C extensions, compiled (setup.py; a C compiler is on every machine this suite runs on).
+        for extension in ("_segment_lookup", "_avro_reader"):
+            assert any(n.startswith(f"rlmm/{extension}.") and n.endswith(".so") for n in names), sorted(names)
         # No generic top-level names (agent, pipeline) that could shadow or be shadowed in site-packages.
         dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
         assert {n.split("/")[0] for n in names} == {"rlmm", "rsm", "tierlog", dist_info}
@@ -81,8 +82,9 @@ def test_the_installed_command_runs_outside_the_checkout(installed: tuple[Path, 
     assert jar.is_file() and jar.resolve().is_relative_to(venv.resolve()), jar
     # Nothing of the checkout is importable from the venv's interpreter.
     where = _run([str(venv / "bin" / "python"), "-c",
-                  "import rlmm, rsm, tierlog.agent.proto, rlmm._segment_lookup as c; print(rlmm.__file__, "
-                  "rsm.__file__, tierlog.agent.proto.__file__, c.__file__)"], work, env)
+                  "import rlmm, rsm, tierlog.agent.proto, rlmm._segment_lookup as c, rlmm._avro_reader as a; "
+                  "print(rlmm.__file__, rsm.__file__, tierlog.agent.proto.__file__, c.__file__, a.__file__)"],
+                 work, env)
     for path in where.split():
         assert Path(path).resolve().is_relative_to(venv.resolve()), where
 
