@@ -229,13 +229,13 @@ def decode_datum(value: bytes, plain_ids: bool = False) -> tuple[str, dict[str, 
     if writer is None:
         raise DecodeError(f"unknown schema fingerprint {fp.hex()}: written by a newer tierlog? upgrade this node")
     reader = registry().current[writer.name]
-    # Schema resolution is only needed (and only paid for) when an older writer wrote the record.
     if plain_ids and reader is writer and writer.program is not None and type(value) is bytes:
         assert _avro_reader is not None  # a program is compiled only with the reader there
         try:
             return writer.name, _avro_reader.read(writer.program, value, _HEADER)
         except ValueError:
             pass  # bytes the C reader does not read exactly: fastavro decodes them or says what is wrong
+    # Schema resolution is only needed (and only paid for) when an older writer wrote the record.
     if plain_ids:
         writer_schema, reader_schema = writer.plain, None if reader is writer else reader.plain
     else:
