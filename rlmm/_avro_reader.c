@@ -92,7 +92,10 @@ read_array(PyObject *items, Cursor *cursor, int depth)
         }
         if (count < 0) { /* a block with its size in bytes first */
             long long size;
-            if (read_long(cursor, &size) < 0) {
+            if (count == LLONG_MIN || read_long(cursor, &size) < 0) {
+                if (!PyErr_Occurred()) {
+                    fail("array block count out of range");
+                }
                 goto error;
             }
             count = -count;
