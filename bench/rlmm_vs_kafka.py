@@ -29,11 +29,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -82,6 +84,7 @@ COMPACTED_SEGMENT_MS = 4000
 NODE_TIMEOUT_S = 3600.0
 COMPACTION_TIMEOUT_S = 180.0
 BUSY_TIMEOUT_S = 300.0
+T = TypeVar("T")
 
 
 # --- the events both managers are fed ----------------------------------------------------------------------
@@ -115,12 +118,12 @@ def read_partitions(path: Path) -> list[TopicIdPartition]:
 # --- one tierlog node, in a process of its own -------------------------------------------------------------
 
 def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, events_file: Path, lookups: int,
-                 writes: int, seed: int, snapshots: str | None = None, busy_file: Path | None = None
+                 writes: int, seed: int, snapshots: str | None = None, busy: Sequence[BusyPhase] = ()
                  ) -> dict[str, Any]:
     """Start a manager on `state_dir`, wait until every user partition is ready, then time lookups and writes:
     the same steps, in the same order, as the harness's `node` command. With `snapshots` (a bucket location),
-    an empty state dir bootstraps from the newest snapshot there, then tails the topic. With `busy_file`, lookups
-    are then timed again while the applier applies that file's records, appended by a producer process."""
+    an empty state dir bootstraps from the newest snapshot there, then tails the topic. With `busy` phases, lookups
+    are then timed again while the applier applies each phase's records, appended by a producer process."""
     tps = read_partitions(events_file)
     rng = random.Random(seed)
     # A topic id of its own: drawn from `rng`, it was the first user partition's (the events' first draw too), and
@@ -187,12 +190,14 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
                 RemoteLogSegmentState.COPY_SEGMENT_FINISHED, 0)).result(60)
             add_ns.append(t1 - t0)
             finish_ns.append(time.perf_counter_ns() - t1)
-        busy = {} if busy_file is None else lookups_while_busy(manager, live, rng, bootstrap, topic, partitions,
-                                                               busy_file)
+        busy_figures: dict[str, Any] = {}
+        for phase in busy:
+            busy_figures |= lookups_while_busy(manager, live, rng, bootstrap, topic, partitions, phase)
     finally:
         manager.close()
-    return {**busy, "ready_s": round(ready_s, 3), "live_segments": len(live), "lookups": lookups, "lookup_hits": hits,
-            "lookup_p50_us": _pct(lookup_ns, 0.5) / 1e3, "lookup_p99_us": _pct(lookup_ns, 0.99) / 1e3,
+    return {**busy_figures, "ready_s": round(ready_s, 3), "live_segments": len(live), "lookups": lookups,
+            "lookup_hits": hits, "lookup_p50_us": _pct(lookup_ns, 0.5) / 1e3,
+            "lookup_p99_us": _pct(lookup_ns, 0.99) / 1e3,
             "writes": writes, "add_p50_ms": _pct(add_ns, 0.5) / 1e6, "add_p99_ms": _pct(add_ns, 0.99) / 1e6,
             "finish_p50_ms": _pct(finish_ns, 0.5) / 1e6, "finish_p99_ms": _pct(finish_ns, 0.99) / 1e6,
             "rss_mib": round(rss_after_ready, 1), "rss_after_reads_mib": round(rss_after_reads, 1),
@@ -200,11 +205,12 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
 
 
 def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSegmentMetadata], rng: random.Random,
-                       bootstrap: str, topic: str, partitions: int, busy_file: Path) -> dict[str, Any]:
+                       bootstrap: str, topic: str, partitions: int, busy: BusyPhase) -> dict[str, Any]:
     """Lookups timed back to back, in the thread that calls the manager, from the moment a producer process starts
-    appending records (`busy_file`: other user partitions' uploads) until the applier has read past them all.
+    appending records (`busy.records`: other user partitions' uploads) until the applier has read past them all.
     The applier's thread shares the interpreter's lock with the lookups: this is what a fetch sees while metadata of
-    other partitions streams in."""
+    other partitions streams in. The figures' names start with the phase's prefix."""
+    busy_file = busy.records
     with busy_file.open("rb") as source:
         records = pickle.load(source)
     expected = len(records)
@@ -220,7 +226,7 @@ def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSe
     applied_before = manager.record_counts()[0]
     read_before = sum(manager.applied_offsets().values())  # the next offset of each metadata partition
     producer = subprocess.Popen([sys.executable, __file__, "busy-producer", bootstrap, topic, str(partitions),
-                                 str(busy_file)], stdout=subprocess.PIPE)
+                                 str(busy_file), str(busy.seconds)], stdout=subprocess.PIPE)
     try:
         # The producer says when it has its records in hand and starts appending (the applier then reads a window
         # of them, applied at once: the count of applied records moves only at its end).
@@ -228,7 +234,7 @@ def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSe
         ready, _, _ = select.select([producer.stdout], [], [], BUSY_TIMEOUT_S)
         if not ready or producer.stdout.readline() != b"producing\n":
             raise SystemExit(f"the busy producer did not start (exit {producer.poll()})")
-        busy_ns: list[int] = []
+        busy_ns = array("q")  # not a list: millions of int objects would add allocation to what is timed
         started = time.perf_counter()
         while (read := sum(manager.applied_offsets().values()) - read_before) < expected:
             if time.monotonic() > deadline:
@@ -249,23 +255,58 @@ def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSe
         if producer.poll() is None:
             producer.kill()
             producer.wait()
-    return {"busy_records": expected, "busy_applied": manager.record_counts()[0] - applied_before,
-            "busy_s": round(busy_s, 3), "busy_lookups": len(busy_ns),
-            "busy_lookup_p50_us": _pct(busy_ns, 0.5) / 1e3, "busy_lookup_p99_us": _pct(busy_ns, 0.99) / 1e3,
-            "busy_lookup_p999_us": _pct(busy_ns, 0.999) / 1e3, "busy_lookup_max_us": max(busy_ns) / 1e3}
+    p = busy.prefix
+    return {f"{p}_records": expected, f"{p}_applied": manager.record_counts()[0] - applied_before,
+            f"{p}_s": round(busy_s, 3), f"{p}_lookups": len(busy_ns),
+            f"{p}_lookup_p50_us": _pct(busy_ns, 0.5) / 1e3, f"{p}_lookup_p99_us": _pct(busy_ns, 0.99) / 1e3,
+            f"{p}_lookup_p999_us": _pct(busy_ns, 0.999) / 1e3, f"{p}_lookup_max_us": max(busy_ns) / 1e3}
 
 
-def write_busy_events(directory: Path, count: int, seed: int, retention: int) -> tuple[Path, Path]:
-    """`count` logical events over 200 user partitions the nodes do not look up in: tierlog's records (a pickle)
-    and the harness's events file."""
-    rng = random.Random(f"busy-{seed}")
+@dataclass(frozen=True)
+class BusyPhase:
+    """Records appended while lookups are timed: at full speed (`seconds` 0, prefix "busy"), or spread evenly over
+    `seconds` (prefix "paced"), the same events per second for both systems."""
+
+    records: Path
+    seconds: float = 0.0
+
+    @property
+    def prefix(self) -> str:
+        return "paced" if self.seconds else "busy"
+
+    def arg(self) -> str:
+        return f"{self.records}@{self.seconds}"
+
+    @classmethod
+    def parse(cls, text: str) -> BusyPhase:
+        path, _, seconds = text.rpartition("@")
+        return cls(Path(path), float(seconds))
+
+
+def write_busy_events(directory: Path, name: str, count: int, seed: int, retention: int) -> tuple[Path, Path]:
+    """`count` logical events over 200 user partitions the nodes do not look up in (drawn from `name` and the
+    seed, so each phase has partitions of its own): tierlog's records (a pickle) and the harness's events file."""
+    rng = random.Random(f"{name}-{seed}")
     tps = user_partitions(200, rng)
     events = list(history(count, tps, rng, retention))
-    records, events_file = directory / "busy.pickle", directory / "busy-events.txt"
+    records, events_file = directory / f"{name}.pickle", directory / f"{name}-events.txt"
     with records.open("wb") as out:
         pickle.dump(list(tierlog_records(events)), out)
     write_events_file(events_file, tps, events)
     return records, events_file
+
+
+def paced(records: Sequence[T], seconds: float) -> Iterator[T]:
+    """`records`, handed out evenly over `seconds` (at once with 0): the harness's paced producer does the same."""
+    if not seconds:
+        yield from records
+        return
+    started, interval = time.monotonic(), seconds / max(1, len(records))
+    for i, record in enumerate(records):
+        wait = started + i * interval - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        yield record
 
 
 class _Messages(logging.Handler):
@@ -280,7 +321,7 @@ class _Messages(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _pct(values: list[int], q: float) -> float:
+def _pct(values: Sequence[int], q: float) -> float:
     ordered = sorted(values)
     return float("nan") if not ordered else round(float(ordered[min(len(ordered) - 1, int(len(ordered) * q))]), 2)
 
@@ -395,6 +436,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--busy-events", type=int, default=100_000,
                         help="logical events the applier applies while lookups are timed again (0: no such step)")
+    parser.add_argument("--paced-events", type=int, default=20_000,
+                        help="logical events appended at --paced-rate while lookups are timed (0: no such step)")
+    parser.add_argument("--paced-rate", type=float, default=2_000.0,
+                        help="events/s of the paced step: the same for both systems (TBRLMM applies ~8k/s at most)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the ratio table to this file")
     args = parser.parse_args(argv)
     total = args.events or (1_000_000 if args.full else 200_000)
@@ -428,7 +473,7 @@ def _run(args: argparse.Namespace, total: int, rounds: int, classpath: str, work
                     "kafka": kafka_version()},
         "logical_events": len(events), "tierlog_records": len(records), "segments_created": created,
         "segments_deleted": deleted, "user_partitions": args.user_partitions,
-        "metadata_partitions": args.partitions, "rounds": rounds,
+        "metadata_partitions": args.partitions, "rounds": rounds, "paced_rate": args.paced_rate,
     }
     java = [java_executable(), "-Xmx1g", "-XX:+UseSerialGC", "-cp", classpath, HARNESS_MAIN]
     with KafkaCluster(work / "kafka", heap="768m", properties={"log.cleaner.backoff.ms": 500}) as cluster:
@@ -447,10 +492,10 @@ def _run(args: argparse.Namespace, total: int, rounds: int, classpath: str, work
             result["snapshot"] = prepare_snapshot(bootstrap, location, args.partitions)
             print(f"snapshot: {result['snapshot']}", file=sys.stderr, flush=True)
 
-            def tierlog(topic: str, state_dir: Path, snapshots: str = "-", busy: str = "-") -> dict[str, Any]:
+            def tierlog(topic: str, state_dir: Path, snapshots: str = "-", *busy: str) -> dict[str, Any]:
                 return run_json([sys.executable, __file__, "tierlog-node", bootstrap, topic, str(args.partitions),
                                  str(state_dir), str(events_file), str(args.lookups), str(args.writes), str(args.seed),
-                                 snapshots, busy])
+                                 snapshots, *busy])
 
             def tbrlmm(log_dir: Path, *busy: str) -> dict[str, Any]:
                 return run_json([*java, "node", str(events_file), bootstrap, str(args.partitions), str(log_dir),
@@ -477,14 +522,20 @@ def _run(args: argparse.Namespace, total: int, rounds: int, classpath: str, work
                     print(f"round {r}: {name}", file=sys.stderr, flush=True)
                     measured[name] = step()
                 runs.append(measured)
-            if args.busy_events:
-                # Last, on the first round's restarted nodes: the records appended would make later steps' topics
-                # longer.
-                busy_records, busy_events = write_busy_events(work, args.busy_events, args.seed, args.retention)
+            # Last, on the first round's restarted nodes (the records appended would make later steps' topics
+            # longer): lookups while records of other partitions arrive, at full speed, then paced.
+            ours, theirs = [], []
+            for name, count, seconds in (("busy", args.busy_events, 0.0),
+                                         ("paced", args.paced_events, args.paced_events / (args.paced_rate or 1))):
+                if count:
+                    busy_records, busy_events = write_busy_events(work, name, count, args.seed, args.retention)
+                    ours.append(BusyPhase(busy_records, seconds).arg())
+                    theirs.append(BusyPhase(busy_events, seconds).arg())
+            if ours:
                 print("lookups while the applier is busy: tierlog", file=sys.stderr, flush=True)
-                busy = {"tierlog": tierlog(UNCOMPACTED_TOPIC, work / "tierlog-0", busy=str(busy_records))}
+                busy = {"tierlog": tierlog(UNCOMPACTED_TOPIC, work / "tierlog-0", "-", *ours)}
                 print("lookups while the applier is busy: tbrlmm", file=sys.stderr, flush=True)
-                busy["tbrlmm"] = tbrlmm(work / "tbrlmm-0", str(busy_events))
+                busy["tbrlmm"] = tbrlmm(work / "tbrlmm-0", *theirs)
                 result["busy"] = busy
         finally:
             remove_location(location)
@@ -531,9 +582,12 @@ def ratio_table(result: dict[str, Any]) -> str:
     if "busy" in result:
         ours, theirs = result["busy"]["tierlog"], result["busy"]["tbrlmm"]
         at = rows.index(next(row for row in rows if row[0] == "lookup p99 (µs)")) + 1
+        paced = (f" arriving at {result['paced_rate']:,.0f}/s" if "paced_records" in theirs else "")
         rows[at:at] = [
-            (f"lookup {q} while {theirs['busy_records']:,} events of other partitions are applied (µs)",
-             ours[f"busy_lookup_{q}_us"], theirs[f"busy_lookup_{q}_us"], "lower", "{:.1f}") for q in ("p50", "p99")
+            (f"lookup {q} while {theirs[f'{p}_records']:,} events of other partitions are applied{how} (µs)",
+             ours[f"{p}_lookup_{q}_us"], theirs[f"{p}_lookup_{q}_us"], "lower", "{:.1f}")
+            for p, how in (("busy", " at full speed"), ("paced", paced)) if f"{p}_records" in theirs
+            for q in ("p50", "p99")
         ]
     if "snapshot_bootstrap" in m:
         s = m["snapshot_bootstrap"]
@@ -553,15 +607,15 @@ def ratio_table(result: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "tierlog-node":
-        b, topic, parts, state, events_path, lookups, writes, seed, snapshots, busy = sys.argv[2:12]
+        b, topic, parts, state, events_path, lookups, writes, seed, snapshots = sys.argv[2:11]
         print(json.dumps(tierlog_node(b, topic, int(parts), state, Path(events_path), int(lookups), int(writes),
                                       int(seed), None if snapshots == "-" else snapshots,
-                                      None if busy == "-" else Path(busy))))
+                                      [BusyPhase.parse(phase) for phase in sys.argv[11:]])))
     elif len(sys.argv) > 1 and sys.argv[1] == "busy-producer":
-        b, topic, parts, busy = sys.argv[2:6]
+        b, topic, parts, busy, seconds = sys.argv[2:7]
         with open(busy, "rb") as source:
             busy_records = pickle.load(source)
         print("producing", flush=True)
-        produce_records(b, topic, int(parts), busy_records)
+        produce_records(b, topic, int(parts), paced(busy_records, float(seconds)))
     else:
         main()

@@ -43,11 +43,13 @@ import java.util.concurrent.TimeUnit;
 /**
  * Drives Kafka's own TopicBasedRemoteLogMetadataManager (TBRLMM) for bench/rlmm_vs_kafka.py.
  *
- * <p>{@code produce EVENTS BOOTSTRAP PARTITIONS}: writes the logical events of EVENTS (the runner's text
- * file) onto {@code __remote_log_metadata} exactly as TBRLMM's producer would (its serde, its partitioner,
- * null keys), without waiting for each write to be consumed. {@code node EVENTS BOOTSTRAP PARTITIONS LOG_DIR
- * LOOKUPS WRITES SEED}: a node with an empty log dir starts TBRLMM, registers every user partition, waits
- * until all are ready, then times in-process lookups and API writes. Each command prints one JSON object.
+ * <p>{@code produce EVENTS BOOTSTRAP PARTITIONS [SECONDS]}: writes the logical events of EVENTS (the runner's
+ * text file) onto {@code __remote_log_metadata} exactly as TBRLMM's producer would (its serde, its partitioner,
+ * null keys), without waiting for each write to be consumed; with SECONDS, spread evenly over that time.
+ * {@code node EVENTS BOOTSTRAP PARTITIONS LOG_DIR LOOKUPS WRITES SEED [BUSY_EVENTS@SECONDS ...]}: a node with
+ * an empty log dir starts TBRLMM, registers every user partition, waits until all are ready, then times in-process
+ * lookups and API writes, then lookups again while each BUSY_EVENTS file is produced (at once, or over SECONDS)
+ * and applied. Each command prints one JSON object.
  */
 public final class TbrlmmHarness {
     private static final byte[] FINISHED_CUSTOM_METADATA = new byte[24];
@@ -69,13 +71,14 @@ public final class TbrlmmHarness {
         String bootstrap = args[2];
         int partitions = Integer.parseInt(args[3]);
         switch (args[0]) {
-            case "produce" -> produce(history, bootstrap, partitions);
+            case "produce" -> produce(history, bootstrap, partitions,
+                                      args.length > 4 ? Double.parseDouble(args[4]) : 0.0);
             case "node" -> {
-                if (args.length != 8 && args.length != 9) {
+                if (args.length < 8) {
                     usage();
                 }
                 node(history, bootstrap, partitions, args[4], Integer.parseInt(args[5]),
-                     Integer.parseInt(args[6]), Long.parseLong(args[7]), args.length == 9 ? args[8] : null);
+                     Integer.parseInt(args[6]), Long.parseLong(args[7]), Arrays.copyOfRange(args, 8, args.length));
             }
             default -> usage();
         }
@@ -84,8 +87,9 @@ public final class TbrlmmHarness {
     }
 
     private static void usage() {
-        System.err.println("usage: TbrlmmHarness produce EVENTS BOOTSTRAP PARTITIONS\n"
-                           + "       TbrlmmHarness node EVENTS BOOTSTRAP PARTITIONS LOG_DIR LOOKUPS WRITES SEED [BUSY_EVENTS]");
+        System.err.println("usage: TbrlmmHarness produce EVENTS BOOTSTRAP PARTITIONS [SECONDS]\n"
+                           + "       TbrlmmHarness node EVENTS BOOTSTRAP PARTITIONS LOG_DIR LOOKUPS WRITES SEED "
+                           + "[BUSY_EVENTS@SECONDS ...]");
         System.exit(2);
     }
 
@@ -128,7 +132,8 @@ public final class TbrlmmHarness {
         return new Uuid(u.getMostSignificantBits(), u.getLeastSignificantBits());
     }
 
-    private static void produce(History history, String bootstrap, int partitions) throws Exception {
+    private static void produce(History history, String bootstrap, int partitions, double spreadSeconds)
+            throws Exception {
         String topic = TopicBasedRemoteLogMetadataManagerConfig.REMOTE_LOG_METADATA_TOPIC_NAME;
         try (Admin admin = Admin.create(Map.of(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap))) {
             // The settings TBRLMM creates its topic with (delete policy, infinite retention), at RF 1.
@@ -151,7 +156,15 @@ public final class TbrlmmHarness {
         long started = System.nanoTime();
         try (KafkaProducer<byte[], byte[]> producer =
                  new KafkaProducer<>(config, new ByteArraySerializer(), new ByteArraySerializer())) {
+            // Spread evenly over `spreadSeconds` when given (the runner's paced step), as its Python producer does.
+            long intervalNs = (long) (spreadSeconds * 1e9 / Math.max(1, history.events().size()));
+            long first = System.nanoTime();
+            int i = 0;
             for (RemoteLogMetadata event : history.events()) {
+                long waitNs = first + i++ * intervalNs - System.nanoTime();
+                if (waitNs > 0) {
+                    TimeUnit.NANOSECONDS.sleep(waitNs);
+                }
                 producer.send(new ProducerRecord<>(topic, partitioner.metadataPartition(event.topicIdPartition()),
                                                    null, serde.serialize(event)));
             }
@@ -162,7 +175,7 @@ public final class TbrlmmHarness {
     }
 
     private static void node(History history, String bootstrap, int partitions, String logDir, int lookups,
-                             int writes, long seed, String busyEvents) throws Exception {
+                             int writes, long seed, String[] busyPhases) throws Exception {
         Map<String, Object> config = new HashMap<>();
         config.put(TopicBasedRemoteLogMetadataManagerConfig.LOG_DIR, logDir);
         config.put(TopicBasedRemoteLogMetadataManagerConfig.BROKER_ID, 0);
@@ -234,7 +247,12 @@ public final class TbrlmmHarness {
             finishNs[i] = System.nanoTime() - t1;
         }
 
-        String busy = busyEvents == null ? "" : lookupsWhileBusy(manager, live, random, busyEvents, bootstrap, partitions);
+        StringBuilder busy = new StringBuilder();
+        for (String phase : busyPhases) {
+            int at = phase.lastIndexOf('@');
+            busy.append(lookupsWhileBusy(manager, live, random, phase.substring(0, at),
+                                         Double.parseDouble(phase.substring(at + 1)), bootstrap, partitions));
+        }
 
         System.gc();
         long heapUsed = ManagementFactory.getMemoryMXBean().getHeapMemoryUsage().getUsed();
@@ -255,11 +273,13 @@ public final class TbrlmmHarness {
     /**
      * Lookups timed back to back while TBRLMM's consumer applies the events of {@code busyFile} (other user
      * partitions, registered first), which a producer process appends: from the moment the first of them is seen
-     * until the last is. Returns the figures as JSON members, each after a comma.
+     * until the last is. With {@code seconds} above 0 the producer spreads them evenly over that time (the
+     * runner's paced step, figures named "paced_..."; else "busy_..."). Returns the figures as JSON members, each
+     * after a comma.
      */
     private static String lookupsWhileBusy(TopicBasedRemoteLogMetadataManager manager,
                                            List<RemoteLogSegmentMetadata> live, Random random, String busyFile,
-                                           String bootstrap, int partitions) throws Exception {
+                                           double seconds, String bootstrap, int partitions) throws Exception {
         History busy = readHistory(Path.of(busyFile));
         Set<TopicIdPartition> busyPartitions = new HashSet<>(busy.partitions());
         manager.onPartitionLeadershipChanges(busyPartitions, Set.of());
@@ -287,7 +307,7 @@ public final class TbrlmmHarness {
         String java = ProcessHandle.current().info().command().orElse("java");
         Process producer = new ProcessBuilder(java, "-cp", System.getProperty("java.class.path"),
                                               TbrlmmHarness.class.getName(), "produce", busyFile, bootstrap,
-                                              Integer.toString(partitions))
+                                              Integer.toString(partitions), Double.toString(seconds))
             .redirectOutput(ProcessBuilder.Redirect.DISCARD).redirectError(ProcessBuilder.Redirect.INHERIT).start();
         try {
             while (state(manager, first) == null
@@ -321,9 +341,10 @@ public final class TbrlmmHarness {
             long[] sorted = Arrays.copyOf(busyNs, count);
             Arrays.sort(sorted);
             return String.format(Locale.ROOT,
-                ", \"busy_records\": %d, \"busy_s\": %.3f, \"busy_lookups\": %d, \"busy_lookup_p50_us\": %.2f, "
-                + "\"busy_lookup_p99_us\": %.2f, \"busy_lookup_p999_us\": %.2f, \"busy_lookup_max_us\": %.2f",
-                busy.events().size(), busySeconds, count, pct(sorted, 0.5) / 1e3, pct(sorted, 0.99) / 1e3,
+                ", \"%1$s_records\": %2$d, \"%1$s_s\": %3$.3f, \"%1$s_lookups\": %4$d, "
+                + "\"%1$s_lookup_p50_us\": %5$.2f, \"%1$s_lookup_p99_us\": %6$.2f, \"%1$s_lookup_p999_us\": %7$.2f, "
+                + "\"%1$s_lookup_max_us\": %8$.2f",
+                seconds > 0 ? "paced" : "busy", busy.events().size(), busySeconds, count, pct(sorted, 0.5) / 1e3, pct(sorted, 0.99) / 1e3,
                 pct(sorted, 0.999) / 1e3, count == 0 ? Double.NaN : sorted[count - 1] / 1e3);
         } finally {
             producer.destroyForcibly();
