@@ -7,24 +7,73 @@
  * the Python method it was given, which makes every check and raises every error. So both paths answer alike by
  * construction, and tests/rlmm/test_rlmm_native_lookup.py checks it on random states.
  *
+ * A random lookup over thousands of partitions is bound by cache misses, not by instructions: each object it reaches
+ * is one more trip to memory. So the manager's partitions found readable are kept in a ReadableTable, a mapping
+ * (topic id as int, partition) -> _Readable like the dict it replaces, whose slots hold the key's 128 + 64 bits
+ * inline (no key object to compare), and beside each readable a flat copy of its snapshot's sole floors: the starts,
+ * ends and answers in one block, rebuilt when the read model publishes another snapshot (the block keeps the one it
+ * was built from, and a lookup compares that with the readable's current one).
+ *
  * What it reads, all kept current by the manager and the read model (rlmm/manager.py, rlmm/read_model.py):
- *   readable_now: dict (topic id as int, partition) -> _Readable (topic, metadata_partition, snapshot)
- *   halted:       dict metadata partition -> error
- *   snapshot:     PartitionSnapshot (deleted, sole_epoch, sole_segments, sole_bounds, floors)
- *   floors:       EpochFloors (segments: tuple, bounds: array('q') of the n starts then the n ends)
+ *   table:    ReadableTable (topic id as int, partition) -> _Readable (topic, metadata_partition, snapshot)
+ *   halted:   dict metadata partition -> error
+ *   snapshot: PartitionSnapshot (deleted, sole_epoch, sole_segments, sole_bounds, floors)
+ *   floors:   EpochFloors (segments: tuple, bounds: array('q') of the n starts then the n ends)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <structmember.h>
+
+/* --- ReadableTable ------------------------------------------------------------------------------------------ */
+
+/* A snapshot's sole floors, flat: n starts, n ends, then n answers (borrowed from the snapshot's tuple, which the
+ * snapshot, held here, keeps alive). `sole_epoch` -1: the snapshot has no sole epoch (none, or several). */
+typedef struct {
+    PyObject *snapshot;
+    long long sole_epoch;
+    int deleted;
+    Py_ssize_t count;
+    long long data[];
+} Floors;
+
+#define FLOORS_STARTS(f) ((f)->data)
+#define FLOORS_ENDS(f) ((f)->data + (f)->count)
+#define FLOORS_ANSWERS(f) ((PyObject **)((f)->data + 2 * (f)->count))
+
+#define SLOT_EMPTY (-1)
+#define SLOT_REMOVED (-2)
+
+typedef struct {
+    uint64_t high, low;   /* the topic id's 128 bits */
+    long long partition;  /* >= 0; or SLOT_EMPTY, SLOT_REMOVED */
+    PyObject *readable;   /* a strong reference while the slot is used */
+    Floors *floors;       /* NULL until a lookup needs it */
+} Slot;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *readable_now; /* dict, never replaced (cleared in place on close) */
-    PyObject *halted;       /* dict, never replaced */
-    PyObject *tp_type;      /* rlmm.types.TopicIdPartition: only that exact type takes this path */
-    PyObject *fallback;     /* the Python method: every call this path does not answer */
+    Slot *slots;
+    Py_ssize_t capacity; /* a power of two */
+    Py_ssize_t used;     /* slots holding a readable */
+    Py_ssize_t filled;   /* used + removed: what probing walks over */
+} ReadableTable;
+
+typedef struct {
+    PyObject_HEAD
+    ReadableTable *table; /* never replaced (cleared in place on close) */
+    PyObject *halted;     /* dict, never replaced */
+    PyObject *tp_type;    /* rlmm.types.TopicIdPartition: only that exact type takes this path */
+    PyObject *fallback;   /* the Python method: every call this path does not answer */
     vectorcallfunc vectorcall;
+    /* Where the slots a lookup reads sit in a TopicIdPartition, and in the last readable's type (read in place: a
+     * new reference would write to each object's header, one more cache line to fetch); -1 when not a slot. */
+    Py_ssize_t tp_topic_id, tp_topic, tp_partition;
+    PyTypeObject *readable_type;
+    Py_ssize_t readable_topic, readable_snapshot, readable_metadata_partition;
 } SegmentLookup;
+
+static PyTypeObject ReadableTableType;
 
 static PyObject *str_topic_id, *str_int, *str_partition, *str_topic, *str_metadata_partition, *str_snapshot,
     *str_deleted, *str_sole_epoch, *str_sole_segments, *str_sole_bounds, *str_floors, *str_segments, *str_bounds;
@@ -44,6 +93,388 @@ plain_non_negative(PyObject *value)
     }
     return result;
 }
+
+/* The 128 bits of a non-negative int below 2**128 (a UUID's `int`); -1 with an error set for anything else. */
+static int
+id_bits(PyObject *value, uint64_t *high, uint64_t *low)
+{
+    if (!PyLong_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "ReadableTable: a key's topic id must be an int");
+        return -1;
+    }
+    unsigned char bytes[16];
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_ssize_t needed = PyLong_AsNativeBytes(value, bytes, 16, Py_ASNATIVEBYTES_LITTLE_ENDIAN
+                                             | Py_ASNATIVEBYTES_UNSIGNED_BUFFER | Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+    if (needed < 0) {
+        return -1;
+    }
+    if (needed > 16) {
+        PyErr_SetString(PyExc_OverflowError, "ReadableTable: a key's topic id must be below 2**128");
+        return -1;
+    }
+#else
+    if (_PyLong_AsByteArray((PyLongObject *)value, bytes, 16, 1, 0) < 0) {
+        return -1;
+    }
+#endif
+    uint64_t h = 0, l = 0;
+    for (int i = 7; i >= 0; i--) {
+        l = (l << 8) | bytes[i];
+        h = (h << 8) | bytes[8 + i];
+    }
+    *high = h;
+    *low = l;
+    return 0;
+}
+
+/* A key (topic id as int, partition) as bits; -1 with an error set when it is not one. */
+static int
+key_bits(PyObject *key, uint64_t *high, uint64_t *low, long long *partition)
+{
+    if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) != 2) {
+        PyErr_SetString(PyExc_TypeError, "ReadableTable: a key is a tuple (topic id as int, partition)");
+        return -1;
+    }
+    if (id_bits(PyTuple_GET_ITEM(key, 0), high, low) < 0) {
+        return -1;
+    }
+    PyObject *p = PyTuple_GET_ITEM(key, 1);
+    long long value = PyLong_Check(p) ? PyLong_AsLongLong(p) : -1;
+    if (value < 0) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "ReadableTable: a key's partition must be an int in [0, 2**63)");
+        }
+        return -1;
+    }
+    *partition = value;
+    return 0;
+}
+
+static inline size_t
+slot_hash(uint64_t high, uint64_t low, long long partition)
+{
+    uint64_t h = (high ^ (low * 0x9E3779B97F4A7C15ULL) ^ ((uint64_t)partition * 0xC2B2AE3D27D4EB4FULL));
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    return (size_t)(h ^ (h >> 32));
+}
+
+/* The slot holding the key, or NULL. */
+static inline Slot *
+table_find(ReadableTable *table, uint64_t high, uint64_t low, long long partition)
+{
+    if (table->used == 0) {
+        return NULL;
+    }
+    size_t mask = (size_t)table->capacity - 1;
+    for (size_t i = slot_hash(high, low, partition) & mask;; i = (i + 1) & mask) {
+        Slot *slot = &table->slots[i];
+        if (slot->partition == partition && slot->low == low && slot->high == high) {
+            return slot;
+        }
+        if (slot->partition == SLOT_EMPTY) {
+            return NULL;
+        }
+    }
+}
+
+static void
+floors_free(Floors *floors)
+{
+    if (floors != NULL) {
+        Py_DECREF(floors->snapshot);
+        PyMem_Free(floors);
+    }
+}
+
+/* Empties a slot, handing back the references it held (the caller drops them when the table is consistent again:
+ * dropping one may run arbitrary code). */
+static void
+slot_take(ReadableTable *table, Slot *slot, PyObject **readable, Floors **floors)
+{
+    *readable = slot->readable;
+    *floors = slot->floors;
+    slot->readable = NULL;
+    slot->floors = NULL;
+    slot->partition = SLOT_REMOVED;
+    table->used--;
+}
+
+/* Room for one more key: a larger (or cleaned) table when probing would walk more than half of it. */
+static int
+table_reserve(ReadableTable *table)
+{
+    if ((table->filled + 1) * 2 <= table->capacity) {
+        return 0;
+    }
+    Py_ssize_t capacity = 8;
+    while (capacity < (table->used + 1) * 4) {
+        capacity *= 2;
+    }
+    Slot *slots = PyMem_Calloc((size_t)capacity, sizeof(Slot));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < capacity; i++) {
+        slots[i].partition = SLOT_EMPTY;
+    }
+    size_t mask = (size_t)capacity - 1;
+    for (Py_ssize_t i = 0; i < table->capacity; i++) {
+        Slot *old = &table->slots[i];
+        if (old->partition >= 0) {
+            size_t at = slot_hash(old->high, old->low, old->partition) & mask;
+            while (slots[at].partition != SLOT_EMPTY) {
+                at = (at + 1) & mask;
+            }
+            slots[at] = *old;
+        }
+    }
+    PyMem_Free(table->slots);
+    table->slots = slots;
+    table->capacity = capacity;
+    table->filled = table->used;
+    return 0;
+}
+
+static PyObject *
+readable_table_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    if (!_PyArg_NoPositional("ReadableTable", args) || !_PyArg_NoKeywords("ReadableTable", kwargs)) {
+        return NULL;
+    }
+    ReadableTable *self = (ReadableTable *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->slots = NULL;
+    self->capacity = self->used = self->filled = 0;
+    if (table_reserve(self) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+/* table[key]: the readable, or NULL with KeyError (or the key's error) set. A borrowed reference. */
+static PyObject *
+table_get(ReadableTable *self, PyObject *key)
+{
+    uint64_t high, low;
+    long long partition;
+    if (key_bits(key, &high, &low, &partition) < 0) {
+        return NULL;
+    }
+    Slot *slot = table_find(self, high, low, partition);
+    if (slot == NULL) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    return slot->readable;
+}
+
+static PyObject *
+readable_table_subscript(ReadableTable *self, PyObject *key)
+{
+    return Py_XNewRef(table_get(self, key));
+}
+
+static int
+readable_table_ass_subscript(ReadableTable *self, PyObject *key, PyObject *value)
+{
+    uint64_t high, low;
+    long long partition;
+    if (key_bits(key, &high, &low, &partition) < 0) {
+        return -1;
+    }
+    PyObject *old_readable = NULL;
+    Floors *old_floors = NULL;
+    Slot *slot = table_find(self, high, low, partition);
+    if (value == NULL) {
+        if (slot == NULL) {
+            PyErr_SetObject(PyExc_KeyError, key);
+            return -1;
+        }
+        slot_take(self, slot, &old_readable, &old_floors);
+    }
+    else if (slot != NULL) {
+        old_readable = slot->readable;
+        old_floors = slot->floors;
+        slot->readable = Py_NewRef(value);
+        slot->floors = NULL;
+    }
+    else {
+        if (table_reserve(self) < 0) {
+            return -1;
+        }
+        size_t mask = (size_t)self->capacity - 1;
+        size_t at = slot_hash(high, low, partition) & mask;
+        while (self->slots[at].partition >= 0) {
+            at = (at + 1) & mask;
+        }
+        slot = &self->slots[at];
+        self->filled += slot->partition == SLOT_EMPTY;
+        self->used++;
+        *slot = (Slot){high, low, partition, Py_NewRef(value), NULL};
+    }
+    Py_XDECREF(old_readable);
+    floors_free(old_floors);
+    return 0;
+}
+
+static Py_ssize_t
+readable_table_length(ReadableTable *self)
+{
+    return self->used;
+}
+
+static int
+readable_table_contains(ReadableTable *self, PyObject *key)
+{
+    PyObject *found = table_get(self, key);
+    if (found == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return found == NULL ? -1 : 1;
+}
+
+static PyObject *
+readable_table_get_method(ReadableTable *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!_PyArg_CheckPositional("get", nargs, 1, 2)) {
+        return NULL;
+    }
+    PyObject *found = table_get(self, args[0]);
+    if (found == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) {
+        PyErr_Clear();
+        return Py_NewRef(nargs == 2 ? args[1] : Py_None);
+    }
+    return Py_XNewRef(found);
+}
+
+static PyObject *
+readable_table_pop(ReadableTable *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!_PyArg_CheckPositional("pop", nargs, 1, 2)) {
+        return NULL;
+    }
+    uint64_t high, low;
+    long long partition;
+    if (key_bits(args[0], &high, &low, &partition) < 0) {
+        return NULL;
+    }
+    Slot *slot = table_find(self, high, low, partition);
+    if (slot == NULL) {
+        if (nargs == 2) {
+            return Py_NewRef(args[1]);
+        }
+        PyErr_SetObject(PyExc_KeyError, args[0]);
+        return NULL;
+    }
+    PyObject *readable;
+    Floors *floors;
+    slot_take(self, slot, &readable, &floors);
+    floors_free(floors);
+    return readable; /* the slot's reference, now the caller's */
+}
+
+/* Empties the table; the references go only once it is empty. */
+static void
+table_clear(ReadableTable *self)
+{
+    Slot *slots = self->slots;
+    Py_ssize_t capacity = self->capacity;
+    self->slots = NULL;
+    self->capacity = self->used = self->filled = 0;
+    if (table_reserve(self) < 0) { /* no memory for 8 slots: the table stays empty, and says so on next use */
+        PyErr_Clear();
+    }
+    for (Py_ssize_t i = 0; i < capacity; i++) {
+        if (slots[i].partition >= 0) {
+            Py_DECREF(slots[i].readable);
+            floors_free(slots[i].floors);
+        }
+    }
+    PyMem_Free(slots);
+}
+
+static PyObject *
+readable_table_clear_method(ReadableTable *self, PyObject *Py_UNUSED(ignored))
+{
+    table_clear(self);
+    Py_RETURN_NONE;
+}
+
+static int
+readable_table_traverse(ReadableTable *self, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; i < self->capacity; i++) {
+        if (self->slots[i].partition >= 0) {
+            Py_VISIT(self->slots[i].readable);
+            if (self->slots[i].floors != NULL) {
+                Py_VISIT(self->slots[i].floors->snapshot);
+            }
+        }
+    }
+    return 0;
+}
+
+static int
+readable_table_tp_clear(ReadableTable *self)
+{
+    table_clear(self);
+    return 0;
+}
+
+static void
+readable_table_dealloc(ReadableTable *self)
+{
+    PyObject_GC_UnTrack(self);
+    table_clear(self);
+    PyMem_Free(self->slots);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMappingMethods readable_table_as_mapping = {
+    .mp_length = (lenfunc)readable_table_length,
+    .mp_subscript = (binaryfunc)readable_table_subscript,
+    .mp_ass_subscript = (objobjargproc)readable_table_ass_subscript,
+};
+
+static PySequenceMethods readable_table_as_sequence = {
+    .sq_contains = (objobjproc)readable_table_contains,
+};
+
+static PyMethodDef readable_table_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))readable_table_get_method, METH_FASTCALL,
+     "get(key, default=None): the readable of key, or default"},
+    {"pop", (PyCFunction)(void (*)(void))readable_table_pop, METH_FASTCALL,
+     "pop(key[, default]): remove key and return its readable (default, or KeyError, without one)"},
+    {"clear", (PyCFunction)readable_table_clear_method, METH_NOARGS, "remove every key"},
+    {NULL},
+};
+
+static PyTypeObject ReadableTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rlmm._segment_lookup.ReadableTable",
+    .tp_doc = PyDoc_STR("ReadableTable(): a mapping (topic id as int, partition) -> readable, as the manager's dict "
+                        "of partitions found readable, laid out for SegmentLookup"),
+    .tp_basicsize = sizeof(ReadableTable),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = readable_table_new,
+    .tp_traverse = (traverseproc)readable_table_traverse,
+    .tp_clear = (inquiry)readable_table_tp_clear,
+    .tp_dealloc = (destructor)readable_table_dealloc,
+    .tp_as_mapping = &readable_table_as_mapping,
+    .tp_as_sequence = &readable_table_as_sequence,
+    .tp_methods = readable_table_methods,
+    .tp_hash = PyObject_HashNotImplemented,
+};
+
+/* --- SegmentLookup ------------------------------------------------------------------------------------------ */
 
 /* The floor of `offset` among (segments, bounds): the entry with the greatest start <= offset, if offset <= its end;
  * else None (EpochFloors.floor). A new reference, or NULL with an error set. */
@@ -81,79 +512,183 @@ floor_of(PyObject *segments, PyObject *bounds, long long offset)
     return Py_NewRef(found);
 }
 
-/* The answer from a readable partition's snapshot, or NULL with no error set when the fallback must answer. */
-static PyObject *
-answer(SegmentLookup *self, PyObject *readable, PyObject *tp, PyObject *epoch, long long offset)
+/* The offset of the object slot `name` in instances of `type` (a __slots__ member), or -1. */
+static Py_ssize_t
+member_offset(PyTypeObject *type, PyObject *name)
 {
-    PyObject *theirs = PyObject_GetAttr(readable, str_topic);
-    PyObject *ours = theirs == NULL ? NULL : PyObject_GetAttr(tp, str_topic);
-    int same = ours == NULL ? -1 : PyObject_RichCompareBool(theirs, ours, Py_EQ);
-    Py_XDECREF(theirs);
-    Py_XDECREF(ours);
-    if (same <= 0) {
-        return NULL;
+    PyObject *descriptor = PyObject_GetAttr((PyObject *)type, name);
+    Py_ssize_t offset = -1;
+    if (descriptor == NULL) {
+        PyErr_Clear();
     }
-    if (PyDict_GET_SIZE(self->halted) > 0) {
-        PyObject *partition = PyObject_GetAttr(readable, str_metadata_partition);
-        int halted = partition == NULL ? -1 : PyDict_Contains(self->halted, partition);
-        Py_XDECREF(partition);
-        if (halted != 0) {
-            return NULL;
-        }
+    else if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descriptor)->d_member;
+        offset = member->type == T_OBJECT_EX ? member->offset : -1;
     }
-    PyObject *snapshot = PyObject_GetAttr(readable, str_snapshot);
-    if (snapshot == NULL) {
-        return NULL;
-    }
-    PyObject *result = NULL, *segments = NULL, *bounds = NULL;
+    Py_XDECREF(descriptor);
+    return offset;
+}
+
+/* The object in a slot at `offset` (from member_offset), borrowed; NULL when unset or the offset unknown. */
+static inline PyObject *
+slot_value(PyObject *object, Py_ssize_t offset)
+{
+    return offset < 0 ? NULL : *(PyObject **)((char *)object + offset);
+}
+
+/* The flat copy of a snapshot's sole floors, or NULL with an error set. Runs no Python code. */
+static Floors *
+floors_of(PyObject *snapshot)
+{
+    Floors *floors = NULL;
     PyObject *deleted = PyObject_GetAttr(snapshot, str_deleted);
-    if (deleted == NULL || deleted != Py_False) { /* deleted, or not a plain bool: the fallback decides */
-        Py_XDECREF(deleted);
+    PyObject *sole_epoch = deleted == NULL ? NULL : PyObject_GetAttr(snapshot, str_sole_epoch);
+    PyObject *segments = sole_epoch == NULL ? NULL : PyObject_GetAttr(snapshot, str_sole_segments);
+    PyObject *bounds = segments == NULL ? NULL : PyObject_GetAttr(snapshot, str_sole_bounds);
+    Py_buffer view = {0};
+    if (bounds == NULL) {
         goto done;
     }
-    Py_DECREF(deleted);
-    PyObject *sole_epoch = PyObject_GetAttr(snapshot, str_sole_epoch);
-    if (sole_epoch == NULL) {
-        goto done;
-    }
-    int sole = PyObject_RichCompareBool(epoch, sole_epoch, Py_EQ);
-    Py_DECREF(sole_epoch);
-    if (sole < 0) {
-        goto done;
-    }
-    if (sole) {
-        segments = PyObject_GetAttr(snapshot, str_sole_segments);
-        bounds = segments == NULL ? NULL : PyObject_GetAttr(snapshot, str_sole_bounds);
-    }
-    else {
-        PyObject *floors_by_epoch = PyObject_GetAttr(snapshot, str_floors);
-        if (floors_by_epoch == NULL || !PyDict_CheckExact(floors_by_epoch)) {
-            Py_XDECREF(floors_by_epoch);
-            goto done;
+    long long epoch = PyLong_CheckExact(sole_epoch) ? PyLong_AsLongLong(sole_epoch) : -2;
+    if ((deleted != Py_True && deleted != Py_False) || epoch < -1 || !PyTuple_CheckExact(segments)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "a snapshot's deleted, sole_epoch or sole_segments is not as expected");
         }
-        PyObject *floors = PyDict_GetItemWithError(floors_by_epoch, epoch); /* borrowed */
-        Py_XINCREF(floors);
-        Py_DECREF(floors_by_epoch);
-        if (floors == NULL) {
-            if (!PyErr_Occurred()) {
-                result = Py_NewRef(Py_None); /* no floors in that epoch: nothing to find */
-            }
-            goto done;
-        }
-        segments = PyObject_GetAttr(floors, str_segments);
-        bounds = segments == NULL ? NULL : PyObject_GetAttr(floors, str_bounds);
-        Py_DECREF(floors);
+        goto done;
     }
+    if (PyObject_GetBuffer(bounds, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        goto done;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(segments);
+    if (view.itemsize != (Py_ssize_t)sizeof(long long) || view.format == NULL || view.format[0] != 'q'
+        || view.len < 2 * count * (Py_ssize_t)sizeof(long long)) {
+        PyErr_SetString(PyExc_TypeError, "a snapshot's sole_bounds must be an array('q') of the starts, then the ends");
+        goto done;
+    }
+    Py_BUILD_ASSERT(sizeof(PyObject *) <= sizeof(long long));
+    floors = PyMem_Malloc(sizeof(Floors) + 3 * (size_t)count * sizeof(long long));
+    if (floors == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    floors->snapshot = Py_NewRef(snapshot);
+    floors->sole_epoch = epoch;
+    floors->deleted = deleted == Py_True;
+    floors->count = count;
+    memcpy(floors->data, view.buf, 2 * (size_t)count * sizeof(long long));
+    for (Py_ssize_t i = 0; i < count; i++) {
+        FLOORS_ANSWERS(floors)[i] = PyTuple_GET_ITEM(segments, i);
+    }
+done:
+    if (view.obj != NULL) {
+        PyBuffer_Release(&view);
+    }
+    Py_XDECREF(deleted);
+    Py_XDECREF(sole_epoch);
+    Py_XDECREF(segments);
+    Py_XDECREF(bounds);
+    return floors;
+}
+
+/* The answer from the floors of a snapshot's other epochs (snapshot.floors[epoch]), or NULL with an error set. */
+static PyObject *
+answer_other_epoch(PyObject *snapshot, PyObject *epoch, long long offset)
+{
+    PyObject *floors_by_epoch = PyObject_GetAttr(snapshot, str_floors);
+    if (floors_by_epoch == NULL || !PyDict_CheckExact(floors_by_epoch)) {
+        Py_XDECREF(floors_by_epoch);
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_TypeError, "a snapshot's floors must be a dict");
+    }
+    PyObject *floors = PyDict_GetItemWithError(floors_by_epoch, epoch); /* borrowed */
+    Py_XINCREF(floors);
+    Py_DECREF(floors_by_epoch);
+    if (floors == NULL) {
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None); /* no floors in that epoch: nothing to find */
+    }
+    PyObject *result = NULL;
+    PyObject *segments = PyObject_GetAttr(floors, str_segments);
+    PyObject *bounds = segments == NULL ? NULL : PyObject_GetAttr(floors, str_bounds);
+    Py_DECREF(floors);
     if (bounds != NULL) {
         result = floor_of(segments, bounds, offset);
     }
-done:
     Py_XDECREF(segments);
     Py_XDECREF(bounds);
-    Py_DECREF(snapshot);
-    if (result == NULL) {
-        PyErr_Clear(); /* whatever went wrong here, the fallback meets it again and says what it is */
+    return result;
+}
+
+/* The answer for a readable partition (found in the table under these bits), or NULL with no error set when the
+ * fallback must answer. */
+static PyObject *
+answer(SegmentLookup *self, PyObject *readable, PyObject *tp, PyObject *epoch_object, long long epoch,
+       long long offset, uint64_t high, uint64_t low, long long partition)
+{
+    /* Borrowed reads: nothing below runs Python code before the references it needs are taken. */
+    if (Py_TYPE(readable) != self->readable_type) {
+        PyTypeObject *type = Py_TYPE(readable);
+        Py_XSETREF(self->readable_type, (PyTypeObject *)Py_NewRef(type));
+        self->readable_topic = member_offset(type, str_topic);
+        self->readable_snapshot = member_offset(type, str_snapshot);
+        self->readable_metadata_partition = member_offset(type, str_metadata_partition);
     }
+    PyObject *theirs = slot_value(readable, self->readable_topic), *ours = slot_value(tp, self->tp_topic);
+    if (theirs == NULL || ours == NULL || PyObject_RichCompareBool(theirs, ours, Py_EQ) <= 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(self->halted) > 0) {
+        PyObject *metadata_partition = slot_value(readable, self->readable_metadata_partition);
+        if (metadata_partition == NULL || PyDict_Contains(self->halted, metadata_partition) != 0) {
+            PyErr_Clear();
+            return NULL;
+        }
+    }
+    PyObject *snapshot = slot_value(readable, self->readable_snapshot);
+    if (snapshot == NULL) {
+        return NULL;
+    }
+    /* The slot again (nothing above runs Python code, but a stale pointer must not be trusted): its flat floors,
+     * rebuilt when the read model has published another snapshot since. The one replaced goes only at the end. */
+    Floors *replaced = NULL;
+    Slot *slot = table_find(self->table, high, low, partition);
+    Floors *floors = slot != NULL && slot->readable == readable ? slot->floors : NULL;
+    if (slot != NULL && slot->readable == readable && (floors == NULL || floors->snapshot != snapshot)) {
+        floors = floors_of(snapshot);
+        if (floors != NULL) {
+            replaced = slot->floors;
+            slot->floors = floors;
+        }
+    }
+    PyObject *result = NULL;
+    if (floors == NULL) {
+        /* not cached (no memory, or an unexpected snapshot): the fallback meets it again and says what it is */
+    }
+    else if (floors->deleted) {
+        /* the fallback refuses a deleted partition */
+    }
+    else if (epoch == floors->sole_epoch) {
+        const long long *starts = FLOORS_STARTS(floors);
+        Py_ssize_t count = floors->count, lo = 0, hi = count; /* bisect_right over the starts */
+        while (lo < hi) {
+            Py_ssize_t middle = lo + (hi - lo) / 2;
+            if (offset < starts[middle]) {
+                hi = middle;
+            }
+            else {
+                lo = middle + 1;
+            }
+        }
+        result = Py_NewRef(lo && offset <= FLOORS_ENDS(floors)[lo - 1] ? FLOORS_ANSWERS(floors)[lo - 1] : Py_None);
+    }
+    else {
+        Py_INCREF(snapshot);
+        result = answer_other_epoch(snapshot, epoch_object, offset);
+        Py_DECREF(snapshot);
+    }
+    if (result == NULL) {
+        PyErr_Clear();
+    }
+    floors_free(replaced);
     return result;
 }
 
@@ -167,18 +702,17 @@ segment_lookup_vectorcall(PyObject *callable, PyObject *const *args, size_t narg
         long long epoch = plain_non_negative(args[1]);
         long long offset = epoch < 0 ? -1 : plain_non_negative(args[2]);
         if (offset >= 0) {
-            PyObject *topic_id = PyObject_GetAttr(tp, str_topic_id);
+            PyObject *topic_id = slot_value(tp, self->tp_topic_id);
             PyObject *id = topic_id == NULL ? NULL : PyObject_GetAttr(topic_id, str_int);
-            PyObject *partition = id == NULL ? NULL : PyObject_GetAttr(tp, str_partition);
-            PyObject *key = partition == NULL ? NULL : PyTuple_Pack(2, id, partition);
-            Py_XDECREF(topic_id);
+            PyObject *partition_object = slot_value(tp, self->tp_partition);
+            uint64_t high = 0, low = 0;
+            long long partition = partition_object == NULL ? -1 : plain_non_negative(partition_object);
+            int known = partition >= 0 && id != NULL && id_bits(id, &high, &low) == 0;
             Py_XDECREF(id);
-            Py_XDECREF(partition);
-            PyObject *readable = key == NULL ? NULL : PyDict_GetItemWithError(self->readable_now, key); /* borrowed */
-            Py_XDECREF(key);
-            if (readable != NULL) {
-                Py_INCREF(readable); /* a concurrent stop may drop the dict's reference */
-                PyObject *found = answer(self, readable, tp, args[1], offset);
+            Slot *slot = known ? table_find(self->table, high, low, partition) : NULL;
+            if (slot != NULL) {
+                PyObject *readable = Py_NewRef(slot->readable); /* a stop may drop the table's reference */
+                PyObject *found = answer(self, readable, tp, args[1], epoch, offset, high, low, partition);
                 Py_DECREF(readable);
                 if (found != NULL) {
                     return found;
@@ -193,9 +727,9 @@ segment_lookup_vectorcall(PyObject *callable, PyObject *const *args, size_t narg
 static PyObject *
 segment_lookup_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"readable_now", "halted", "tp_type", "fallback", NULL};
-    PyObject *readable_now, *halted, *tp_type, *fallback;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O:SegmentLookup", keywords, &PyDict_Type, &readable_now,
+    static char *keywords[] = {"table", "halted", "tp_type", "fallback", NULL};
+    PyObject *table, *halted, *tp_type, *fallback;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O:SegmentLookup", keywords, &ReadableTableType, &table,
                                      &PyDict_Type, &halted, &PyType_Type, &tp_type, &fallback)) {
         return NULL;
     }
@@ -207,9 +741,13 @@ segment_lookup_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (self == NULL) {
         return NULL;
     }
-    self->readable_now = Py_NewRef(readable_now);
+    self->table = (ReadableTable *)Py_NewRef(table);
     self->halted = Py_NewRef(halted);
     self->tp_type = Py_NewRef(tp_type);
+    self->tp_topic_id = member_offset((PyTypeObject *)tp_type, str_topic_id);
+    self->tp_topic = member_offset((PyTypeObject *)tp_type, str_topic);
+    self->tp_partition = member_offset((PyTypeObject *)tp_type, str_partition);
+    self->readable_type = NULL;
     self->fallback = Py_NewRef(fallback);
     self->vectorcall = segment_lookup_vectorcall;
     return (PyObject *)self;
@@ -218,9 +756,10 @@ segment_lookup_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static int
 segment_lookup_traverse(SegmentLookup *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->readable_now);
+    Py_VISIT(self->table);
     Py_VISIT(self->halted);
     Py_VISIT(self->tp_type);
+    Py_VISIT(self->readable_type);
     Py_VISIT(self->fallback);
     return 0;
 }
@@ -228,9 +767,10 @@ segment_lookup_traverse(SegmentLookup *self, visitproc visit, void *arg)
 static int
 segment_lookup_clear(SegmentLookup *self)
 {
-    Py_CLEAR(self->readable_now);
+    Py_CLEAR(self->table);
     Py_CLEAR(self->halted);
     Py_CLEAR(self->tp_type);
+    Py_CLEAR(self->readable_type);
     Py_CLEAR(self->fallback);
     return 0;
 }
@@ -252,7 +792,7 @@ static PyMemberDef segment_lookup_members[] = {
 static PyTypeObject SegmentLookupType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "rlmm._segment_lookup.SegmentLookup",
-    .tp_doc = PyDoc_STR("SegmentLookup(readable_now, halted, tp_type, fallback): "
+    .tp_doc = PyDoc_STR("SegmentLookup(table, halted, tp_type, fallback): "
                         "called as fallback(tp, leader_epoch, offset), answering a readable partition's lookup in C"),
     .tp_basicsize = sizeof(SegmentLookup),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
@@ -286,14 +826,15 @@ PyInit__segment_lookup(void)
             return NULL;
         }
     }
-    if (PyType_Ready(&SegmentLookupType) < 0) {
+    if (PyType_Ready(&SegmentLookupType) < 0 || PyType_Ready(&ReadableTableType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&segment_lookup_module);
     if (module == NULL) {
         return NULL;
     }
-    if (PyModule_AddObjectRef(module, "SegmentLookup", (PyObject *)&SegmentLookupType) < 0) {
+    if (PyModule_AddObjectRef(module, "SegmentLookup", (PyObject *)&SegmentLookupType) < 0
+        || PyModule_AddObjectRef(module, "ReadableTable", (PyObject *)&ReadableTableType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

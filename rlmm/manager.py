@@ -52,9 +52,9 @@ from rlmm.view import MetadataView
 from rlmm.writer import MetadataWriter
 
 try:  # built by setup.py where a C compiler is (optional): see rlmm/_segment_lookup.c
-    from rlmm._segment_lookup import SegmentLookup
+    from rlmm._segment_lookup import ReadableTable, SegmentLookup
 except ImportError:  # a build without the compiler
-    SegmentLookup = None  # type: ignore[assignment,misc]
+    ReadableTable = SegmentLookup = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,10 @@ class RemoteLogMetadataManager:
         self._registered: dict[TopicIdPartition, int | None] = {}  # tp -> metadata offset it must reach
         # Partitions found registered and caught up under the lock, until stopped (see _snapshot). Keyed by topic id
         # (as an int) and partition, not by TopicIdPartition, whose hash and equality run Python code (UUID's): the
-        # costliest step of a lookup. The entry carries the topic name, which must match too.
-        self._readable_now: dict[tuple[int, int], _Readable] = {}
+        # costliest step of a lookup. The entry carries the topic name, which must match too. With the lookup in C,
+        # a table of its own: the same mapping, laid out so that a lookup reaches fewer objects.
+        native = ReadableTable is not None and self._cfg["lookup.native"]
+        self._readable_now: dict[tuple[int, int], _Readable] | ReadableTable = ReadableTable() if native else {}
         self._closed = False
         admin = AdminClient(client)
         if self._cfg["metadata.topic.create"]:
@@ -153,7 +155,7 @@ class RemoteLogMetadataManager:
         # The view keeps one read model for its life; lookups go to it, and to these dicts, directly.
         self._model = self._view.model
         self._halted = self._applier.halted
-        if SegmentLookup is not None and self._cfg["lookup.native"]:
+        if not isinstance(self._readable_now, dict):  # a ReadableTable: the lookup in C was built
             # The fetch path's lookup in C when it was built (rlmm/_segment_lookup.c): the lock-free path of the
             # method below without the interpreter's per-step cost; everything else it hands to that method.
             self.remote_log_segment_metadata = SegmentLookup(  # type: ignore[method-assign]

@@ -30,7 +30,7 @@ from rlmm.view import MetadataView
 
 # Built by `pip install -e .` (setup.py) on every machine with a C compiler, CI's among them: a failed build must
 # fail here, not pass the suite on the Python path alone.
-from rlmm._segment_lookup import SegmentLookup  # isort: skip
+from rlmm._segment_lookup import ReadableTable, SegmentLookup  # isort: skip
 
 TP = TopicIdPartition(uuid.UUID(int=7), "orders", 3)
 
@@ -48,8 +48,8 @@ class Fallback:
 
 
 def _lookup(snapshots: dict[TopicIdPartition, PartitionSnapshot], halted: dict[int, Exception] | None = None,
-            fallback: Callable[..., object] | None = None) -> tuple[SegmentLookup, dict[tuple[int, int], _Readable]]:
-    readable_now: dict[tuple[int, int], _Readable] = {}
+            fallback: Callable[..., object] | None = None) -> tuple[SegmentLookup, ReadableTable]:
+    readable_now = ReadableTable()
     for metadata_partition, (tp, snapshot) in enumerate(snapshots.items()):
         readable = _Readable(tp.topic, vf.tp_key_of(tp), metadata_partition)
         readable.snapshot = snapshot
@@ -171,6 +171,7 @@ def test_an_error_of_the_fallback_reaches_the_caller() -> None:
 def test_answers_hold_no_extra_references_and_the_lookup_is_collected_with_its_manager() -> None:
     snapshot, first, _ = _two_epochs()
     lookup, _ = _lookup({TP: snapshot}, fallback=lambda *args: None)  # keeps nothing it is handed
+    lookup(TP, 0, 5)  # the table keeps the snapshot its flat floors were copied from: one reference, from now on
     before = sys.getrefcount(first), sys.getrefcount(snapshot), sys.getrefcount(TP)
     for _ in range(10_000):
         lookup(TP, 0, 5)
@@ -183,7 +184,7 @@ def test_answers_hold_no_extra_references_and_the_lookup_is_collected_with_its_m
             return None
 
     owner = Owner()
-    owner.lookup = SegmentLookup({}, {}, TopicIdPartition, owner.method)  # type: ignore[attr-defined]
+    owner.lookup = SegmentLookup(ReadableTable(), {}, TopicIdPartition, owner.method)  # type: ignore[attr-defined]
     gone = weakref.ref(owner)
     del owner
     gc.collect()
@@ -192,6 +193,86 @@ def test_answers_hold_no_extra_references_and_the_lookup_is_collected_with_its_m
 
 def test_its_arguments_are_checked() -> None:
     with pytest.raises(TypeError):
-        SegmentLookup([], {}, TopicIdPartition, Fallback())  # type: ignore[arg-type]
+        SegmentLookup({}, {}, TopicIdPartition, Fallback())  # type: ignore[arg-type]  # a dict is not the table
     with pytest.raises(TypeError, match="fallback must be callable"):
-        SegmentLookup({}, {}, TopicIdPartition, 42)  # type: ignore[arg-type]
+        SegmentLookup(ReadableTable(), {}, TopicIdPartition, 42)  # type: ignore[arg-type]
+
+
+def test_a_republished_snapshot_is_answered_from_and_the_one_before_is_let_go() -> None:
+    snapshot, first, second = _two_epochs()
+    lookup, table = _lookup({TP: snapshot})
+    assert lookup(TP, 0, 5) is first
+    held = sys.getrefcount(snapshot)
+    readable = table[(TP.topic_id.int, TP.partition)]
+    moved = segment(TP, 0, 49, {3: 0})
+    readable.snapshot = PartitionSnapshot(floors={3: EpochFloors.of([0], [moved], [49])})  # the read model's store
+    assert lookup(TP, 0, 5) is None
+    assert lookup(TP, 3, 5) is moved
+    assert lookup(TP, 3, 50) is None
+    assert sys.getrefcount(snapshot) == held - 2  # neither the readable nor the flat copy of its floors holds it
+    table[(TP.topic_id.int, TP.partition)] = _Readable(TP.topic, vf.tp_key_of(TP), 0)  # a new entry, as on restart
+    table[(TP.topic_id.int, TP.partition)].snapshot = snapshot
+    assert lookup(TP, 1, 150) is second
+
+
+# --- ReadableTable: the mapping the manager keeps its readable partitions in --------------------------------
+
+def test_the_table_keeps_what_a_dict_keeps_through_growth_removal_and_reuse() -> None:
+    import random
+
+    rng = random.Random(11)
+    ids = [0, 1, (1 << 64) - 1, 1 << 64, (1 << 128) - 1, *(rng.getrandbits(128) for _ in range(300))]
+    keys = [(i, p) for i in ids for p in (0, 1, 2**31 - 1)]
+    table, model = ReadableTable(), {}
+    for step in range(20_000):
+        key = rng.choice(keys)
+        action = rng.random()
+        if action < 0.5:
+            table[key] = model[key] = object()
+        elif action < 0.7:
+            assert table.pop(key, None) is model.pop(key, None)
+        elif action < 0.8 and key in model:
+            del table[key], model[key]
+        elif action < 0.8001:
+            table.clear()
+            model.clear()
+        assert len(table) == len(model)
+        assert (key in table) is (key in model)
+        assert table.get(key) is model.get(key), step
+    assert all(table[key] is value for key, value in model.items())
+
+
+@pytest.mark.parametrize(("key", "error"), [
+    ((-1, 0), OverflowError), ((1 << 128, 0), OverflowError), (("a", 0), TypeError), ((1.0, 0), TypeError),
+    ((1, -1), ValueError), ((1, 1 << 63), ValueError), ((1, "0"), ValueError), ((1,), TypeError),
+    ((1, 2, 3), TypeError), ([1, 2], TypeError), (None, TypeError),
+], ids=["negative-id", "id-too-big", "str-id", "float-id", "negative-partition", "huge-partition", "str-partition",
+        "one-item", "three-items", "list", "none"])
+def test_the_table_says_what_is_wrong_with_a_key(key: Any, error: type[Exception]) -> None:
+    table = ReadableTable()
+    with pytest.raises(error):
+        table[key] = object()
+    with pytest.raises(error):
+        table.get(key)
+    assert len(table) == 0
+
+
+def test_the_table_says_which_key_it_lacks_and_is_collected_in_a_cycle() -> None:
+    table = ReadableTable()
+    with pytest.raises(KeyError, match="12"):
+        table[(12, 0)]
+    with pytest.raises(KeyError):
+        del table[(12, 0)]
+    with pytest.raises(KeyError):
+        table.pop((12, 0))
+
+    class Entry:
+        pass
+
+    entry = Entry()
+    entry.table = table  # type: ignore[attr-defined]
+    table[(12, 0)] = entry
+    gone = weakref.ref(entry)
+    del entry, table
+    gc.collect()
+    assert gone() is None
