@@ -5,7 +5,8 @@ copy-finished updates, and retention deletes of a share of them, over 2,000 user
 partitions), then runs each node in a fresh process, interleaved: cold rebuild from the topic (tierlog also from
 a compacted copy), restart, in-process lookup and write latency, RSS, metadata topic bytes. Kafka's manager is
 driven through its public API by the Java harness in bench/tbrlmm. Last, lookups are timed again on both while
-they apply records a producer process appends (other partitions' uploads). Prints one JSON document on stdout and a
+they apply records a producer process appends (other partitions' uploads): as fast as it can, then paced at the same
+events/s for both. Prints one JSON document on stdout and a
 Markdown table of ratios (tierlog/TBRLMM) on stderr.
 
 Usage: python bench/rlmm_vs_kafka.py [--full] [--events N] [--rounds R] [--markdown FILE]
@@ -436,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--busy-events", type=int, default=100_000,
                         help="logical events the applier applies while lookups are timed again (0: no such step)")
-    parser.add_argument("--paced-events", type=int, default=20_000,
+    parser.add_argument("--paced-events", type=int, default=10_000,
                         help="logical events appended at --paced-rate while lookups are timed (0: no such step)")
     parser.add_argument("--paced-rate", type=float, default=2_000.0,
                         help="events/s of the paced step: the same for both systems (TBRLMM applies ~8k/s at most)")
