@@ -258,16 +258,24 @@ readable_table_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
-/* table[key]: the readable, or NULL with KeyError (or the key's error) set. A borrowed reference. */
-static PyObject *
-table_get(ReadableTable *self, PyObject *key)
+/* The slot holding `key`, or NULL (no error set): as in a dict, a key the table cannot hold is simply absent. */
+static Slot *
+table_slot(ReadableTable *self, PyObject *key)
 {
     uint64_t high, low;
     long long partition;
     if (key_bits(key, &high, &low, &partition) < 0) {
+        PyErr_Clear();
         return NULL;
     }
-    Slot *slot = table_find(self, high, low, partition);
+    return table_find(self, high, low, partition);
+}
+
+/* table[key]: the readable, or NULL with KeyError set. A borrowed reference. */
+static PyObject *
+table_get(ReadableTable *self, PyObject *key)
+{
+    Slot *slot = table_slot(self, key);
     if (slot == NULL) {
         PyErr_SetObject(PyExc_KeyError, key);
         return NULL;
@@ -286,20 +294,26 @@ readable_table_ass_subscript(ReadableTable *self, PyObject *key, PyObject *value
 {
     uint64_t high, low;
     long long partition;
+    if (value == NULL) { /* del table[key] */
+        Slot *slot = table_slot(self, key);
+        if (slot == NULL) {
+            PyErr_SetObject(PyExc_KeyError, key);
+            return -1;
+        }
+        PyObject *old_readable;
+        Floors *old_floors;
+        slot_take(self, slot, &old_readable, &old_floors);
+        Py_DECREF(old_readable);
+        floors_free(old_floors);
+        return 0;
+    }
     if (key_bits(key, &high, &low, &partition) < 0) {
         return -1;
     }
     PyObject *old_readable = NULL;
     Floors *old_floors = NULL;
     Slot *slot = table_find(self, high, low, partition);
-    if (value == NULL) {
-        if (slot == NULL) {
-            PyErr_SetObject(PyExc_KeyError, key);
-            return -1;
-        }
-        slot_take(self, slot, &old_readable, &old_floors);
-    }
-    else if (slot != NULL) {
+    if (slot != NULL) {
         old_readable = slot->readable;
         old_floors = slot->floors;
         slot->readable = Py_NewRef(value);
@@ -333,12 +347,7 @@ readable_table_length(ReadableTable *self)
 static int
 readable_table_contains(ReadableTable *self, PyObject *key)
 {
-    PyObject *found = table_get(self, key);
-    if (found == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) {
-        PyErr_Clear();
-        return 0;
-    }
-    return found == NULL ? -1 : 1;
+    return table_slot(self, key) != NULL;
 }
 
 static PyObject *
@@ -347,12 +356,8 @@ readable_table_get_method(ReadableTable *self, PyObject *const *args, Py_ssize_t
     if (!_PyArg_CheckPositional("get", nargs, 1, 2)) {
         return NULL;
     }
-    PyObject *found = table_get(self, args[0]);
-    if (found == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) {
-        PyErr_Clear();
-        return Py_NewRef(nargs == 2 ? args[1] : Py_None);
-    }
-    return Py_XNewRef(found);
+    Slot *slot = table_slot(self, args[0]);
+    return Py_NewRef(slot != NULL ? slot->readable : nargs == 2 ? args[1] : Py_None);
 }
 
 static PyObject *
@@ -361,12 +366,7 @@ readable_table_pop(ReadableTable *self, PyObject *const *args, Py_ssize_t nargs)
     if (!_PyArg_CheckPositional("pop", nargs, 1, 2)) {
         return NULL;
     }
-    uint64_t high, low;
-    long long partition;
-    if (key_bits(args[0], &high, &low, &partition) < 0) {
-        return NULL;
-    }
-    Slot *slot = table_find(self, high, low, partition);
+    Slot *slot = table_slot(self, args[0]);
     if (slot == NULL) {
         if (nargs == 2) {
             return Py_NewRef(args[1]);

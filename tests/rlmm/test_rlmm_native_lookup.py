@@ -248,13 +248,21 @@ def test_the_table_keeps_what_a_dict_keeps_through_growth_removal_and_reuse() ->
     ((1, 2, 3), TypeError), ([1, 2], TypeError), (None, TypeError),
 ], ids=["negative-id", "id-too-big", "str-id", "float-id", "negative-partition", "huge-partition", "str-partition",
         "one-item", "three-items", "list", "none"])
-def test_the_table_says_what_is_wrong_with_a_key(key: Any, error: type[Exception]) -> None:
+def test_the_table_says_what_is_wrong_with_a_key_it_cannot_hold_and_finds_none(key: Any,
+                                                                               error: type[Exception]) -> None:
     table = ReadableTable()
+    table[(1, 2)] = "held"
     with pytest.raises(error):
         table[key] = object()
-    with pytest.raises(error):
-        table.get(key)
-    assert len(table) == 0
+    # As in a dict, such a key is simply absent: the manager's reads ask before anything else is checked.
+    assert table.get(key) is None and table.get(key, "default") == "default"
+    assert key not in table
+    assert table.pop(key, "default") == "default"
+    with pytest.raises(KeyError):
+        table[key]
+    with pytest.raises(KeyError):
+        del table[key]
+    assert len(table) == 1 and table[(1, 2)] == "held"
 
 
 def test_the_table_says_which_key_it_lacks_and_is_collected_in_a_cycle() -> None:
