@@ -550,6 +550,9 @@ floors_of(PyObject *snapshot)
         goto done;
     }
     long long epoch = PyLong_CheckExact(sole_epoch) ? PyLong_AsLongLong(sole_epoch) : -2;
+    if (PyErr_Occurred()) {
+        goto done;
+    }
     if ((deleted != Py_True && deleted != Py_False) || epoch < -1 || !PyTuple_CheckExact(segments)) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError, "a snapshot's deleted, sole_epoch or sole_segments is not as expected");

@@ -215,6 +215,20 @@ def test_a_republished_snapshot_is_answered_from_and_the_one_before_is_let_go() 
     assert lookup(TP, 1, 150) is second
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("sole_epoch", 1 << 70), ("sole_epoch", "0"), ("sole_epoch", -5), ("deleted", 0), ("sole_segments", []),
+    ("sole_bounds", [0, 99]),
+], ids=["epoch-past-int64", "epoch-str", "epoch-below-minus-one", "deleted-not-bool", "segments-list",
+        "bounds-list"])
+def test_a_snapshot_it_cannot_copy_goes_to_the_fallback(field: str, value: object) -> None:
+    snapshot, _, _ = _two_epochs()
+    object.__setattr__(snapshot, field, value)  # no read model makes these: the C path must not trust its input
+    fallback = Fallback()
+    lookup, _ = _lookup({TP: snapshot}, fallback=fallback)
+    assert lookup(TP, 0, 5) == fallback.answer
+    assert len(fallback.calls) == 1
+
+
 # --- ReadableTable: the mapping the manager keeps its readable partitions in --------------------------------
 
 def test_the_table_keeps_what_a_dict_keeps_through_growth_removal_and_reuse() -> None:
