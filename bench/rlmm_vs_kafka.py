@@ -6,8 +6,7 @@ partitions), then runs each node in a fresh process, interleaved: cold rebuild f
 a compacted copy), restart, in-process lookup and write latency, RSS, metadata topic bytes. Kafka's manager is
 driven through its public API by the Java harness in bench/tbrlmm. Last, lookups are timed again on both while
 they apply records a producer process appends (other partitions' uploads): as fast as it can, then paced at the same
-events/s for both. Prints one JSON document on stdout and a
-Markdown table of ratios (tierlog/TBRLMM) on stderr.
+events/s for both. Prints one JSON document on stdout and a Markdown table of ratios (tierlog/TBRLMM) on stderr.
 
 Usage: python bench/rlmm_vs_kafka.py [--full] [--events N] [--rounds R] [--markdown FILE]
 (quick: 200k events, the `make bench-kafka` target; --full: 1M events.)
@@ -443,6 +442,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="events/s of the paced step: the same for both systems (TBRLMM applies ~8k/s at most)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the ratio table to this file")
     args = parser.parse_args(argv)
+    if args.paced_rate <= 0:
+        parser.error("--paced-rate must be above 0 (--paced-events 0 leaves the paced step out)")
     total = args.events or (1_000_000 if args.full else 200_000)
     rounds = args.rounds or (2 if args.full else 1)
 
@@ -527,7 +528,7 @@ def _run(args: argparse.Namespace, total: int, rounds: int, classpath: str, work
             # longer): lookups while records of other partitions arrive, at full speed, then paced.
             ours, theirs = [], []
             for name, count, seconds in (("busy", args.busy_events, 0.0),
-                                         ("paced", args.paced_events, args.paced_events / (args.paced_rate or 1))):
+                                         ("paced", args.paced_events, args.paced_events / args.paced_rate)):
                 if count:
                     busy_records, busy_events = write_busy_events(work, name, count, args.seed, args.retention)
                     ours.append(BusyPhase(busy_records, seconds).arg())
