@@ -242,7 +242,8 @@ table_reserve(ReadableTable *table)
 static PyObject *
 readable_table_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    if (!_PyArg_NoPositional("ReadableTable", args) || !_PyArg_NoKeywords("ReadableTable", kwargs)) {
+    if (PyTuple_GET_SIZE(args) != 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "ReadableTable() takes no arguments");
         return NULL;
     }
     ReadableTable *self = (ReadableTable *)type->tp_alloc(type, 0);
@@ -256,6 +257,18 @@ readable_table_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     return (PyObject *)self;
+}
+
+/* Whether a method got one or two positional arguments; False with TypeError set when not (the C API's own
+ * check for this is not public). */
+static int
+one_or_two(const char *name, Py_ssize_t nargs)
+{
+    if (nargs == 1 || nargs == 2) {
+        return 1;
+    }
+    PyErr_Format(PyExc_TypeError, "%s expected 1 or 2 arguments, got %zd", name, nargs);
+    return 0;
 }
 
 /* The slot holding `key`, or NULL (no error set): as in a dict, a key the table cannot hold is simply absent. */
@@ -353,7 +366,7 @@ readable_table_contains(ReadableTable *self, PyObject *key)
 static PyObject *
 readable_table_get_method(ReadableTable *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (!_PyArg_CheckPositional("get", nargs, 1, 2)) {
+    if (!one_or_two("get", nargs)) {
         return NULL;
     }
     Slot *slot = table_slot(self, args[0]);
@@ -363,7 +376,7 @@ readable_table_get_method(ReadableTable *self, PyObject *const *args, Py_ssize_t
 static PyObject *
 readable_table_pop(ReadableTable *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (!_PyArg_CheckPositional("pop", nargs, 1, 2)) {
+    if (!one_or_two("pop", nargs)) {
         return NULL;
     }
     Slot *slot = table_slot(self, args[0]);
@@ -476,6 +489,23 @@ static PyTypeObject ReadableTableType = {
 
 /* --- SegmentLookup ------------------------------------------------------------------------------------------ */
 
+/* EpochFloors.floor's position: the index of the greatest start <= offset, if offset <= that entry's end; else -1. */
+static inline Py_ssize_t
+floor_index(const long long *starts, const long long *ends, Py_ssize_t count, long long offset)
+{
+    Py_ssize_t low = 0, high = count; /* bisect_right over the starts */
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        if (offset < starts[middle]) {
+            high = middle;
+        }
+        else {
+            low = middle + 1;
+        }
+    }
+    return low && offset <= ends[low - 1] ? low - 1 : -1;
+}
+
 /* The floor of `offset` among (segments, bounds): the entry with the greatest start <= offset, if offset <= its end;
  * else None (EpochFloors.floor). A new reference, or NULL with an error set. */
 static PyObject *
@@ -497,17 +527,8 @@ floor_of(PyObject *segments, PyObject *bounds, long long offset)
         return NULL;
     }
     const long long *starts = (const long long *)view.buf;
-    Py_ssize_t low = 0, high = count; /* bisect_right over the starts */
-    while (low < high) {
-        Py_ssize_t middle = low + (high - low) / 2;
-        if (offset < starts[middle]) {
-            high = middle;
-        }
-        else {
-            low = middle + 1;
-        }
-    }
-    PyObject *found = (low && offset <= starts[count + low - 1]) ? PyTuple_GET_ITEM(segments, low - 1) : Py_None;
+    Py_ssize_t at = floor_index(starts, starts + count, count, offset);
+    PyObject *found = at < 0 ? Py_None : PyTuple_GET_ITEM(segments, at);
     PyBuffer_Release(&view);
     return Py_NewRef(found);
 }
@@ -650,12 +671,13 @@ answer(SegmentLookup *self, PyObject *readable, PyObject *tp, PyObject *epoch_ob
     if (snapshot == NULL) {
         return NULL;
     }
-    /* The slot again (nothing above runs Python code, but a stale pointer must not be trusted): its flat floors,
-     * rebuilt when the read model has published another snapshot since. The one replaced goes only at the end. */
+    /* The slot again (finding the readable type's offsets or comparing topics may have run Python code): its flat
+     * floors, rebuilt when the read model has published another snapshot since. The one replaced goes at the end. */
     Floors *replaced = NULL;
     Slot *slot = table_find(self->table, high, low, partition);
-    Floors *floors = slot != NULL && slot->readable == readable ? slot->floors : NULL;
-    if (slot != NULL && slot->readable == readable && (floors == NULL || floors->snapshot != snapshot)) {
+    int held = slot != NULL && slot->readable == readable;
+    Floors *floors = held ? slot->floors : NULL;
+    if (held && (floors == NULL || floors->snapshot != snapshot)) {
         floors = floors_of(snapshot);
         if (floors != NULL) {
             replaced = slot->floors;
@@ -663,27 +685,13 @@ answer(SegmentLookup *self, PyObject *readable, PyObject *tp, PyObject *epoch_ob
         }
     }
     PyObject *result = NULL;
-    if (floors == NULL) {
-        /* not cached (no memory, or an unexpected snapshot): the fallback meets it again and says what it is */
+    /* Without floors (no memory, or an unexpected snapshot) or for a deleted partition the fallback answers: it
+     * meets the problem again and says what it is, or refuses the partition. */
+    if (floors != NULL && !floors->deleted && epoch == floors->sole_epoch) {
+        Py_ssize_t at = floor_index(FLOORS_STARTS(floors), FLOORS_ENDS(floors), floors->count, offset);
+        result = Py_NewRef(at < 0 ? Py_None : FLOORS_ANSWERS(floors)[at]);
     }
-    else if (floors->deleted) {
-        /* the fallback refuses a deleted partition */
-    }
-    else if (epoch == floors->sole_epoch) {
-        const long long *starts = FLOORS_STARTS(floors);
-        Py_ssize_t count = floors->count, lo = 0, hi = count; /* bisect_right over the starts */
-        while (lo < hi) {
-            Py_ssize_t middle = lo + (hi - lo) / 2;
-            if (offset < starts[middle]) {
-                hi = middle;
-            }
-            else {
-                lo = middle + 1;
-            }
-        }
-        result = Py_NewRef(lo && offset <= FLOORS_ENDS(floors)[lo - 1] ? FLOORS_ANSWERS(floors)[lo - 1] : Py_None);
-    }
-    else {
+    else if (floors != NULL && !floors->deleted) {
         Py_INCREF(snapshot);
         result = answer_other_epoch(snapshot, epoch_object, offset);
         Py_DECREF(snapshot);

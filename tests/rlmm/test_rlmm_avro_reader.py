@@ -122,7 +122,8 @@ def test_a_truncated_record_is_refused_with_fastavros_words() -> None:
     ("enum", b"\x7f"),  # an index out of range
     ("boolean", b"\x02"),
     ("long", b""),
-], ids=["overlong-varint", "array-count", "array-count-min", "not-utf8", "past-the-data", "enum-index", "boolean", "empty"])
+], ids=["overlong-varint", "array-count", "array-count-min", "not-utf8", "past-the-data", "enum-index", "boolean",
+        "empty"])
 def test_garbage_is_refused_at_once(op: str, garbage: bytes) -> None:
     program = {"long": (_avro_reader.OP_LONG,), "array": (_avro_reader.OP_ARRAY, (_avro_reader.OP_LONG,)),
                "string": (_avro_reader.OP_STRING,), "enum": (_avro_reader.OP_ENUM, ("A",)),
