@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import uuid
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, cast
 
 from rlmm.errors import InvalidArgumentError
 from rlmm.types import (
@@ -20,6 +20,7 @@ from rlmm.types import (
     RemotePartitionDeleteMetadata,
     TopicIdPartition,
     require_range,
+    slot_maker,
     uuid_from_text,
 )
 
@@ -27,7 +28,6 @@ _INT32 = (0, INT32_MAX, "a non-negative int32")
 _INT64 = (0, INT64_MAX, "a non-negative int64")
 
 
-_new, _set = object.__new__, object.__setattr__
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +61,7 @@ class EpochLineage:
                 displaced_segment_ids: frozenset[uuid.UUID] = frozenset()) -> EpochLineage:
         """A lineage the rules derive from values already checked (a stored lineage, an accepted segment), built
         without checking them again: a rebuild derives one per finished segment."""
-        lineage = _new(cls)
-        _set(lineage, "epoch", epoch)
-        _set(lineage, "highest_log_offset", highest_log_offset)
-        _set(lineage, "displaced_segment_ids", displaced_segment_ids)
-        return lineage
+        return cast(EpochLineage, _make_lineage(epoch, highest_log_offset, displaced_segment_ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +100,8 @@ class EpochCheckpoint:
         if not self.whole_partition and not self.epochs:
             raise InvalidArgumentError(f"{owner} of some epochs of {self.topic_id_partition} names no epoch")
 
+
+_make_lineage = slot_maker(EpochLineage, [f.name for f in fields(EpochLineage)])
 
 MetadataEvent = RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata | EpochCheckpoint
 
@@ -149,6 +147,7 @@ class RecordKey:
         return self.topic_id == tp.topic_id and self.partition == tp.partition
 
 
+_make_key = slot_maker(RecordKey, [f.name for f in fields(RecordKey)])
 SEGMENT_KEY_PREFIX = b"segment" + KEY_SEPARATOR.encode()
 
 
@@ -182,15 +181,9 @@ def _user_partition_key(raw: bytes) -> RecordKey:
 
 
 def segment_key(segment_id: RemoteLogSegmentId) -> RecordKey:
-    # Field by field: a rebuild builds one per segment record, and the frozen constructor costs twice as much.
+    # Without the frozen constructor's checks (the id's parts are checked): a rebuild builds one per segment record.
     tp = segment_id.topic_id_partition
-    key = _new(RecordKey)
-    _set(key, "kind", "segment")
-    _set(key, "topic_id", tp.topic_id)
-    _set(key, "partition", tp.partition)
-    _set(key, "segment_id", segment_id.id)
-    _set(key, "epoch", None)
-    return key
+    return cast(RecordKey, _make_key("segment", tp.topic_id, tp.partition, segment_id.id, None))
 
 
 def partition_delete_key(tp: TopicIdPartition) -> RecordKey:

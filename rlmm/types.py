@@ -9,10 +9,10 @@ import base64
 import binascii
 import enum
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from types import MappingProxyType, ModuleType
+from typing import Any, cast
 
 from rlmm.errors import InvalidArgumentError
 
@@ -51,9 +51,39 @@ def parse_uuid(text: str) -> uuid.UUID:
     )
 
 
+_slots: ModuleType | None
+try:  # built by setup.py where a C compiler is (optional): see rlmm/_slots.c
+    from rlmm import _slots
+except ImportError:  # a build without the compiler: slot_maker's makers are Python
+    _slots = None
+
 _NEW = object.__new__
 _SET = object.__setattr__
 _UNKNOWN_SAFETY = uuid.SafeUUID.unknown
+
+
+def slot_maker(cls: type[Any], fields: Sequence[str]) -> Callable[..., Any]:
+    """A function building a `cls` from the values of its slots `fields`, in that order, without __init__ and its
+    checks: for values already checked (decoded from a record its writer validated, or derived by the rules) on a
+    rebuild's hot path. In C where rlmm._slots was built (one call instead of object.__new__ and an
+    object.__setattr__ per field, about 0.2 us each), else in Python."""
+    if _slots is not None:
+        try:
+            return _slots.maker(cls, tuple(fields))
+        except TypeError:  # not plain slots (another interpreter's UUID): the Python way sets them alike
+            pass
+    names = tuple(fields)
+
+    def make(*values: Any) -> Any:
+        made = _NEW(cls)
+        for name, value in zip(names, values, strict=True):
+            _SET(made, name, value)
+        return made
+
+    return make
+
+
+_make_uuid = slot_maker(uuid.UUID, ("int", "is_safe"))
 
 
 def uuid_from_text(text: str) -> uuid.UUID:
@@ -62,11 +92,8 @@ def uuid_from_text(text: str) -> uuid.UUID:
     if len(text) == 36 and text[8] == text[13] == text[18] == text[23] == "-":
         digits = text.replace("-", "")
         if len(digits) == 32:
-            value = _NEW(uuid.UUID)
-            # The fields uuid.UUID.__init__ sets (it forbids setattr, so it sets them as below).
-            _SET(value, "int", int(digits, 16))
-            _SET(value, "is_safe", _UNKNOWN_SAFETY)
-            return value
+            # The fields uuid.UUID.__init__ sets, as it sets them (it forbids setattr).
+            return cast(uuid.UUID, _make_uuid(int(digits, 16), _UNKNOWN_SAFETY))
     return uuid.UUID(text)
 
 
@@ -153,10 +180,7 @@ class RemoteLogSegmentId:
         """Build one from values a decoder produced: checked only when they are not plainly of the right types."""
         if type(topic_id_partition) is not TopicIdPartition or type(id) is not uuid.UUID:
             return cls(topic_id_partition, id)
-        segment_id = _NEW(cls)
-        _SET(segment_id, "topic_id_partition", topic_id_partition)
-        _SET(segment_id, "id", id)
-        return segment_id
+        return cast(RemoteLogSegmentId, _make_segment_id(topic_id_partition, id))
 
     @classmethod
     def generate(cls, topic_id_partition: TopicIdPartition) -> RemoteLogSegmentId:
@@ -244,20 +268,9 @@ class RemoteLogSegmentMetadata:
         ):
             return cls(remote_log_segment_id, start_offset, end_offset, max_timestamp_ms, broker_id,
                        event_timestamp_ms, segment_size_in_bytes, epochs, custom_metadata, state, txn_idx_empty)
-        # Field by field, not in a loop over the fields: this runs once per segment record a rebuild replays.
-        md = _NEW(cls)
-        _SET(md, "remote_log_segment_id", remote_log_segment_id)
-        _SET(md, "start_offset", start_offset)
-        _SET(md, "end_offset", end_offset)
-        _SET(md, "max_timestamp_ms", max_timestamp_ms)
-        _SET(md, "broker_id", broker_id)
-        _SET(md, "event_timestamp_ms", event_timestamp_ms)
-        _SET(md, "segment_size_in_bytes", segment_size_in_bytes)
-        _SET(md, "segment_leader_epochs", MappingProxyType(epochs))
-        _SET(md, "custom_metadata", custom_metadata)
-        _SET(md, "state", state)
-        _SET(md, "txn_idx_empty", txn_idx_empty)
-        return md
+        return cast(RemoteLogSegmentMetadata, _make_segment(
+            remote_log_segment_id, start_offset, end_offset, max_timestamp_ms, broker_id, event_timestamp_ms,
+            segment_size_in_bytes, MappingProxyType(epochs), custom_metadata, state, txn_idx_empty))
 
     @property
     def topic_id_partition(self) -> TopicIdPartition:
@@ -303,6 +316,10 @@ class RemoteLogSegmentMetadata:
         )
 
 
+
+
+_make_segment_id = slot_maker(RemoteLogSegmentId, [f.name for f in fields(RemoteLogSegmentId)])
+_make_segment = slot_maker(RemoteLogSegmentMetadata, [f.name for f in fields(RemoteLogSegmentMetadata)])
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from rlmm.state import Outcome
 from rlmm.types import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
+    RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     TopicIdPartition,
 )
@@ -38,6 +39,7 @@ _FORMAT_KEY = b"tierlog.view.format"
 _PAST_EVERY_KEY = b"\xff" * 64  # after every key of the view's families (each starts with a 16-byte topic id)
 _SOURCE_KEY = b"tierlog.view.source\0"  # + metadata topic name
 _DELETED = None
+_FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 
 log = logging.getLogger(__name__)
 
@@ -685,11 +687,74 @@ class FreshState(state.InMemoryState):
     def fold(self, key: RecordKey, event: MetadataEvent | None, offset: int, skipped_before: bool,
              raw: bytes | None) -> Outcome:
         """`apply` of a record's parts (`raw`: its value as consumed), without building a ConsumedRecord."""
+        if type(event) is RemoteLogSegmentMetadata and event.state is _FINISHED:
+            segment_id = event.remote_log_segment_id
+            tp = segment_id.topic_id_partition
+            if key.kind == "segment" and key.segment_id == segment_id.id and key.topic_id == tp.topic_id and \
+                    key.partition == tp.partition and key.epoch is None and self._append_finished(event, offset, raw):
+                return state.APPLIED
         self._event, self._event_bytes = event, raw
         try:
             return state.apply_record(self, key, event, offset, skipped_before)
         finally:
             self._event = self._event_bytes = None
+
+    def _append_finished(self, md: RemoteLogSegmentMetadata, offset: int, raw: bytes | None) -> bool:
+        """The rules' outcome for the record most of a compacted topic holds, without their store calls: a segment
+        COPY_SEGMENT_FINISHED that the partition does not hold, that starts after every segment indexed in each of
+        its epochs, and that no epoch holds as displaced. Kafka's rule (rlmm.lineage.reference_finished) then
+        displaces nothing: the segment is indexed last, each epoch's highest offset rises to its end, and the epochs
+        whose lineage changed owe a checkpoint. False, having changed nothing, for any other case (the partition's
+        remote data deleted, bookkeeping of the older forms), which the rules apply."""
+        tp = md.remote_log_segment_id.topic_id_partition
+        segment = md.remote_log_segment_id.id
+        held = self._peek(tp)
+        owed: frozenset[int] = frozenset()
+        if held is not None:
+            if held.delete is not None or segment in held.segments:
+                return False
+            if held.checkpointed is not None:
+                decoded = vf.decode_owed(held.checkpointed)
+                if decoded is None:
+                    return False
+                owed = decoded
+            lineages, index = held.lineages, held.index
+        else:
+            lineages, index = {}, {}
+        epochs = md.segment_leader_epochs
+        changes: list[tuple[int, int, EpochLineage | None]] = []
+        for epoch, start in epochs.items():
+            entry = index.get(epoch)
+            if entry is not None and entry[0] and entry[0][-1] >= start:
+                return False
+            current = lineages.get(epoch)
+            end = md.epoch_end_offset(epoch) if len(epochs) > 1 else md.end_offset
+            if current is None:
+                changes.append((epoch, start, EpochLineage.derived(epoch, end)))
+            elif segment in current.displaced_segment_ids:
+                return False
+            elif current.highest_log_offset is None or current.highest_log_offset < end:
+                changes.append((epoch, start, EpochLineage.derived(epoch, end, current.displaced_segment_ids)))
+            else:
+                changes.append((epoch, start, None))
+        held = self._get(tp)
+        held.segments[segment] = md
+        if raw is not None and codec.is_current(raw):
+            self._raw[segment] = raw
+        else:
+            self._raw.pop(segment, None)
+        changed = []
+        for epoch, start, lineage in changes:
+            starts, ids = held.index.setdefault(epoch, ([], {}))
+            starts.append(start)
+            ids[start] = segment
+            if lineage is not None:
+                held.lineages[epoch] = lineage
+                changed.append(epoch)
+        held.lineage_position = offset
+        if not owed.issuperset(changed):
+            held.checkpointed = vf.encode_owed(owed.union(changed))
+        return True
 
     def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None:
         super().put_segment(metadata)

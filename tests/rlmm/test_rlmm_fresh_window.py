@@ -101,6 +101,61 @@ def test_a_racing_log_loaded_fresh_is_the_view_its_commits_make(scenario: Racing
     assert_loaded_like_commits(consumed(scenario.topic, skipped), [])
 
 
+class _RulesOnly(FreshState):
+    """A FreshState that applies every record through the rules (rlmm.state), without its shortcut."""
+
+    def _append_finished(self, *args: Any) -> bool:
+        return False
+
+
+def assert_shortcut_folds_like_the_rules(records: list[ConsumedRecord]) -> None:
+    shortcut, rules = FreshState(), _RulesOnly()
+    assert [shortcut.apply(r) for r in records] == [rules.apply(r) for r in records]
+    assert shortcut.partitions() == rules.partitions()
+    assert list(shortcut.runs(shortcut.partitions())) == list(rules.runs(rules.partitions()))
+
+
+@PROPERTY_SETTINGS
+@given(histories(), st.lists(st.booleans(), max_size=4), st.booleans())
+def test_the_shortcut_for_an_appended_finished_segment_folds_a_writers_log_as_the_rules_do(
+    scenario: Scenario, skipped: list[bool], compact: bool
+) -> None:
+    # Pure folds, so many examples: the shortcut takes most records of a compacted topic.
+    log = list(enumerate(scenario.writer.log))
+    if compact:  # the newest record of each key, at its own offset, as the log cleaner leaves them
+        log = sorted({key.encode(): (offset, (key, event)) for offset, (key, event) in log}.values(),
+                     key=lambda item: item[0])
+    assert_shortcut_folds_like_the_rules(consumed([(offset, key, event) for offset, (key, event) in log], skipped))
+
+
+@PROPERTY_SETTINGS
+@given(racing_histories(), st.lists(st.booleans(), max_size=4))
+def test_the_shortcut_for_an_appended_finished_segment_folds_a_racing_log_as_the_rules_do(
+    scenario: RacingScenario, skipped: list[bool]
+) -> None:
+    assert_shortcut_folds_like_the_rules(consumed(scenario.topic, skipped))
+
+
+def test_the_shortcut_takes_a_partitions_finished_uploads_and_leaves_the_rest_to_the_rules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tp = make_tp()
+    first = segment(tp, 0, 99, {0: 0}, state=state.S.COPY_SEGMENT_FINISHED)
+    second = segment(tp, 100, 199, {0: 100, 1: 150}, state=state.S.COPY_SEGMENT_FINISHED)
+    again = segment(tp, 50, 149, {0: 50}, state=state.S.COPY_SEGMENT_FINISHED)  # starts inside: displaces, by the rules
+    taken: list[bool] = []
+    original = FreshState._append_finished
+
+    def counted(self: FreshState, *args: Any) -> bool:
+        taken.append(original(self, *args))
+        return taken[-1]
+
+    monkeypatch.setattr(FreshState, "_append_finished", counted)
+    records = consumed([(offset, key_of(md), md) for offset, md in enumerate((first, second, again))], [])
+    assert_shortcut_folds_like_the_rules(records)
+    assert taken == [True, True, False]
+
+
 @FRESH_SETTINGS
 @given(histories())
 def test_a_view_loaded_fresh_answers_every_query_like_kafka(scenario: Scenario) -> None:
@@ -209,6 +264,13 @@ def test_a_record_that_fails_to_apply_in_a_new_nodes_first_window_loads_nothing_
             raise RuntimeError("a bug in the state machine")
         return rule(store, key, event, offset, skipped_before)
 
+    shortcut = FreshState._append_finished
+
+    def failing_shortcut(self: FreshState, md: Any, offset: int, raw: bytes | None) -> bool:
+        if offset == failing and md.topic_id_partition == tps[0]:  # the same bug, in the rules' shortcut
+            raise RuntimeError("a bug in the state machine")
+        return shortcut(self, md, offset, raw)
+
     load = MetadataView.load_fresh
 
     def counted_load(self: MetadataView, *args: Any) -> None:
@@ -216,6 +278,7 @@ def test_a_record_that_fails_to_apply_in_a_new_nodes_first_window_loads_nothing_
         load(self, *args)
 
     monkeypatch.setattr(state, "apply_record", failing_rule)
+    monkeypatch.setattr(FreshState, "_append_finished", failing_shortcut)
     monkeypatch.setattr(MetadataView, "load_fresh", counted_load)
     rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
     errors = wait_until(rebuilt.metadata_errors, timeout=60, description="the rebuilt node halting partition 0")

@@ -263,7 +263,9 @@ def test_a_record_that_fails_to_apply_in_the_worker_sends_the_window_through_the
         "from rlmm import state\n"
         "def broken(*args, **kwargs):\n"
         "    raise RuntimeError('a bug in the worker state machine')\n"
-        "state.apply_record = broken\n")
+        "state.apply_record = broken\n"
+        "from rlmm.view import FreshState\n"
+        "FreshState._append_finished = broken  # the rules' shortcut for finished segments\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     commits = counting_commits(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="rlmm.applier"):
