@@ -120,6 +120,13 @@ def _without_uuid_types(schema: Any) -> Any:
     return {k: _without_uuid_types(v) for k, v in schema.items() if not (k == "logicalType" and v == "uuid")}
 
 
+def read_plain(program: Any, data: bytes) -> Any:
+    """The datum `program` (from `reader_program`) reads at the start of `data`, in C; ValueError for bytes the C
+    reader does not read exactly (fastavro then decodes them or says what is wrong)."""
+    assert _avro_reader is not None  # a program is compiled only with the reader there
+    return _avro_reader.read(program, data, 0)
+
+
 _PRIMITIVE_OPS = {"null": "OP_NULL", "boolean": "OP_BOOLEAN", "int": "OP_INT", "long": "OP_LONG",
                   "string": "OP_STRING", "bytes": "OP_BYTES"}
 

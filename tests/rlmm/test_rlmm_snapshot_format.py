@@ -12,7 +12,7 @@ import fastavro
 import pytest
 from rlmm_testkit import LogWriter, make_tp, workload
 
-from rlmm import codec, state
+from rlmm import archive, codec, state
 from rlmm import view_format as vf
 from rlmm.archive import (
     RECORDS_FORMAT,
@@ -86,6 +86,39 @@ def test_a_view_snapshot_round_trips_its_header_and_entries_across_chunks() -> N
     assert (header.metadata_topic, dict(header.end_offsets), header.format) == (TOPIC, {0: 7, 3: 9}, VIEW_FORMAT)
     assert (header.view_format, header.view_digest) == (vf.FORMAT_VERSION, "d" * 64)
     assert list(view_entries(datums)) == entries
+
+
+def test_chunks_read_in_c_are_those_fastavro_reads_and_other_blocks_are_left_to_fastavro(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entries = [(vf.SEGMENTS, i.to_bytes(8, "big"), bytes(range(i % 200))) for i in range(30_000)]
+    entries += [(vf.PARTITION_META, b"k\xff", b"")]
+    out = io.BytesIO()
+    write_view_snapshot(out, TOPIC, entries, {0: 7}, "d" * 64)
+    read_in_c: list[int] = []
+    read_plain = archive.read_plain
+
+    def counted(program: Any, data: bytes) -> Any:
+        read_in_c.append(len(data))
+        return read_plain(program, data)
+
+    monkeypatch.setattr(archive, "read_plain", counted)
+    chunks = list(read_snapshot(io.BytesIO(out.getvalue()))[1])
+    assert chunks == list(fastavro.reader(io.BytesIO(out.getvalue())))
+    assert len(read_in_c) == len(chunks) > 1  # every chunk, one block each, in C
+    # Blocks of several chunks (another writer's choice), and a block the C reader refuses: fastavro reads them.
+    several = io.BytesIO()
+    fastavro.writer(several, fastavro.parse_schema(view_chunk_schema()), chunks, codec="deflate", sync_interval=1 << 30,
+                    metadata={k: v for k, v in fastavro.reader(io.BytesIO(out.getvalue())).metadata.items()
+                              if not k.startswith("avro.")})
+    read_in_c.clear()
+    assert list(read_snapshot(io.BytesIO(several.getvalue()))[1]) == chunks and read_in_c == []
+
+    def refusing(program: Any, data: bytes) -> Any:
+        raise ValueError("not read exactly")
+
+    monkeypatch.setattr(archive, "read_plain", refusing)
+    assert list(view_entries(read_snapshot(io.BytesIO(out.getvalue()))[1])) == entries
 
 
 def test_view_snapshots_are_written_with_zstd_and_those_of_earlier_releases_in_deflate_still_load(
