@@ -1,8 +1,9 @@
 """Wheel build steps pyproject.toml cannot express: the wheel carries the Avro schemas (as rlmm/schemas/),
 the agent protocol's generated Python code, and the Kafka plugin jar (as tierlog/jars/), all taken from the
 checkout's top-level schemas/ and jvm/ so each has one source for both languages. It also compiles the fetch
-path's lookup (rlmm/_segment_lookup.c), a rebuild's Avro reader (rlmm/_avro_reader.c) and its object builder
-(rlmm/_slots.c) in C, all optional: without a C compiler the wheel is pure Python and answers alike.
+path's lookup (rlmm/_segment_lookup.c), a rebuild's Avro reader (rlmm/_avro_reader.c) and object builder
+(rlmm/_slots.c), and the view digest's framing (rlmm/_digest.c) in C, all optional: without a C compiler the wheel is
+pure Python and answers alike.
 
 An editable install (`pip install -e .`) copies nothing: the packages then find schemas/ and jvm/target/
 in the checkout itself.
@@ -82,5 +83,5 @@ setup(
     cmdclass={"build_py": BuildWithArtifacts},
     # optional: a failed compile is a warning, and rlmm.manager then answers lookups in Python.
     ext_modules=[Extension(f"rlmm.{name}", [f"rlmm/{name}.c"], optional=True, extra_compile_args=["-O2"])
-                 for name in ("_segment_lookup", "_avro_reader", "_slots")],
+                 for name in ("_segment_lookup", "_avro_reader", "_slots", "_digest")],
 )

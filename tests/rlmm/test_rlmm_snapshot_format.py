@@ -3,6 +3,7 @@ it states; format 1 (archive records, replayed) still loads."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import random
 from pathlib import Path
@@ -245,6 +246,34 @@ def test_the_view_digest_rule_is_unchanged_by_chunked_hashing() -> None:
     digest.add(vf.EPOCH_STATE, [b"x" * 24], [b"lin"])
     digest.add(vf.SEGMENTS, [b"a"], [b"segment-a"])
     assert digest.hexdigest() == expected
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["C", "Python"])
+def test_the_digest_frames_entries_alike_in_c_and_in_python(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not native:
+        monkeypatch.setattr(state, "_digest", None)
+    rng = random.Random(7)
+    keys = sorted({rng.randbytes(rng.randrange(1, 40)) for _ in range(3000)})
+    values = [rng.randbytes(rng.choice((0, 1, 16, 300))) for _ in keys]
+    entry_by_entry = hashlib.sha256()
+    for key, value in zip(keys, values, strict=True):
+        for part in (vf.SEGMENTS.encode(), key, value):
+            entry_by_entry.update(len(part).to_bytes(4, "big") + part)
+    digest = state.ViewDigest()
+    digest.add(vf.SEGMENTS, keys[:1000], values[:1000])
+    digest.add(vf.SEGMENTS, tuple(keys[1000:]), tuple(values[1000:]))  # not lists: framed in Python either way
+    assert digest.hexdigest() == entry_by_entry.hexdigest()
+
+
+def test_the_c_framing_refuses_what_it_cannot_frame() -> None:
+    from rlmm import _digest
+
+    with pytest.raises(TypeError, match="as many keys as values"):
+        _digest.frame(b"f", [b"a"], [])
+    with pytest.raises(TypeError, match="entry 1: keys and values must be bytes"):
+        _digest.frame(b"f", [b"a", "b"], [b"1", b"2"])  # type: ignore[list-item]
+    assert _digest.frame(b"f", [], []) == b""
+    assert _digest.frame(b"", [b""], [b"v"]) == bytes(4) + bytes(4) + b"\x00\x00\x00\x01v"
 
 
 def test_entries_whose_digest_is_not_the_stated_one_leave_the_view_empty(tmp_path: Path) -> None:

@@ -1,0 +1,3 @@
+"""Types of the optional C extension rlmm/_digest.c (the view digest's framing; rlmm.state.ViewDigest uses it)."""
+
+def frame(family: bytes, keys: list[bytes], values: list[bytes]) -> bytes: ...
