@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import os
 import shutil
 import threading
 import time
@@ -193,6 +194,7 @@ class MetadataApplier:
         writer: MetadataWriter, lock: threading.Condition,
         registered: dict[TopicIdPartition, int | None], metadata_partition: Callable[[TopicIdPartition], int],
     ) -> None:
+        _fix_mmap_threshold()
         self._settings = settings
         self._view = view
         self._consumer = consumer
@@ -758,6 +760,27 @@ def _cyclic_gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+# glibc gives a block above its mmap threshold (128 KiB at first) a mapping of its own, unmapped when freed. But each
+# such block freed raises the threshold to its size (up to 32 MiB), and a backlog's large tables (the window's dict of
+# every key read, tens of MiB, resized as it grows) then lifted it: the next ones came from the heap, where freed they
+# stayed fragments malloc_trim returned only in part. A rebuilt node held 5-25 MiB more than a restarted one at the
+# same state, varying from run to run; with the threshold fixed at 1 MiB, 2-3 MiB. Fixing it also stops the dynamic
+# adjustment, for the whole process: a block of 1 MiB or more is then always mapped afresh (its page faults, about
+# 50 us a MiB, beside the I/O such buffers are for).
+_MMAP_THRESHOLD_BYTES = 1 << 20
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def _fix_mmap_threshold() -> None:
+    """Fix glibc's mmap threshold, unless the process was started with one (MALLOC_MMAP_THRESHOLD_); a no-op off
+    glibc (musl's mallopt does nothing)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
 def _release_free_memory() -> None:

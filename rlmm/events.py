@@ -28,8 +28,6 @@ _INT32 = (0, INT32_MAX, "a non-negative int32")
 _INT64 = (0, INT64_MAX, "a non-negative int64")
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class EpochLineage:
     """What compaction could otherwise lose about one leader epoch of a user partition."""

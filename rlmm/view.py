@@ -704,8 +704,8 @@ class FreshState(state.InMemoryState):
         COPY_SEGMENT_FINISHED that the partition does not hold, that starts after every segment indexed in each of
         its epochs, and that no epoch holds as displaced. Kafka's rule (rlmm.lineage.reference_finished) then
         displaces nothing: the segment is indexed last, each epoch's highest offset rises to its end, and the epochs
-        whose lineage changed owe a checkpoint. False, having changed nothing, for any other case (the partition's
-        remote data deleted, bookkeeping of the older forms), which the rules apply."""
+        whose lineage changed owe a checkpoint. False, having changed nothing, for any other case (a partition with a
+        delete state, bookkeeping of the older forms), which the rules apply."""
         tp = md.remote_log_segment_id.topic_id_partition
         segment = md.remote_log_segment_id.id
         held = self._peek(tp)
@@ -739,10 +739,7 @@ class FreshState(state.InMemoryState):
                 changes.append((epoch, start, None))
         held = self._get(tp)
         held.segments[segment] = md
-        if raw is not None and codec.is_current(raw):
-            self._raw[segment] = raw
-        else:
-            self._raw.pop(segment, None)
+        self._keep_raw(segment, raw)
         changed = []
         for epoch, start, lineage in changes:
             starts, ids = held.index.setdefault(epoch, ([], {}))
@@ -758,11 +755,15 @@ class FreshState(state.InMemoryState):
 
     def put_segment(self, metadata: RemoteLogSegmentMetadata) -> None:
         super().put_segment(metadata)
-        raw = self._event_bytes
-        if raw is not None and self._event is metadata and codec.is_current(raw):
-            self._raw[metadata.remote_log_segment_id.id] = raw
+        self._keep_raw(metadata.remote_log_segment_id.id, self._event_bytes if self._event is metadata else None)
+
+    def _keep_raw(self, segment: uuid.UUID, raw: bytes | None) -> None:
+        """Keep the bytes of the record a segment was stored from (None: it was stored from something else) when
+        they are what the view would encode."""
+        if raw is not None and codec.is_current(raw):
+            self._raw[segment] = raw
         else:
-            self._raw.pop(metadata.remote_log_segment_id.id, None)
+            self._raw.pop(segment, None)
 
     def set_checkpointed_lineage(self, tp: TopicIdPartition, owed: bytes | None) -> None:
         self._get(tp).checkpointed = owed
