@@ -60,7 +60,7 @@ def installed() -> Iterator[tuple[Path, Path, dict[str, str]]]:
         assert "tierlog/jars/tierlog-kafka-plugin.jar" in names
         assert {"rlmm/schemas/segment_record.v1.avsc", "tierlog/agent/proto/agent_pb2_grpc.py"} <= names
         # rlmm's C extensions, compiled (setup.py; a C compiler is on every machine this suite runs on).
-        for extension in ("_segment_lookup", "_avro_reader"):
+        for extension in ("_segment_lookup", "_avro_reader", "_slots", "_digest"):
             assert any(n.startswith(f"rlmm/{extension}.") and n.endswith(".so") for n in names), sorted(names)
         # No generic top-level names (agent, pipeline) that could shadow or be shadowed in site-packages.
         dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
@@ -82,8 +82,10 @@ def test_the_installed_command_runs_outside_the_checkout(installed: tuple[Path, 
     assert jar.is_file() and jar.resolve().is_relative_to(venv.resolve()), jar
     # Nothing of the checkout is importable from the venv's interpreter.
     where = _run([str(venv / "bin" / "python"), "-c",
-                  "import rlmm, rsm, tierlog.agent.proto, rlmm._segment_lookup as c, rlmm._avro_reader as a; "
-                  "print(rlmm.__file__, rsm.__file__, tierlog.agent.proto.__file__, c.__file__, a.__file__)"],
+                  "import rlmm, rsm, tierlog.agent.proto, rlmm._segment_lookup as c, rlmm._avro_reader as a, "
+                  "rlmm._slots as s, rlmm._digest as d; "
+                  "print(rlmm.__file__, rsm.__file__, tierlog.agent.proto.__file__, c.__file__, a.__file__, "
+                  "s.__file__, d.__file__)"],
                  work, env)
     for path in where.split():
         assert Path(path).resolve().is_relative_to(venv.resolve()), where
