@@ -155,13 +155,8 @@ def apply_record(
     """
     if event is None:
         return _apply_tombstone(store, key, offset)
-    if type(event) is RemoteLogSegmentMetadata:
-        # key_of's check field by field, without building the expected key: a rebuild applies a record per segment.
-        segment_id = event.remote_log_segment_id
-        tp = segment_id.topic_id_partition
-        if key.kind == "segment" and key.segment_id == segment_id.id and key.topic_id == tp.topic_id and \
-                key.partition == tp.partition and key.epoch is None:
-            return _apply_segment(store, event, offset, skipped_before)
+    if type(event) is RemoteLogSegmentMetadata and is_segment_key_of(key, event):
+        return _apply_segment(store, event, offset, skipped_before)
     try:
         expected = key_of(event)
     except InvalidArgumentError as exc:
@@ -173,6 +168,15 @@ def apply_record(
     if isinstance(event, RemotePartitionDeleteMetadata):
         return _apply_partition_delete(store, event, skipped_before)
     return _apply_checkpoint(store, event)
+
+
+def is_segment_key_of(key: RecordKey, md: RemoteLogSegmentMetadata) -> bool:
+    """Whether `key` is the segment's own record key: key_of's check field by field, without building the expected
+    key (a rebuild checks a record per segment)."""
+    segment_id = md.remote_log_segment_id
+    tp = segment_id.topic_id_partition
+    return key.kind == "segment" and key.segment_id == segment_id.id and key.topic_id == tp.topic_id and \
+        key.partition == tp.partition and key.epoch is None
 
 
 def _apply_tombstone(store: StateStore, key: RecordKey, offset: int | None) -> Outcome:

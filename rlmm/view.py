@@ -687,12 +687,9 @@ class FreshState(state.InMemoryState):
     def fold(self, key: RecordKey, event: MetadataEvent | None, offset: int, skipped_before: bool,
              raw: bytes | None) -> Outcome:
         """`apply` of a record's parts (`raw`: its value as consumed), without building a ConsumedRecord."""
-        if type(event) is RemoteLogSegmentMetadata and event.state is _FINISHED:
-            segment_id = event.remote_log_segment_id
-            tp = segment_id.topic_id_partition
-            if key.kind == "segment" and key.segment_id == segment_id.id and key.topic_id == tp.topic_id and \
-                    key.partition == tp.partition and key.epoch is None and self._append_finished(event, offset, raw):
-                return state.APPLIED
+        if type(event) is RemoteLogSegmentMetadata and event.state is _FINISHED and \
+                state.is_segment_key_of(key, event) and self._append_finished(event, offset, raw):
+            return state.APPLIED
         self._event, self._event_bytes = event, raw
         try:
             return state.apply_record(self, key, event, offset, skipped_before)
