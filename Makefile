@@ -1,22 +1,35 @@
 # tierlog: everyday commands. `make demo` and `make test` work on a fresh machine (they run `setup`).
 # Services (real Kafka + SeaweedFS S3 on 127.0.0.1) are managed by dev/services; see README.md.
 
-PYTHON ?= python3
+# Every target runs Python from the project's own virtualenv (never the system interpreter, PEP 668).
+# BASE_PYTHON (3.11+) only creates it; PYTHON is the interpreter inside it.
+BASE_PYTHON ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
 PYTEST_ARGS ?=
 STAMPS := .dev/stamps
 # The JVM adapter is rebuilt only when its sources or the shared protocol change.
 JVM_SOURCES := $(wildcard jvm/pom.xml) $(shell find jvm/src -type f 2>/dev/null) $(wildcard schemas/*.proto)
 
-.PHONY: setup python-deps kafka-jars jvm jvm-test dist services-up services-down services-status demo test lint bench bench-kafka
+.PHONY: setup venv python-deps kafka-jars jvm jvm-test dist services-up services-down services-status demo test lint bench bench-kafka
 
 setup: python-deps kafka-jars jvm
 
+# Debian and Ubuntu ship venv without ensurepip unless python3-venv is installed: say so in one line.
+venv: $(PYTHON)
+$(PYTHON):
+	@$(BASE_PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "make: $(BASE_PYTHON) must be Python 3.11 or newer (set BASE_PYTHON=...)" >&2; exit 1; }
+	@$(BASE_PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+		echo "make: '$(BASE_PYTHON) -m venv' failed; on Debian/Ubuntu install python3-venv" >&2; exit 1; }
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --upgrade pip
+
 python-deps: $(STAMPS)/python-deps
-$(STAMPS)/python-deps: pyproject.toml setup.py $(wildcard rlmm/*.c)
+$(STAMPS)/python-deps: $(PYTHON) pyproject.toml setup.py $(wildcard rlmm/*.c)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev,spark]'
 	@mkdir -p $(STAMPS) && touch $@
 
-kafka-jars:
+kafka-jars: $(PYTHON)
 	$(PYTHON) -c 'from dev.kafka import ensure_kafka_libs; print("Kafka jars in", ensure_kafka_libs())'
 
 jvm: $(if $(wildcard jvm/pom.xml),$(STAMPS)/jvm)
@@ -31,18 +44,18 @@ jvm-test:
 # The release artifacts in dist/: the wheel (schemas, generated protocol code and the plugin jar inside, see
 # setup.py) and the source tarball it can be rebuilt from. Install on a broker host:
 #   python3 -m venv /opt/tierlog && /opt/tierlog/bin/pip install dist/tierlog-*.whl
-dist: jvm
+dist: python-deps jvm
 	rm -rf dist
 	$(PYTHON) -m build --outdir dist .
 	@ls -l dist
 
-services-up:
+services-up: python-deps
 	$(PYTHON) dev/services up
 
-services-down:
+services-down: python-deps
 	$(PYTHON) dev/services down
 
-services-status:
+services-status: python-deps
 	$(PYTHON) dev/services status
 
 # The demo starts (and stops) its own Kafka, configured with the tierlog plugins, and its own S3.
