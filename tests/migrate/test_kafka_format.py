@@ -33,7 +33,7 @@ INT32 = 2**31 - 1
 INT64 = 2**63 - 1
 
 uuids = st.builds(uuid.UUID, int=st.integers(0, 2**128 - 1))
-topic_names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40)
+topic_names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=40)
 tps = st.builds(TopicIdPartition, uuids, topic_names, st.integers(0, INT32))
 customs = st.one_of(st.none(), st.binary(max_size=200))
 
