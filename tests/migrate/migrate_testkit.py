@@ -1,0 +1,100 @@
+"""Helpers for the migration tests: histories in Kafka's format on a source topic, and `tierlog` runs against them.
+
+A history is what Kafka's TopicBasedRemoteLogMetadataManager appends to `__remote_log_metadata` for a sequence of
+API calls: every call, in order, in the metadata partition its partitioner picks, except the two its API refuses
+before writing (an add in another state than COPY_SEGMENT_STARTED, an update to COPY_SEGMENT_STARTED).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+from hypothesis import strategies as st
+from rlmm_strategies import STEPS, Scenario, step
+
+from rlmm.kafka_format import encode, metadata_partition
+from rlmm.types import (
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    TopicIdPartition,
+)
+from tierlog.cli.main import main
+
+KafkaWrite = RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate | RemotePartitionDeleteMetadata
+SOURCE_PARTITIONS = 5
+TARGET_PARTITIONS = 3
+
+
+def written_by_tbrlmm(call: KafkaWrite) -> bool:
+    """Whether TBRLMM's API appends the call to its topic (it refuses only these two before writing)."""
+    if isinstance(call, RemoteLogSegmentMetadata):
+        return call.state is RemoteLogSegmentState.COPY_SEGMENT_STARTED
+    if isinstance(call, RemoteLogSegmentMetadataUpdate):
+        return call.state is not RemoteLogSegmentState.COPY_SEGMENT_STARTED
+    return True
+
+
+@dataclass
+class RecordingScenario(Scenario):
+    """rlmm_strategies' scenario (the reference model of Kafka's rules and a writer), also keeping the history
+    TBRLMM would have appended for its calls."""
+
+    history: list[KafkaWrite] = field(default_factory=list)
+
+    def call(self, tp: TopicIdPartition, name: str, *args: Any) -> None:
+        if written_by_tbrlmm(args[0]):
+            self.history.append(args[0])
+        super().call(tp, name, *args)
+
+
+@st.composite
+def kafka_histories(draw: st.DrawFn) -> RecordingScenario:
+    scenario = RecordingScenario()
+    for _ in range(draw(STEPS)):
+        step(draw, scenario)
+    return scenario
+
+
+def produce_history(bootstrap: str, topic: str, history: Iterable[KafkaWrite], partitions: int = SOURCE_PARTITIONS
+                    ) -> None:
+    """Append `history` to `topic` as TBRLMM does: Kafka's serde, its partitioner, null keys, acks=all."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 20})
+    for call in history:
+        producer.produce(topic, value=encode(call), partition=metadata_partition(call.topic_id_partition, partitions))
+    assert producer.flush(60) == 0, f"history for {topic} not delivered in 60 s"
+
+
+def produce_raw(bootstrap: str, topic: str, partition: int, values: Sequence[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for value in values:
+        producer.produce(topic, value=value, partition=partition)
+    assert producer.flush(30) == 0
+
+
+def tierlog_options(bootstrap: str, target_topic: str, state_dir: Path) -> list[str]:
+    """`-o` options for a tierlog node of its own (RF 1) on `target_topic`."""
+    config = {
+        "bootstrap.servers": bootstrap, "metadata.topic.name": target_topic, "state.dir": str(state_dir),
+        "metadata.topic.num.partitions": str(TARGET_PARTITIONS), "metadata.topic.replication.factor": "1",
+        "metadata.topic.min.insync.replicas": "1", "broker.id": "0",
+    }
+    return [arg for key, value in config.items() for arg in ("-o", f"{key}={value}")]
+
+
+def run_tierlog(*argv: str) -> tuple[int, Any]:
+    """Run `tierlog ARGV --json` in this process; its exit code and its JSON output."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main([*argv, "--json"])
+    text = out.getvalue()
+    return code, json.loads(text) if text.strip() else None

@@ -1,0 +1,238 @@
+"""A topic in Kafka's `__remote_log_metadata` format, for `tierlog migrate`, `export` and `verify migration`:
+reading every record of it once, and the store Kafka's rules (rlmm.state) build from those records.
+
+Format from rlmm.kafka_format; a record that does not decode, or that sits in another metadata partition than
+TBRLMM's partitioner picks for its user partition, is a `SourceProblem` naming topic, partition and offset.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlmm import state
+from rlmm.errors import DecodeError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
+from rlmm.events import MetadataEvent, key_of
+from rlmm.kafka_format import KafkaMetadata, RemoteLogSegmentMetadataSnapshot, decode, metadata_partition
+from rlmm.types import (
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+from tierlog.cli.common import EXIT_USAGE, CommandError, Settings
+
+DEFAULT_SOURCE_TOPIC = "__remote_log_metadata"
+# consume() waits this long for a full batch: the last records of a topic come as a partial one.
+POLL_S = 0.1
+TopicMetadata = RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate | RemotePartitionDeleteMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """One decoded record of the source topic, with where it was."""
+
+    partition: int
+    offset: int
+    metadata: TopicMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class SourceProblem:
+    """A record the source topic holds but that cannot be migrated: why, and where it is."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition} offset {self.offset}: {self.reason}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    name: str
+    topic_id: str
+    partitions: int
+
+
+def describe_topic(settings: Settings, name: str) -> TopicDescription | None:
+    """The topic's id and partition count, or None when it does not exist."""
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_client())
+    try:
+        found = admin.describe_topics(TopicCollection([name]), request_timeout=settings.timeout_s)[name].result(
+            settings.timeout_s)
+    except KafkaException as exc:
+        if exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        bootstrap = settings.bootstrap_setting()
+        raise CommandError(f"cannot describe topic {name} on {bootstrap.value} (bootstrap.servers from "
+                           f"{bootstrap.source}): {exc}") from exc
+    return TopicDescription(name, str(found.topic_id), len(found.partitions))
+
+
+def require_source(settings: Settings, name: str) -> TopicDescription:
+    found = describe_topic(settings, name)
+    if found is None:
+        raise CommandError(f"source topic {name} does not exist on {settings.bootstrap()}; pass --source-topic NAME",
+                           EXIT_USAGE)
+    return found
+
+
+def end_offsets(settings: Settings, topic: TopicDescription) -> dict[int, int]:
+    """Each partition's end offset now: what a read of the topic stops at."""
+    from rlmm.event_log import OffsetReader
+
+    try:
+        return OffsetReader(topic.name, settings.kafka_client()).end_offsets(list(range(topic.partitions)),
+                                                                               settings.timeout_s)
+    except RemoteStorageError as exc:
+        raise CommandError(f"cannot read the end offsets of {topic.name}: {exc}") from exc
+
+
+def _record_of(topic: TopicDescription, partition: int, offset: int, value: bytes | None
+               ) -> SourceRecord | SourceProblem:
+    try:
+        metadata: KafkaMetadata = decode(value)
+    except DecodeError as exc:
+        return SourceProblem(topic.name, partition, offset, f"undecodable record: {exc}")
+    if isinstance(metadata, RemoteLogSegmentMetadataSnapshot):
+        return SourceProblem(topic.name, partition, offset, "a RemoteLogSegmentMetadataSnapshotRecord names no topic "
+                             f"partition (segment {metadata.segment_id}); TBRLMM never writes one to its topic")
+    tp = metadata.topic_id_partition
+    expected = metadata_partition(tp, topic.partitions)
+    if expected != partition:
+        return SourceProblem(topic.name, partition, offset,
+                             f"a record of {tp} that TBRLMM's partitioner puts in partition {expected}: not written "
+                             "by TBRLMM over this topic's partition count, so its order is unknown")
+    return SourceRecord(partition, offset, metadata)
+
+
+def read_source(settings: Settings, topic: TopicDescription, ends: Mapping[int, int], batch_size: int = 5000
+                ) -> Iterator[list[SourceRecord | SourceProblem]]:
+    """Every record of `topic` below `ends`, partition by partition in offset order, in batches as they arrive.
+
+    Fails when nothing arrives for the settings' timeout while records are still due."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(settings.kafka_client(**{
+        "group.id": f"tierlog-migrate-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "enable.partition.eof": True,
+    }))
+    try:
+        pending = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic.name, p, OFFSET_BEGINNING) for p in sorted(pending)])
+        seen = 0
+        stalled_after = time.monotonic() + settings.timeout_s
+        while pending:
+            if time.monotonic() > stalled_after:
+                raise CommandError(f"reading {topic.name} stalled: nothing arrived for {settings.timeout_s:g} s after "
+                                   f"{seen} records; is the broker healthy? (raise --timeout to wait longer)")
+            batch: list[SourceRecord | SourceProblem] = []
+            for message in consumer.consume(batch_size, timeout=min(POLL_S, settings.timeout_s)):
+                stalled_after = time.monotonic() + settings.timeout_s
+                partition = message.partition() or 0
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(partition)
+                        continue
+                    raise CommandError(f"reading {topic.name}-{partition} failed: {error.str()}")
+                offset = message.offset() or 0
+                if partition not in pending or offset >= ends[partition]:
+                    pending.discard(partition)
+                    continue
+                batch.append(_record_of(topic, partition, offset, message.value()))
+                if offset + 1 >= ends[partition]:
+                    pending.discard(partition)
+            seen += len(batch)
+            if batch:
+                yield batch
+    finally:
+        consumer.close()
+
+
+# --- Kafka's rules ----------------------------------------------------------------------------------------
+
+def refusal(store: state.StateReader, metadata: TopicMetadata, exc: RemoteStorageError) -> str:
+    """Why Kafka's rules drop a record, in a few words (what the counts are grouped by)."""
+    if state.is_deleted(store, metadata.topic_id_partition):
+        return "partition already deleted"
+    if isinstance(exc, RemoteResourceNotFoundError):
+        return "update of an unknown segment"
+    if isinstance(exc, InvalidArgumentError):
+        return "invalid state transition"
+    return type(exc).__name__
+
+
+def prepare(store: state.StateReader, metadata: TopicMetadata) -> MetadataEvent:
+    """The tierlog event a Kafka record becomes under Kafka's rules over `store`; RemoteStorageError when the rules
+    drop the record (an invalid transition, an update of an unknown segment, a record of a deleted partition)."""
+    if isinstance(metadata, RemoteLogSegmentMetadata):
+        return state.prepare_add(store, metadata)
+    if isinstance(metadata, RemoteLogSegmentMetadataUpdate):
+        return state.prepare_update(store, metadata)
+    state.prepare_partition_delete(store, metadata)
+    return metadata
+
+
+class KafkaRulesReplay:
+    """The store Kafka's rules build from a metadata history: each record checked as the manager checks an API
+    call (rlmm.state.prepare_*), then applied with the records a writer appends after it, on an in-memory store."""
+
+    def __init__(self) -> None:
+        self.store = state.InMemoryState()
+
+    def apply(self, metadata: TopicMetadata) -> str | None:
+        """Apply one record; return why Kafka's rules drop it, or None when applied."""
+        try:
+            event = prepare(self.store, metadata)
+        except RemoteStorageError as exc:
+            return refusal(self.store, metadata, exc)
+        key = key_of(event)
+        finished_delete = isinstance(event, RemotePartitionDeleteMetadata) and \
+            event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED
+        doomed = state.doomed_keys(self.store, event.topic_id_partition) if finished_delete else []
+        outcome = state.apply_record(self.store, key, event)
+        assert outcome.applied, f"a checked record was dropped: {outcome.reason}"
+        for follow_key, follow_event in state.records_after(self.store, key, event, doomed, metadata.event_timestamp_ms,
+                                                            metadata.broker_id):
+            state.apply_record(self.store, follow_key, follow_event)
+        return None
+
+
+def partition_answers(store: state.StateReader, tp: TopicIdPartition) -> dict[str, Any]:
+    """What Kafka's RLMM API answers for `tp` from `store`: its delete state, its listed segments, and per leader
+    epoch the highest offset and the remote log size; comparable between two stores."""
+    segments = state.list_segments(store, tp)
+    epochs = sorted({lin.epoch for lin in store.lineages_of(tp)}
+                    | {epoch for md in segments for epoch in md.segment_leader_epochs})
+    delete = store.partition_delete(tp)
+    return {
+        "delete_state": None if delete is None else delete.state.name,
+        "segments": {str(md.remote_log_segment_id.id): _segment_answer(md) for md in segments},
+        "highest_offset": {e: state.highest_offset_for_epoch(store, tp, e) for e in epochs},
+        "remote_log_size": {e: state.remote_log_size(store, tp, e) for e in epochs},
+    }
+
+
+def _segment_answer(md: RemoteLogSegmentMetadata) -> dict[str, Any]:
+    return {
+        "state": md.state.name, "start_offset": md.start_offset, "end_offset": md.end_offset,
+        "leader_epochs": dict(md.segment_leader_epochs), "size": md.segment_size_in_bytes,
+        "max_timestamp_ms": md.max_timestamp_ms, "broker_id": md.broker_id,
+        "event_timestamp_ms": md.event_timestamp_ms,
+        "custom_metadata": None if md.custom_metadata is None else md.custom_metadata.hex(),
+        "txn_idx_empty": md.txn_idx_empty,
+    }

@@ -1,0 +1,429 @@
+"""`tierlog migrate`: import the history Kafka's TopicBasedRemoteLogMetadataManager wrote to `__remote_log_metadata`
+into tierlog's metadata topic, through tierlog's own manager (its writes and checks), idempotently and resumably.
+
+Each user partition's records are written one at a time, in their order on the source topic (the API's rule: a write
+is checked against a view holding the previous one). A progress log in the state dir records, per user partition,
+the last source record decided (written, found already in tierlog, or dropped as Kafka's rules drop it), appended
+before that partition's next write starts; so a killed run leaves at most one write per partition undecided, and the
+rerun finds it in the view. Writes of different user partitions overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
+from rlmm.state import StateReader
+from rlmm.types import (
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    TopicIdPartition,
+)
+from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, Settings
+from tierlog.cli.kafka_metadata import (
+    KafkaRulesReplay,
+    SourceProblem,
+    SourceRecord,
+    TopicDescription,
+    TopicMetadata,
+    describe_topic,
+    end_offsets,
+    read_source,
+    refusal,
+    require_source,
+)
+from tierlog.cli.output import ProgressBar, emit, print_table
+
+log = logging.getLogger(__name__)
+
+PROGRESS_DIR = "migration"
+# Decoded records held while their partitions' earlier writes are in flight; past this the reader waits.
+MAX_BUFFERED = 200_000
+SYNC_EVERY_S = 5.0
+REPORT_EVERY_S = 10.0
+# Past its own write timeout the manager fails a write's future; this only guards against a future never settling.
+SETTLE_GRACE_S = 60.0
+SHOWN_PROBLEMS = 20
+
+
+def record_type(metadata: TopicMetadata) -> str:
+    if isinstance(metadata, RemoteLogSegmentMetadata):
+        return "segment"
+    if isinstance(metadata, RemoteLogSegmentMetadataUpdate):
+        return "segment update"
+    return "partition delete"
+
+
+@dataclass
+class MigrationReport:
+    """What a run read, wrote (or would write), found done already, dropped, and could not migrate."""
+
+    source: str
+    dry_run: bool
+    read: Counter[str] = field(default_factory=Counter)
+    written: Counter[str] = field(default_factory=Counter)
+    already: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    problems: list[SourceProblem] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "source_topic": self.source, "dry_run": self.dry_run, "read": dict(self.read),
+            "written" if not self.dry_run else "would_write": dict(self.written), "already_migrated": self.already,
+            "dropped_by_kafka_rules": dict(self.dropped), "problems": [p.as_json() for p in self.problems],
+            "seconds": round(self.seconds, 3),
+            "records_per_s": round(sum(self.read.values()) / self.seconds) if self.seconds else None,
+        }
+
+
+# --- progress ---------------------------------------------------------------------------------------------
+
+def _tp_key(tp: TopicIdPartition) -> tuple[int, int]:
+    return tp.topic_id.int, tp.partition
+
+
+class ProgressLog:
+    """The last source offset decided per user partition, as appended lines `<topic id hex> <partition> <offset>`
+    after a first line naming the source and target topics (ids included: a recreated topic is another history)."""
+
+    def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
+        self.path = path
+        self.identity = dict(identity)
+        self._done: dict[tuple[int, int], int] = {}
+        self._lines: list[str] = []
+        self._fd = -1
+        self._synced_at = time.monotonic()
+
+    @classmethod
+    def read(cls, path: Path, identity: Mapping[str, str]) -> dict[tuple[int, int], int]:
+        """The offsets a progress file records, without opening it for appending (a dry run's view)."""
+        progress = cls(path, identity)
+        if path.exists():
+            progress._load()
+        return progress._done
+
+    @classmethod
+    def open(cls, path: Path, identity: Mapping[str, str]) -> ProgressLog:
+        progress = cls(path, identity)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            progress._load()
+        else:
+            progress._rewrite()
+        progress._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        return progress
+
+    def _load(self) -> None:
+        with self.path.open(encoding="ascii") as lines:
+            header = next(lines, "")
+            try:
+                found = json.loads(header)
+            except ValueError:
+                found = None
+            if found != self.identity:
+                raise CommandError(
+                    f"progress file {self.path} belongs to another migration ({header.strip()!r}, this one is "
+                    f"{json.dumps(self.identity)}); move it away to start this one from the beginning", EXIT_USAGE)
+            for line in lines:
+                fields = line.split()
+                # A run killed while appending may leave its last line torn: that decision is made again.
+                if len(fields) != 3 or not line.endswith("\n"):
+                    continue
+                key = (int(fields[0], 16), int(fields[1]))
+                self._done[key] = max(self._done.get(key, -1), int(fields[2]))
+
+    def _rewrite(self) -> None:
+        """The file with the identity and one line per user partition, swapped in whole."""
+        partial = self.path.with_name(self.path.name + ".partial")
+        with partial.open("w", encoding="ascii") as out:
+            out.write(json.dumps(self.identity) + "\n")
+            out.writelines(f"{topic_id:032x} {partition} {offset}\n"
+                           for (topic_id, partition), offset in self._done.items())
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, self.path)
+
+    def done_through(self, tp: TopicIdPartition) -> int:
+        return self._done.get(_tp_key(tp), -1)
+
+    def record(self, tp: TopicIdPartition, offset: int) -> None:
+        key = _tp_key(tp)
+        self._done[key] = offset
+        self._lines.append(f"{key[0]:032x} {key[1]} {offset}\n")
+
+    def flush(self) -> None:
+        """Hand the recorded lines to the OS: from here a killed process keeps them."""
+        if self._lines:
+            os.write(self._fd, "".join(self._lines).encode("ascii"))
+            self._lines.clear()
+        if time.monotonic() - self._synced_at > SYNC_EVERY_S:
+            os.fsync(self._fd)
+            self._synced_at = time.monotonic()
+
+    def close(self) -> None:
+        """Flush, then shrink the file to one line per user partition."""
+        if self._fd < 0:
+            return
+        self.flush()
+        os.close(self._fd)
+        self._fd = -1
+        self._rewrite()
+
+
+# --- the writes -------------------------------------------------------------------------------------------
+
+def reflected(view: StateReader, metadata: TopicMetadata) -> bool:
+    """Whether tierlog's view already holds what `metadata` writes (the write in flight when a run was killed)."""
+    if isinstance(metadata, RemoteLogSegmentMetadata):
+        return view.segment(metadata.remote_log_segment_id) == metadata
+    if isinstance(metadata, RemoteLogSegmentMetadataUpdate):
+        current = view.segment(metadata.remote_log_segment_id)
+        return current is not None and (current.state, current.broker_id, current.event_timestamp_ms,
+                                        current.custom_metadata) == (metadata.state, metadata.broker_id,
+                                                                     metadata.event_timestamp_ms,
+                                                                     metadata.custom_metadata)
+    return view.partition_delete(metadata.topic_id_partition) == metadata
+
+
+def _submit(manager: Any, metadata: TopicMetadata) -> Future[None]:
+    if isinstance(metadata, RemoteLogSegmentMetadata):
+        return manager.add_remote_log_segment_metadata(metadata)
+    if isinstance(metadata, RemoteLogSegmentMetadataUpdate):
+        return manager.update_remote_log_segment_metadata(metadata)
+    return manager.put_remote_partition_delete_metadata(metadata)
+
+
+class ManagerWrites:
+    """Writes source records through a RemoteLogMetadataManager: one in flight per user partition, in source order."""
+
+    def __init__(self, manager: Any, progress: ProgressLog, report: MigrationReport, settle_timeout_s: float) -> None:
+        self._manager = manager
+        self._view: StateReader = manager.view
+        self._progress = progress
+        self._report = report
+        self._settle_timeout_s = settle_timeout_s
+        self._queues: dict[TopicIdPartition, deque[SourceRecord]] = {}
+        self._in_flight: dict[TopicIdPartition, tuple[SourceRecord, Future[None]]] = {}
+        self._settled: queue.SimpleQueue[TopicIdPartition] = queue.SimpleQueue()
+        self.buffered = 0
+
+    def add(self, record: SourceRecord) -> None:
+        tp = record.metadata.topic_id_partition
+        if record.offset <= self._progress.done_through(tp):
+            self._report.already += 1
+            return
+        self._queues.setdefault(tp, deque()).append(record)
+        self.buffered += 1
+        if tp not in self._in_flight:
+            self._advance(tp)
+
+    def _advance(self, tp: TopicIdPartition) -> None:
+        """Decide the partition's queued records in order, up to the first one that needs a write."""
+        waiting = self._queues.get(tp)
+        while waiting:
+            record = waiting.popleft()
+            self.buffered -= 1
+            metadata = record.metadata
+            if reflected(self._view, metadata):
+                self._report.already += 1
+                self._progress.record(tp, record.offset)
+                continue
+            self._progress.flush()  # every earlier decision of this partition is kept before the write starts
+            try:
+                future = _submit(self._manager, metadata)
+            except (InvalidArgumentError, RemoteResourceNotFoundError) as exc:
+                reason = refusal(self._view, metadata, exc)
+                self._report.dropped[reason] += 1
+                log.info("dropped as Kafka's rules drop it (%s): partition %d offset %d: %s", reason,
+                         record.partition, record.offset, exc)
+                self._progress.record(tp, record.offset)
+                continue
+            except RemoteStorageError as exc:
+                raise _write_failed(record, exc) from exc
+            self._in_flight[tp] = (record, future)
+            future.add_done_callback(partial(self._on_settled, tp))
+            return
+        self._queues.pop(tp, None)
+
+    def _on_settled(self, tp: TopicIdPartition, _future: Future[None]) -> None:
+        self._settled.put(tp)  # the manager's thread: the main loop does the rest
+
+    def settle(self, wait: bool) -> None:
+        """Take in the writes that completed (with `wait`, at least one) and start each partition's next."""
+        try:
+            tp = self._settled.get(timeout=self._settle_timeout_s) if wait else self._settled.get_nowait()
+        except queue.Empty:
+            if wait:
+                raise CommandError(f"no metadata write completed within {self._settle_timeout_s:g} s; is tierlog's "
+                                   "metadata topic available? (rerun to resume)") from None
+            return
+        while True:
+            record, future = self._in_flight.pop(tp)
+            error = future.exception()
+            if error is not None:
+                raise _write_failed(record, error)
+            self._report.written[record_type(record.metadata)] += 1
+            self._progress.record(tp, record.offset)
+            self._advance(tp)
+            try:
+                tp = self._settled.get_nowait()
+            except queue.Empty:
+                return
+
+    def finish(self) -> None:
+        while self._in_flight:
+            self.settle(wait=True)
+        self._progress.flush()
+
+
+def _write_failed(record: SourceRecord, error: BaseException) -> CommandError:
+    return CommandError(f"writing the record at partition {record.partition} offset {record.offset} "
+                        f"({record.metadata}) failed: {error}; what was written is kept, rerun `tierlog migrate` "
+                        "to resume")
+
+
+class DryRun:
+    """What a run would do: the source replayed under Kafka's rules in memory, nothing written."""
+
+    def __init__(self, progress_done: Mapping[tuple[int, int], int], report: MigrationReport) -> None:
+        self._replay = KafkaRulesReplay()
+        self._done = progress_done
+        self._report = report
+        self.buffered = 0
+
+    def add(self, record: SourceRecord) -> None:
+        dropped = self._replay.apply(record.metadata)
+        if record.offset <= self._done.get(_tp_key(record.metadata.topic_id_partition), -1):
+            self._report.already += 1
+        elif dropped is not None:
+            self._report.dropped[dropped] += 1
+        else:
+            self._report.written[record_type(record.metadata)] += 1
+
+    def settle(self, wait: bool) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+# --- the command ------------------------------------------------------------------------------------------
+
+def _identity(source: TopicDescription, target: TopicDescription) -> dict[str, str]:
+    return {"source_topic": source.name, "source_topic_id": source.topic_id, "target_topic": target.name,
+            "target_topic_id": target.topic_id}
+
+
+def progress_path(state_dir: Path, source: str) -> Path:
+    return state_dir / PROGRESS_DIR / f"{source}.progress"
+
+
+def _migrate(settings: Settings, source: TopicDescription, sink: ManagerWrites | DryRun, report: MigrationReport,
+             show: bool | None) -> None:
+    ends = end_offsets(settings, source)
+    total = sum(ends.values())
+    started = last_report = time.monotonic()
+    done = 0
+    with ProgressBar("migrating" if not report.dry_run else "replaying", total, show) as bar:
+        for batch in read_source(settings, source, ends):
+            for item in batch:
+                if isinstance(item, SourceProblem):
+                    report.problems.append(item)
+                    log.warning("not migrated: %s", item)
+                    continue
+                report.read[record_type(item.metadata)] += 1
+                sink.add(item)
+            sink.settle(wait=False)
+            while sink.buffered > MAX_BUFFERED:
+                sink.settle(wait=True)
+            done += len(batch)
+            bar.update(done)
+            if time.monotonic() - last_report > REPORT_EVERY_S:
+                last_report = time.monotonic()
+                log.info("read %d of %d records of %s (%.0f/s), %s", done, total, source.name,
+                         done / (last_report - started), dict(report.written))
+        sink.finish()
+        bar.finish(done)
+    report.seconds = time.monotonic() - started
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    source = require_source(settings, args.source_topic)
+    report = MigrationReport(source.name, args.dry_run)
+    if args.dry_run:
+        # A dry run needs no state dir; given one, it counts what an earlier run's progress file says is done.
+        given = args.state_dir or settings.get("state.dir")
+        target = describe_topic(settings, settings.metadata_topic())
+        done = ProgressLog.read(progress_path(Path(given), source.name), _identity(source, target)) \
+            if given and target is not None else {}
+        _migrate(settings, source, DryRun(done, report), report, args.progress)
+    else:
+        from rlmm import RemoteLogMetadataManager
+
+        state_dir = settings.state_dir(args.state_dir)
+        config = settings.node_config(state_dir)
+        with RemoteLogMetadataManager(config) as manager:
+            manager.wait_caught_up(settings.timeout_s)
+            target = describe_topic(settings, manager.metadata_topic)
+            assert target is not None, "the manager created or found its topic"
+            progress = ProgressLog.open(progress_path(state_dir, source.name), _identity(source, target))
+            try:
+                writes = ManagerWrites(manager, progress, report, settings.timeout_s + SETTLE_GRACE_S)
+                _migrate(settings, source, writes, report, args.progress)
+            finally:
+                progress.close()
+    _show(args, report)
+    if report.problems:
+        print(f"tierlog migrate: {len(report.problems)} record(s) of {source.name} could not be migrated (listed "
+              "above); everything else was", file=sys.stderr)
+        return EXIT_PROBLEM
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace, report: MigrationReport) -> None:
+    def human() -> None:
+        verb = "would write" if report.dry_run else "written"
+        rows = [{"record": kind, "read": report.read[kind], verb: report.written[kind]}
+                for kind in ("segment", "segment update", "partition delete")]
+        print_table(rows, ["record", "read", verb])
+        print(f"\nalready migrated: {report.already}")
+        for reason, count in sorted(report.dropped.items()):
+            print(f"dropped as Kafka's rules drop them ({reason}): {count}")
+        for problem in report.problems[:SHOWN_PROBLEMS]:
+            print(f"not migrated: {problem}")
+        if len(report.problems) > SHOWN_PROBLEMS:
+            print(f"... and {len(report.problems) - SHOWN_PROBLEMS} more (--json lists every one)")
+        print(f"\n{sum(report.read.values())} records in {report.seconds:.1f} s")
+
+    emit(args, report.as_json(), human)
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`tierlog migrate`'s arguments (registered by tierlog.cli.main)."""
+    from tierlog.cli.kafka_metadata import DEFAULT_SOURCE_TOPIC
+
+    p = sub.add_parser("migrate", parents=[common],
+                       help="import Kafka's __remote_log_metadata (TopicBasedRemoteLogMetadataManager) into tierlog's "
+                            "metadata topic; rerun to resume")
+    p.add_argument("--source-topic", default=DEFAULT_SOURCE_TOPIC,
+                   help=f"the topic TBRLMM wrote (default {DEFAULT_SOURCE_TOPIC})")
+    p.add_argument("--dry-run", action="store_true", help="count what would be written; write nothing")
+    p.add_argument("--state-dir", help="a state dir of its own for the migrating node (default state.dir); it also "
+                                       "keeps the progress that lets a rerun resume")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress bar (default: when stderr is a terminal)")
+    p.set_defaults(run=cmd_migrate)
