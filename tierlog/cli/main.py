@@ -30,6 +30,7 @@ from tierlog.cli.common import (
 from tierlog.cli.explain import cmd_config
 from tierlog.cli.inspect import cmd_describe, cmd_segments
 from tierlog.cli.jobs import cmd_reconcile, cmd_replay, cmd_snapshot, cmd_usage
+from tierlog.cli.migrate import add_parser as add_migrate_parser
 from tierlog.cli.plugin import cmd_plugin_path
 from tierlog.cli.verify import cmd_rebuild, cmd_verify
 
@@ -150,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the settings tierlog would use; with --explain, which file and key each came from")
     p.add_argument("--explain", action="store_true", help="also say where each setting came from")
     p.set_defaults(run=cmd_config)
+
+    add_migrate_parser(sub, common)
 
     p = sub.add_parser("plugin-path", help="print the Kafka plugin jar's path (for remote.log.*.class.path)")
     p.set_defaults(run=cmd_plugin_path)
