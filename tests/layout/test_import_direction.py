@@ -1,6 +1,6 @@
-"""The layout's import rule (DESIGN.md): rlmm <- rsm <- tierlog.agent, tierlog.audit, tierlog.pipeline <-
-tierlog.cli. Nothing imports the CLI, only tests, bench and the demo import dev, and no package imports
-one above it or forms a cycle. Every import counts, including those inside functions.
+"""The layout's import rule (DESIGN.md): rlmm <- rsm <- tierlog.audit <- tierlog.agent (which hosts the audit
+loop), rsm <- tierlog.pipeline, all <- tierlog.cli. Nothing imports the CLI, only tests, bench and the demo import
+dev, and no package imports one above it or forms a cycle. Every import counts, including those inside functions.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Each layer may import only layers listed before it (and itself).
-LAYERS = ["rlmm", "rsm", "tierlog.agent", "tierlog.audit", "tierlog.pipeline", "tierlog.cli"]
+LAYERS = ["rlmm", "rsm", "tierlog.audit", "tierlog.agent", "tierlog.pipeline", "tierlog.cli"]
 ALLOWED = {
     "tierlog": set(),  # the namespace's own __init__ imports nothing of ours
     "rlmm": {"rlmm"},
     "rsm": {"rlmm", "rsm"},
-    "tierlog.agent": {"rlmm", "rsm", "tierlog.agent"},
+    "tierlog.agent": {"rlmm", "rsm", "tierlog.audit", "tierlog.agent"},
     "tierlog.audit": {"rlmm", "rsm", "tierlog.audit"},
     "tierlog.pipeline": {"rlmm", "rsm", "tierlog.pipeline"},
     "tierlog.cli": {"rlmm", "rsm", "tierlog.agent", "tierlog.audit", "tierlog.pipeline", "tierlog.cli"},

@@ -1,6 +1,6 @@
 """The Grafana dashboard and the Prometheus alert rules in docker/ against a real scrape: an agent hosting a
-real rlmm (dev Kafka) and rsm (dev S3) serves metadata writes, a segment copy and fetches, with the audit
-archiver beside it; every metric the dashboard and the rules query must be on its /metrics page."""
+real rlmm (dev Kafka) and rsm (dev S3) serves metadata writes, a segment copy and fetches, and archives the
+metadata partitions its broker leads; every metric the dashboard and the rules query must be on its /metrics page."""
 
 from __future__ import annotations
 
@@ -24,13 +24,10 @@ from support.agent_segments import copy_segment, segment_metadata
 
 from rlmm import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, TopicIdPartition
 from rlmm.events import metadata_partition_for
-from rsm.backends import filesystem
-from rsm.metrics import Metrics
 from tierlog.agent import messages
 from tierlog.agent.proto import agent_pb2 as pb
 from tierlog.agent.proto import agent_pb2_grpc as pb_grpc
 from tierlog.agent.server import AgentServer
-from tierlog.audit.archiver import Archiver, ArchiverSettings, ArchiverThread
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 ALERTS = DOCKER / "prometheus" / "alerts.yml"
@@ -87,13 +84,11 @@ def metadata_topic(unique_topic: str) -> str:
     return f"__tierlog_metadata_{unique_topic}"
 
 
-def start_agent(
-    socket: Path, kafka_bootstrap: str, metadata_topic: str, state_dir: Path, rsm: dict[str, str],
-    archiver: ArchiverThread | None = None,
-) -> AgentServer:
+def start_agent(socket: Path, kafka_bootstrap: str, metadata_topic: str, state_dir: Path, rsm: dict[str, str]
+                ) -> AgentServer:
     config = {
         "rlmm.bootstrap.servers": kafka_bootstrap,
-        "rlmm.broker.id": "1",
+        "rlmm.broker.id": "0",  # the dev broker's node id: this agent archives the partitions it leads
         "rlmm.state.dir": str(state_dir),
         "rlmm.metadata.topic.name": metadata_topic,
         "rlmm.metadata.topic.num.partitions": str(PARTITIONS),
@@ -101,7 +96,7 @@ def start_agent(
         "rlmm.metadata.topic.min.insync.replicas": "1",
         **{f"rsm.{k}": v for k, v in rsm.items()},
     }
-    server = AgentServer(config, socket, metrics_port=0, archiver=archiver).start()
+    server = AgentServer(config, socket, metrics_port=0).start()
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     wait_for(lambda: scrape(url).value("tierlog_agent_component_ready") == 2, "the rlmm and the rsm created")
     return server
@@ -124,12 +119,7 @@ def served(
     short_dir: Path, tmp_path: Path, kafka_bootstrap: str, metadata_topic: str, s3_rsm: dict[str, str]
 ) -> Iterator[tuple[Scrape, bytes]]:
     """A scrape of an agent that served real traffic: metadata writes (one failing), a copy to S3, fetches."""
-    store = filesystem.create({"filesystem.root": str(tmp_path / "archive")}, Metrics())
-    archiver = ArchiverThread(lambda: Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)))
-    server = start_agent(
-        short_dir / "a.sock", kafka_bootstrap, metadata_topic, tmp_path / "state", s3_rsm, archiver
-    )
-    archiver.start()  # once the agent created the metadata topic
+    server = start_agent(short_dir / "a.sock", kafka_bootstrap, metadata_topic, tmp_path / "state", s3_rsm)
     channel = grpc.insecure_channel(f"unix:{server.socket_path}")
     try:
         metadata, storage = pb_grpc.RemoteLogMetadataStub(channel), pb_grpc.RemoteStorageStub(channel)
@@ -159,13 +149,14 @@ def served(
         url = f"http://127.0.0.1:{server.metrics_port}/metrics"
         wait_for(
             lambda: (lambda now: now.value("tierlog_rlmm_end_offsets_available") == 1
-                     and now.value("tierlog_rlmm_lag_records") == 0)(scrape(url)),
-            "the view applied every record",
+                     and now.value("tierlog_rlmm_lag_records") == 0
+                     and now.samples("tierlog_archiver_lag_records") != []
+                     and now.value("tierlog_archiver_lag_records") == 0)(scrape(url)),
+            "the view applied and the archive holds every record",
         )
         yield scrape(url), log
     finally:
         channel.close()
-        archiver.stop(timeout_s=30)
         server.stop(grace=1)
 
 
@@ -197,7 +188,8 @@ def test_a_real_scrape_shows_the_traffic_the_agent_served(served: tuple[Scrape, 
     assert found.value("tierlog_rlmm_end_offsets_available") == 1
     assert found.value("tierlog_agent_component_ready", component="rlmm") == 1
     assert found.value("tierlog_archiver_running") == 1
-    assert found.value("tierlog_archiver_restarts_total") == 0
+    assert found.value("tierlog_archiver_partition_archiving") == PARTITIONS
+    assert found.value("tierlog_archiver_failures_total") == 0
     assert found.value("tierlog_rsm_operation_bytes_total", operation="rsm.fetch_log_segment") == len(log)
     assert found.value("tierlog_rsm_operation_errors_total") == 0
 
@@ -233,11 +225,7 @@ def test_prometheus_in_compose_scrapes_the_agent_and_loads_the_rules() -> None:
 def test_a_halted_metadata_partition_and_a_failing_archiver_are_exported(
     short_dir: Path, tmp_path: Path, kafka_bootstrap: str, metadata_topic: str, s3_rsm: dict[str, str]
 ) -> None:
-    # The archiver's settings are invalid (no topic): every start fails, as a broken archiver's would.
-    store = filesystem.create({"filesystem.root": str(tmp_path / "archive")}, Metrics())
-    archiver = ArchiverThread(lambda: Archiver(store, ArchiverSettings(kafka_bootstrap, "")))
-    archiver.start()
-    server = start_agent(short_dir / "h.sock", kafka_bootstrap, metadata_topic, tmp_path / "state", s3_rsm, archiver)
+    server = start_agent(short_dir / "h.sock", kafka_bootstrap, metadata_topic, tmp_path / "state", s3_rsm)
     try:
         url = f"http://127.0.0.1:{server.metrics_port}/metrics"
         halted = metadata_partition_for(uuid.uuid4(), 0, PARTITIONS)
@@ -249,7 +237,9 @@ def test_a_halted_metadata_partition_and_a_failing_archiver_are_exported(
         found = scrape(url)
         assert found.value("tierlog_rlmm_partition_halted", partition=str(halted)) == 1
         assert found.value("tierlog_rlmm_partition_halted", partition=str(1 - halted)) == 0
-        wait_for(lambda: scrape(url).value("tierlog_archiver_restarts_total") >= 2, "the archiver's restarts")
+        # The archiver stops before a record it cannot archive, so that none is skipped, and keeps retrying.
+        wait_for(lambda: scrape(url).value("tierlog_archiver_failures_total", stage="archive") >= 2,
+                 "the archiver's failures")
+        assert scrape(url).value("tierlog_archiver_running") == 1
     finally:
-        archiver.stop(timeout_s=10)
         server.stop(grace=1)

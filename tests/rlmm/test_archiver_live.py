@@ -1,12 +1,14 @@
-"""The audit archiver as it runs inside the agent: it survives being kicked from its group after a long store
-outage and resumes, and it reports a gap when compaction removed records it had not archived yet."""
+"""The audit archiver as the audit loop runs it: a leadership move hands a metadata partition from one loop to
+another, which resumes where the first stopped; two loops archiving one partition at once lose nothing and make the
+same snapshot; and the archiver reports a gap when compaction removed records it had not archived yet."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,80 +20,96 @@ from support.topics import unique_topic_name
 
 from dev.kafka import KafkaCluster
 from rlmm import RemoteLogMetadataManager, RemoteLogSegmentState
-from rlmm.errors import RemoteStorageError
-from rsm.backend import ObjectInfo, RangeStream, Source, StorageBackend
+from rlmm.archive import read_archive_file, read_snapshot
+from rsm.backend import StorageBackend, read_all
 from rsm.backends.filesystem import FilesystemBackend
 from rsm.metrics import Metrics
-from tierlog.audit.archiver import Archiver, ArchiverSettings, ArchiverThread, AuditGap, list_archive_files
+from tierlog.audit.archiver import Archiver, ArchiverSettings, AuditGap, list_archive_files
+from tierlog.audit.assignment import MetadataTopicDescriber
+from tierlog.audit.loop import Assignment, AuditLoop, AuditSettings
+from tierlog.audit.snapshots import SnapshotSettings, write_snapshot_now
+from tierlog.pipeline.generate import HistoryGenerator, HistorySpec, produce_history
 
-# Longer than the consumer's max.poll.interval.ms below, so the group drops the archiver meanwhile.
-OUTAGE_S = 9.0
-GROUP_TIMEOUTS = (("session.timeout.ms", "6000"), ("heartbeat.interval.ms", "1000"),
-                  ("max.poll.interval.ms", "6000"))
-
-
-class StallingStore(StorageBackend):
-    """A real filesystem store whose puts hang and then fail while `outage` is set, as a stalled S3 does."""
-
-    def __init__(self, inner: StorageBackend) -> None:
-        self.inner = inner
-        self.outage = threading.Event()
-
-    def put(self, key: str, source: Source) -> None:
-        if self.outage.is_set():
-            threading.Event().wait(OUTAGE_S)
-            raise RemoteStorageError(f"put of {key} timed out: the store is unreachable")
-        self.inner.put(key, source)
-
-    def get_range(self, key: str, start: int, end: int | None = None) -> RangeStream:
-        return self.inner.get_range(key, start, end)
-
-    def delete(self, keys: Sequence[str]) -> None:
-        self.inner.delete(keys)
-
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        return self.inner.list(prefix)
-
-    def describe(self, key: str) -> str:
-        return self.inner.describe(key)
+PARTITIONS = 2
 
 
-def archived_offsets(store: StorageBackend, topic: str) -> int:
-    return sum(f.last_offset - f.first_offset + 1 for f in list_archive_files(store, topic))
+def archived(store: StorageBackend, topic: str) -> Counter[tuple[int, int]]:
+    """(metadata partition, offset) -> how often the archive holds it."""
+    held: Counter[tuple[int, int]] = Counter()
+    for archive_file in list_archive_files(store, topic):
+        held.update((d["metadata_partition"], d["offset"])
+                    for d in read_archive_file(read_all(store.get_range(archive_file.key, 0))))
+    return held
 
 
-def write_segments(manager: RemoteLogMetadataManager, count: int, first: int = 0) -> None:
-    tp = make_tp("audited")
-    register(manager, tp)
-    for i in range(first, first + count):
-        manager.add_remote_log_segment_metadata(segment(tp, i * 10, i * 10 + 9, {0: i * 10})).result(timeout=30)
+def produce(bootstrap: str, topic: str, seed: int, events: int = 300) -> None:
+    spec = HistorySpec(events=events, metadata_partitions=PARTITIONS, topics=2, partitions_per_topic=3, seed=seed)
+    produce_history(bootstrap, topic, list(HistoryGenerator(spec).records()))
 
 
-def test_the_archiver_thread_survives_being_kicked_from_its_group_and_resumes(
+def every_offset(bootstrap: str, topic: str) -> Counter[tuple[int, int]]:
+    ends = MetadataTopicDescriber({"bootstrap.servers": bootstrap}, topic, None).end_offsets()
+    return Counter((p, offset) for p, end in ends.items() for offset in range(end))
+
+
+def loop_owning(store: StorageBackend, bootstrap: str, topic: str, owned: Callable[[], set[int]]) -> AuditLoop:
+    """A loop whose assignment is `owned()` at each check (every 0.1 s): the leadership a test decides."""
+    describer = MetadataTopicDescriber({"bootstrap.servers": bootstrap}, topic, None)
+    topic_id = describer.assignment().topic_id
+    settings = AuditSettings(ArchiverSettings(bootstrap, topic, max_file_interval_s=0.1), None,
+                             assignment_interval_s=0.1)
+    return AuditLoop(store, settings, lambda: Assignment(frozenset(owned()), tuple(range(PARTITIONS)), topic_id),
+                     describer.end_offsets)
+
+
+def test_a_leadership_move_hands_a_partition_to_another_loop_which_resumes_where_the_first_stopped(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
-    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
-    manager = make_manager()
-    write_segments(manager, 3)
-    store = StallingStore(FilesystemBackend(tmp_path / "bucket", Metrics()))
-    settings = ArchiverSettings(kafka_bootstrap, metadata_topic, max_file_interval_s=0.2,
-                                group_id=unique_topic_name("archivers"), consumer_overrides=GROUP_TIMEOUTS)
-    thread = ArchiverThread(lambda: Archiver(store, settings))
-    thread.start()
+    make_manager(partitions=PARTITIONS)  # creates the topic
+    store = FilesystemBackend(tmp_path / "bucket", Metrics())
+    leads = {"a": {0, 1}, "b": set[int]()}
+    first = loop_owning(store, kafka_bootstrap, metadata_topic, lambda: set(leads["a"])).start()
+    second = loop_owning(store, kafka_bootstrap, metadata_topic, lambda: set(leads["b"])).start()
     try:
-        wait_until(lambda: archived_offsets(store, metadata_topic) > 0, timeout=60, description="first files")
-        store.outage.set()
-        write_segments(manager, 3, first=3)
-        wait_until(lambda: thread.restarts > 0, timeout=60, description="the archiver failing and restarting")
-        store.outage.clear()
-        manager.wait_caught_up(30)
-        end = sum(manager.applied_offsets().values())
-        wait_until(lambda: archived_offsets(store, metadata_topic) >= end, timeout=90,
-                   description="every record archived after the outage")
-        assert thread.is_alive()
-        assert any("restarting" in r.getMessage() for r in caplog.records if r.name == "tierlog.audit.archiver")
+        produce(kafka_bootstrap, metadata_topic, seed=1)
+        wait_until(lambda: archived(store, metadata_topic) == every_offset(kafka_bootstrap, metadata_topic),
+                   timeout=60, description="the first loop archiving both partitions")
+        leads["a"] = {0}
+        wait_until(lambda: first.progress().assignment.owned == {0},  # type: ignore[union-attr]
+                   timeout=30, description="the first loop giving partition 1 up")
+        leads["b"] = {1}
+        produce(kafka_bootstrap, metadata_topic, seed=2)
+        wait_until(lambda: archived(store, metadata_topic) == every_offset(kafka_bootstrap, metadata_topic),
+                   timeout=60, description="the second loop archiving partition 1 from where the first stopped")
+        assert second.progress().lag == {1: 0}
     finally:
-        thread.stop()
+        assert first.close(10) and second.close(10)
+
+
+def test_two_loops_archiving_the_same_partitions_at_once_lose_nothing_and_make_the_same_snapshot(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    tmp_path: Path,
+) -> None:
+    manager = make_manager(partitions=PARTITIONS)
+    store = FilesystemBackend(tmp_path / "bucket", Metrics())
+    loops = [loop_owning(store, kafka_bootstrap, metadata_topic, lambda: {0, 1}).start() for _ in range(2)]
+    try:
+        produce(kafka_bootstrap, metadata_topic, seed=3, events=600)
+        expected = every_offset(kafka_bootstrap, metadata_topic)
+        wait_until(lambda: set(archived(store, metadata_topic)) == set(expected), timeout=60,
+                   description="every record archived")
+    finally:
+        assert all(loop.close(10) for loop in loops)
+    manager.wait_caught_up(30)
+    topic_id = MetadataTopicDescriber(
+        {"bootstrap.servers": kafka_bootstrap}, metadata_topic, None).assignment().topic_id
+
+    key = write_snapshot_now(store, SnapshotSettings("snapshots", metadata_topic), topic_id)
+
+    assert key is not None
+    header, _ = read_snapshot(io.BytesIO(read_all(store.get_range(key, 0))))
+    assert header.view_digest == manager.view_digest()
 
 
 FAST_CLEANER = {"log.cleaner.backoff.ms": 300}

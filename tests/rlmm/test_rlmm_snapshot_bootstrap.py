@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 from rlmm_testkit import drive, make_tp, manager_config, register, wait_digest, workload
-from support import wait_until
 from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
@@ -38,14 +37,7 @@ from rsm.snapshot_source import BucketSnapshotSource
 from tierlog.agent.components import ComponentName
 from tierlog.agent.server import AgentServer
 from tierlog.audit.archiver import Archiver, ArchiverSettings
-from tierlog.audit.snapshots import (
-    SnapshotSettings,
-    SnapshotWriterThread,
-    archived_records,
-    metadata_topic_ends,
-    start_snapshot_writer,
-    write_snapshot_now,
-)
+from tierlog.audit.snapshots import SnapshotSettings, archived_records, metadata_topic_now, write_snapshot_now
 from tierlog.pipeline.locations import open_store
 
 PARTITIONS = 2
@@ -170,23 +162,6 @@ def test_a_new_snapshot_is_written_only_when_the_archive_moved_on(
     assert second is not None
     refs = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)
     assert refs[0].key == second
-
-
-def test_the_snapshot_writer_thread_writes_snapshots_without_operator_action(
-    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
-    store: StorageBackend,
-) -> None:
-    writer = make_manager(partitions=PARTITIONS)
-    _history(writer, seed=7, partitions=2)
-    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
-    topic_id = _topic_id(kafka_bootstrap, metadata_topic)
-    thread = start_snapshot_writer(store, SnapshotSettings(LOCATION, metadata_topic, interval_s=0.2), kafka_bootstrap)
-    try:
-        wait_until(lambda: bool(thread.written), timeout=30, description="a snapshot written by the thread")
-    finally:
-        thread.stop()
-    refs = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)
-    assert [r.key for r in refs] == thread.written
 
 
 class _UnreachableBucket:
@@ -466,31 +441,6 @@ def test_the_snapshot_writer_continues_from_a_format_1_snapshot_to_the_topics_vi
     assert (header.format, header.view_digest) == (2, writer.view_digest())
 
 
-def test_the_snapshot_writer_thread_survives_a_failed_round_and_writes_at_the_next(
-    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
-    store: StorageBackend,
-) -> None:
-    writer = make_manager(partitions=PARTITIONS)
-    _history(writer, seed=19, partitions=1)
-    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(timeout_s=60)
-    topic_id = _topic_id(kafka_bootstrap, metadata_topic)
-    rounds: list[int] = []
-
-    def flaky_topic_id() -> str:
-        rounds.append(1)
-        if len(rounds) == 1:  # RocksDB and other libraries raise bare Exception on failure
-            raise Exception("the scratch view's disk is full")
-        return topic_id
-
-    thread = SnapshotWriterThread(store, SnapshotSettings(LOCATION, metadata_topic, interval_s=0.2), flaky_topic_id)
-    thread.start()
-    try:
-        wait_until(lambda: bool(thread.written), timeout=30, description="a snapshot written after a failed round")
-    finally:
-        thread.stop()
-    assert len(rounds) >= 2
-
-
 def test_a_bootstrapped_node_resolves_readiness_when_partitions_register_not_at_the_next_interval(
     make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
     store: StorageBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -558,7 +508,7 @@ def test_a_snapshot_of_an_archive_that_lags_the_topic_is_dated_by_its_newest_rec
     settings = SnapshotSettings(LOCATION, metadata_topic)
 
     def topic_ends() -> dict[int, int]:
-        return metadata_topic_ends(kafka_bootstrap, metadata_topic)
+        return metadata_topic_now({"bootstrap.servers": kafka_bootstrap}, metadata_topic)[1]
 
     lagging = write_snapshot_now(store, settings, topic_id, topic_ends=topic_ends)
     assert lagging is not None

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -92,36 +92,6 @@ class _RsmCollector(Collector):
         size = GaugeMetricFamily("tierlog_rsm_index_cache_bytes", "bytes held by the packed-index cache")
         size.add_metric([], snap.get("index_cache", {}).get("bytes", 0))
         yield size
-
-
-class ArchiverStatus(Protocol):
-    """What the metrics read of the audit archiver thread (tierlog.audit.archiver.ArchiverThread)."""
-
-    restarts: int
-
-    @property
-    def gaps(self) -> int: ...
-
-    def is_alive(self) -> bool: ...
-
-
-class _ArchiverCollector(Collector):
-    def __init__(self, archiver: ArchiverStatus) -> None:
-        self._archiver = archiver
-
-    def collect(self) -> Iterator[Any]:
-        yield GaugeMetricFamily(
-            "tierlog_archiver_running", "1 while the audit archiver beside this agent runs",
-            value=1 if self._archiver.is_alive() else 0,
-        )
-        yield CounterMetricFamily(
-            "tierlog_archiver_restarts", "times the audit archiver failed and started again (see the agent log)",
-            value=self._archiver.restarts,
-        )
-        yield CounterMetricFamily(
-            "tierlog_archiver_gaps", "records compaction removed before the archiver copied them: the audit "
-            "trail has a hole (see the agent log for the offsets)", value=self._archiver.gaps,
-        )
 
 
 class _ReadinessCollector(Collector):
@@ -207,10 +177,6 @@ class AgentMetrics:
         """Export the readiness of each configured component (`readiness()`: short name -> created); a component
         this agent does not host (e.g. the broker uses Kafka's own RLMM) is absent, not 0."""
         self.registry.register(_ReadinessCollector(readiness))
-
-    def watch_archiver(self, archiver: ArchiverStatus) -> None:
-        """Export the state of the audit archiver beside the agent; an agent without one exports nothing."""
-        self.registry.register(_ArchiverCollector(archiver))
 
     def watch(self, collector: Collector) -> None:
         self.registry.register(collector)

@@ -43,10 +43,13 @@ from typing import Any
 import grpc
 
 from rlmm.errors import ConfigError
+from tierlog.agent.archiving import ArchivingComponent
+from tierlog.agent.archiving import split_config as split_archiving_config
 from tierlog.agent.components import ComponentName, Components, NotConfiguredError
-from tierlog.agent.metrics import DEFAULT_METRICS_ADDRESS, AgentMetrics, ArchiverStatus
+from tierlog.agent.metrics import DEFAULT_METRICS_ADDRESS, AgentMetrics
 from tierlog.agent.rlmm_metrics import RlmmCollector, kafka_end_offsets
 from tierlog.agent.servicers import build_services
+from tierlog.audit.metrics import AuditCollector
 
 log = logging.getLogger("agent")
 
@@ -172,7 +175,6 @@ class AgentServer:
         *,
         exit_when_idle: bool = False,
         metrics_address: str = DEFAULT_METRICS_ADDRESS,
-        archiver: ArchiverStatus | None = None,
         snapshot_source: Any | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
@@ -188,13 +190,25 @@ class AgentServer:
         self._split = split_config(config)
         self.metrics_port = metrics_port
         self.metrics_address = metrics_address
-        self._archiver = archiver
+        # Archives the metadata partitions this broker leads, into the rsm's bucket (tierlog.agent.archiving).
+        self.archiving = ArchivingComponent(self._rsm_backend, client_logger())
         self._snapshot_source = snapshot_source
         self._end_offsets: Any = None
         self._server: grpc.Server | None = None
 
     def _create_rlmm(self, config: Mapping[str, Any]) -> Any:
-        return _create_rlmm(config, self._snapshot_source or self._bucket_snapshots(config))
+        own, archiving = split_archiving_config(config)
+        manager = _create_rlmm(own, self._snapshot_source or self._bucket_snapshots(own))
+        self.archiving.configure(own, archiving)
+        return manager
+
+    def _rsm_backend(self) -> Any | None:
+        """The bucket of this agent's rsm once it exists, else None."""
+        try:
+            rsm = self.components.slot(ComponentName.REMOTE_STORAGE_MANAGER).get_nowait()
+        except NotConfiguredError:
+            return None
+        return None if rsm is None else rsm.backend
 
     def _bucket_snapshots(self, config: Mapping[str, Any]) -> Any | None:
         """With `snapshot.location`, a new node bootstraps from snapshots in the bucket its rsm writes to."""
@@ -253,8 +267,7 @@ class AgentServer:
         metrics.watch_rsm(self._rsm_snapshot)
         metrics.watch(RlmmCollector(self._rlmm, self._rlmm_end_offsets))
         metrics.watch_components(self._readiness)
-        if self._archiver is not None:
-            metrics.watch_archiver(self._archiver)
+        metrics.watch(AuditCollector(self.archiving.progress))
         metrics.up.set(1)
 
     def start(self) -> AgentServer:
@@ -293,6 +306,7 @@ class AgentServer:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
+        self.archiving.close()
         self.components.close_all()
         self.metrics.close()
         with contextlib.suppress(FileNotFoundError):
@@ -338,16 +352,14 @@ def serve(
     parent_pid: int | None = None,
     exit_when_idle: bool = False,
     metrics_address: str = DEFAULT_METRICS_ADDRESS,
-    archiver: ArchiverStatus | None = None,
     snapshot_source: Any | None = None,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or its parent's exit / idleness, if asked); see the module doc.
 
-    `archiver`: the audit archiver thread running beside the agent, exported as tierlog_archiver_*.
     `snapshot_source`: where the rlmm finds bootstrap snapshots (default: its rsm's bucket)."""
     agent = AgentServer(
         config, socket_path, metrics_port, exit_when_idle=exit_when_idle, metrics_address=metrics_address,
-        archiver=archiver, snapshot_source=snapshot_source,
+        snapshot_source=snapshot_source,
     ).start()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -1,17 +1,16 @@
 """The audit archiver: copies every metadata-topic record, before compaction can drop it, into Avro files.
 
 Files live under `audit/<metadata topic>/<partition>/<first offset:020d>-<last offset:020d>.avro`; the
-resume point is the highest last offset found there, so a crash loses nothing and repeats nothing. A gap
-(records compacted away before they were archived) is logged and counted; inside the agent the archiver
-restarts after any failure.
+resume point is the highest last offset found there, so a crash loses nothing and repeats nothing, and two
+archivers of one partition (a leadership hand-over) write no record twice. A gap (records compacted away before
+they were archived) is logged and counted. `tierlog.audit.loop` runs and supervises it.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +30,6 @@ from rlmm.errors import DecodeError, MetadataLogError, RemoteStorageError
 from rsm.backend import ObjectInfo, StorageBackend
 
 log = logging.getLogger(__name__)
-
-RETRY_MIN_S = 0.5
-RETRY_MAX_S = 30.0
 
 
 def list_archive_files(
@@ -61,11 +57,10 @@ class ArchiverSettings:
     # Longest a record waits in memory before its file is written: keep it far below the topic's
     # min.compaction.lag.ms, which is what guarantees the archiver sees every record.
     max_file_interval_s: float = 5.0
-    # With a group id, archivers on several nodes split the metadata partitions between them;
-    # without one, this archiver takes every partition (the standalone `tierlog archive`).
-    group_id: str | None = None
-    group_instance_id: str | None = None
-    consumer_overrides: tuple[tuple[str, str], ...] = ()
+    # The metadata partitions to archive; None: every partition of the topic.
+    partitions: frozenset[int] | None = None
+    # Kafka client settings (security, logger) for the archiver's consumer.
+    consumer_overrides: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_records_per_file < 1:
@@ -101,7 +96,10 @@ class _PartitionBuffer:
 
 
 class Archiver:
-    """Consumes the metadata topic and writes its records into archive files; one instance, one thread."""
+    """Consumes the metadata topic and writes its records into archive files; one instance, one thread.
+
+    `start()` resumes each partition from the archive, `step()` reads one batch and writes the files that are due,
+    `close()` writes what is buffered (when it can) and closes the consumer."""
 
     def __init__(self, store: StorageBackend, settings: ArchiverSettings) -> None:
         self._store = store
@@ -110,25 +108,24 @@ class Archiver:
         self._next_offset: dict[int, int] = {}
         # Offset after the last record seen in each partition, whether archived or only passed over.
         self._consumed_end: dict[int, int] = {}
-        # Partitions (re)assigned but not read yet: the offset the first record read should have.
+        # Partitions assigned but not read yet: the offset the first record read should have.
         self._expected_first: dict[int, int] = {}
         self.stats = ArchiverStats()
         self._consumer = Consumer(self._consumer_config())
+        self._closed = False
 
     def _consumer_config(self) -> dict[str, Any]:
         s = self._settings
         config: dict[str, Any] = {
             "bootstrap.servers": s.bootstrap_servers,
-            # Positions come from the archive itself, never from committed offsets.
-            "group.id": s.group_id or f"tierlog-archiver-standalone-{s.metadata_topic}",
+            # Positions come from the archive itself, never from committed offsets: the group is never joined.
+            "group.id": f"tierlog-archiver-{s.metadata_topic}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
         }
-        if s.group_instance_id:
-            config["group.instance.id"] = s.group_instance_id
         config.update(dict(s.consumer_overrides))
         return config
 
@@ -148,7 +145,8 @@ class Archiver:
                 f"metadata topic {topic!r} does not exist on {self._settings.bootstrap_servers}; "
                 "start the agent (it creates the topic) or pass the right metadata topic name"
             )
-        return sorted(described.partitions)
+        chosen = self._settings.partitions
+        return sorted(p for p in described.partitions if chosen is None or p in chosen)
 
     def _resume_positions(self, partitions: Iterable[int]) -> list[TopicPartition]:
         topic = self._settings.metadata_topic
@@ -163,49 +161,45 @@ class Archiver:
             log.info("archiving %s-%d from offset %s", topic, p, "0 (start)" if resume is None else resume)
         return positions
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        consumer.assign(self._resume_positions(tp.partition for tp in partitions))
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Write what is buffered so the next owner resumes after it rather than re-reading it.
-        for tp in partitions:
-            self._flush(tp.partition)
-            self._buffers.pop(tp.partition, None)
-        consumer.unassign()
-
     # --- running -----------------------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, poll_timeout_s: float = 0.5) -> None:
-        """Archive until `stop` is set; buffered records are written before returning."""
-        if self._settings.group_id:
-            self._consumer.subscribe(
-                [self._settings.metadata_topic], on_assign=self._on_assign, on_revoke=self._on_revoke
-            )
-        else:
-            self._consumer.assign(self._resume_positions(self._partitions(timeout_s=30)))
-        backoff_s = RETRY_MIN_S
+    def start(self, timeout_s: float = 30) -> list[int]:
+        """Resume each chosen partition after its last archived offset; the partitions archived."""
+        partitions = self._partitions(timeout_s)
+        self._consumer.assign(self._resume_positions(partitions))
+        return partitions
+
+    def step(self, poll_timeout_s: float = 0.5) -> None:
+        """Read one batch (unless a buffer is full: a store refusing writes must not make them grow without
+        bound) and write the files that are full or have waited long enough; RemoteStorageError keeps the
+        records buffered for the next step."""
+        if not self._any_full():
+            self._consume_batch(poll_timeout_s)
+        self._flush_ready()
+
+    def flush(self) -> None:
+        """Write every buffered record now."""
+        for partition in list(self._buffers):
+            self._flush(partition)
+
+    def close(self, flush: bool = True) -> None:
+        """Close the consumer, first writing what is buffered when `flush` (a failure to write is logged: the
+        next archiver reads those records again from the topic)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
-            while not stop.is_set():
-                # A store that refuses writes must not make the buffers grow without bound.
-                if not self._any_full():
-                    self._consume_batch(poll_timeout_s)
-                try:
-                    self._flush_ready()
-                    backoff_s = RETRY_MIN_S
-                except RemoteStorageError as exc:
-                    log.warning("writing the audit archive failed, retrying in %.1f s: %s", backoff_s, exc)
-                    stop.wait(backoff_s)
-                    backoff_s = min(backoff_s * 2, RETRY_MAX_S)
-            self._flush_all()
+            if flush:
+                self.flush()
+        except RemoteStorageError as exc:
+            log.warning("closing the archiver of %s without writing its buffered records (%s); they are read "
+                        "again from the topic", self._settings.metadata_topic, exc)
         finally:
             self._consumer.close()
 
     def run_until_caught_up(self, timeout_s: float = 600) -> ArchiverStats:
         """Archive every record present now (up to each partition's end), write it, and return."""
-        if self._settings.group_id:
-            raise ValueError("run_until_caught_up archives every partition; use it without a group id")
-        partitions = self._partitions(timeout_s=30)
-        self._consumer.assign(self._resume_positions(partitions))
+        partitions = self.start()
         topic = self._settings.metadata_topic
         watermarks = self._consumer.get_watermark_offsets
         ends = {p: watermarks(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
@@ -216,12 +210,25 @@ class Archiver:
                     raise MetadataLogError(
                         f"archiving {topic} did not reach the end offsets {ends} within {timeout_s}s"
                     )
-                self._consume_batch(0.5)
-                self._flush_ready()
-            self._flush_all()
+                self.step()
+            self.flush()
         finally:
-            self._consumer.close()
+            self.close(flush=False)
         return self.stats
+
+    # --- progress ----------------------------------------------------------------------------------
+
+    def archived_end(self, partition: int) -> int:
+        """Offset after the last record of `partition` archived (written, or passed over as compacted away)."""
+        if self._buffers.get(partition) is not None and self._buffers[partition].datums:
+            return self._next_offset[partition]
+        return max(self._consumed_end.get(partition, 0), self._next_offset.get(partition, 0))
+
+    def end_offset(self, partition: int) -> int | None:
+        """The partition's end offset as the consumer last heard it from Kafka (no request), None before."""
+        _low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self._settings.metadata_topic, partition), cached=True)
+        return None if high is None or high < 0 else int(high)
 
     def _position(self, partition: int) -> int:
         """Offset after the last record consumed (buffered or written) in `partition`."""
@@ -240,8 +247,7 @@ class Archiver:
                     self._check_gap(partition, offset)
                     self._consumed_end[partition] = max(offset, self._consumed_end.get(partition, 0))
                     continue
-                if error.fatal() or error.code() == KafkaError._MAX_POLL_EXCEEDED:
-                    # E.g. kicked from the group after a long store outage: only a new consumer goes on.
+                if error.fatal():
                     raise MetadataLogError(f"consuming {self._settings.metadata_topic} failed: {error}")
                 log.warning("consuming %s: %s (the client retries)", self._settings.metadata_topic, error.str())
                 continue
@@ -288,6 +294,10 @@ class Archiver:
             buffer.opened_at = time.monotonic()
         buffer.datums.append(datum)
 
+    def holds_unwritten(self) -> bool:
+        """Whether records read are waiting to be written."""
+        return any(b.datums for b in self._buffers.values())
+
     def _any_full(self) -> bool:
         return any(len(b.datums) >= self._settings.max_records_per_file for b in self._buffers.values())
 
@@ -298,10 +308,6 @@ class Archiver:
             full = len(buffer.datums) >= self._settings.max_records_per_file
             if full or (buffer.datums and now - buffer.opened_at >= self._settings.max_file_interval_s):
                 self._flush(partition)
-
-    def _flush_all(self) -> None:
-        for partition in list(self._buffers):
-            self._flush(partition)
 
     def _flush(self, partition: int) -> None:
         """Write the partition's buffer as files of at most max_records_per_file records, in order."""
@@ -354,43 +360,3 @@ class Archiver:
             topic, partition, first, covered_to,
         )
         return [d for d in datums if d["offset"] > covered_to]
-
-
-class ArchiverThread(threading.Thread):
-    """Runs an Archiver in the background of the agent; after any failure it logs, waits and starts a new
-    one, which resumes from the archive. `restarts`, `gaps` and `error` (the last failure) are for inspection."""
-
-    def __init__(self, make_archiver: Callable[[], Archiver]) -> None:
-        super().__init__(name="tierlog-archiver", daemon=True)
-        self._make_archiver = make_archiver
-        self._stop_event = threading.Event()
-        self.error: BaseException | None = None
-        self.restarts = 0
-        self._current: Archiver | None = None
-        self._earlier_gaps = 0
-
-    @property
-    def gaps(self) -> int:
-        """Audit gaps found since the thread started, by every archiver it ran."""
-        current = self._current
-        return self._earlier_gaps + (len(current.stats.gaps) if current is not None else 0)
-
-    def run(self) -> None:
-        backoff_s = RETRY_MIN_S
-        while not self._stop_event.is_set():
-            try:
-                if self._current is not None:
-                    self._earlier_gaps += len(self._current.stats.gaps)
-                self._current = self._make_archiver()
-                self._current.run(self._stop_event)
-            except Exception as exc:  # the agent keeps serving; the archiver starts again
-                self.error = exc
-                self.restarts += 1
-                log.warning("the audit archiver failed (%s); restarting in %.1f s from the archive's resume point",
-                            exc, backoff_s)
-                self._stop_event.wait(backoff_s)
-                backoff_s = min(backoff_s * 2, RETRY_MAX_S)
-
-    def stop(self, timeout_s: float = 30) -> None:
-        self._stop_event.set()
-        self.join(timeout_s)

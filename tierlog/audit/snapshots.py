@@ -2,8 +2,8 @@
 that view as a new snapshot.
 
 Each file is `rlmm.archive`'s snapshot format 2 (the view's entries and digest) stored under `rlmm.bootstrap`'s
-key layout (creation time and sha256 in the name), so new nodes verify it before use. `SnapshotWriterThread` runs
-beside the archiver.
+key layout (creation time and sha256 in the name), so new nodes verify it before use. `tierlog.audit.loop` writes
+them beside the archiver.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import logging
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -146,51 +145,3 @@ def metadata_topic_now(client_config: Mapping[str, Any], metadata_topic: str, ti
     except KafkaException as exc:
         raise RemoteStorageError(f"cannot describe metadata topic {metadata_topic} on "
                                  f"{client_config.get('bootstrap.servers')}: {exc}") from exc
-
-
-def metadata_topic_id(bootstrap_servers: str, metadata_topic: str, timeout_s: float = 30.0) -> str:
-    return metadata_topic_now({"bootstrap.servers": bootstrap_servers}, metadata_topic, timeout_s)[0]
-
-
-def metadata_topic_ends(bootstrap_servers: str, metadata_topic: str, timeout_s: float = 30.0) -> dict[int, int]:
-    return metadata_topic_now({"bootstrap.servers": bootstrap_servers}, metadata_topic, timeout_s)[1]
-
-
-def start_snapshot_writer(store: StorageBackend, settings: SnapshotSettings,
-                          bootstrap_servers: str) -> SnapshotWriterThread:
-    """Start writing snapshots of `settings.metadata_topic` in the background (beside the archiver)."""
-    thread = SnapshotWriterThread(store, settings,
-                                  lambda: metadata_topic_id(bootstrap_servers, settings.metadata_topic),
-                                  lambda: metadata_topic_ends(bootstrap_servers, settings.metadata_topic))
-    thread.start()
-    return thread
-
-
-class SnapshotWriterThread(threading.Thread):
-    """Writes a snapshot every `interval_s` (the first one at once) until stopped; failures are logged and
-    retried at the next interval, since an older snapshot, or the topic, still serves new nodes."""
-
-    def __init__(self, store: StorageBackend, settings: SnapshotSettings, topic_id: Callable[[], str],
-                 topic_ends: Callable[[], Mapping[int, int]] | None = None) -> None:
-        super().__init__(name="tierlog-snapshot-writer", daemon=True)
-        self._store = store
-        self._settings = settings
-        self._topic_id = topic_id
-        self._topic_ends = topic_ends
-        self._stop_event = threading.Event()
-        self.written: list[str] = []
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            try:
-                key = write_snapshot_now(self._store, self._settings, self._topic_id(), topic_ends=self._topic_ends)
-                if key is not None:
-                    self.written.append(key)
-            except Exception:  # the bucket, Kafka, or the scratch view's RocksDB (which raises bare Exception)
-                log.exception("writing a bootstrap snapshot of %s failed; retrying in %.0f s",
-                              self._settings.metadata_topic, self._settings.interval_s)
-            self._stop_event.wait(self._settings.interval_s)
-
-    def stop(self, timeout_s: float = 30) -> None:
-        self._stop_event.set()
-        self.join(timeout_s)

@@ -1,5 +1,5 @@
-"""`tierlog archive` (the audit archiver on its own) and `tierlog agent` (the per-broker agent, optionally
-with the archiver)."""
+"""`tierlog archive` (the audit loop on its own: every metadata partition, and snapshots) and `tierlog agent` (the
+per-broker agent, which archives the metadata partitions its broker leads)."""
 
 from __future__ import annotations
 
@@ -12,86 +12,96 @@ from tierlog.cli.common import EXIT_OK, EXIT_USAGE, CommandError, Settings, open
 from tierlog.cli.output import emit
 
 
-def archiver_settings(settings: Settings, group: bool, instance_id: str | None) -> Any:
-    from tierlog.audit.archiver import ArchiverSettings
+def _audit_settings(settings: Settings) -> tuple[Any, dict[str, Any]]:
+    """The audit loop's settings from the config's archive.* and snapshot.* keys (the agent's keys), and the Kafka
+    client settings it uses."""
+    from rlmm.config import parse_config
+    from rlmm.errors import ConfigError
+    from tierlog.agent.archiving import CONFIG_KEYS, audit_settings
 
-    topic = settings.metadata_topic()
+    raw = {key.name: settings.get(key.name) for key in CONFIG_KEYS if settings.get(key.name)}
+    client = {k: v for k, v in settings.kafka_client().items() if k != "bootstrap.servers"}
     try:
-        return ArchiverSettings(
-            bootstrap_servers=settings.bootstrap(),
-            metadata_topic=topic,
-            max_records_per_file=int(settings.get("archive.max.records.per.file") or 10_000),
-            max_file_interval_s=int(settings.get("archive.max.interval.ms") or 5_000) / 1000,
-            group_id=f"tierlog-archiver.{topic}" if group else None,
-            group_instance_id=instance_id,
-        )
-    except ValueError as exc:
+        archiving = parse_config(raw, CONFIG_KEYS, "archive")
+        return audit_settings(archiving, settings.bootstrap(), settings.metadata_topic(),
+                              settings.get("snapshot.location") or "", client), client
+    except (ConfigError, ValueError) as exc:
         raise CommandError(f"archive settings: {exc}", EXIT_USAGE) from exc
 
 
 def cmd_archive(args: argparse.Namespace, settings: Settings) -> int:
-    from rlmm.errors import MetadataLogError
+    from rlmm.errors import MetadataLogError, RemoteStorageError
+    from tierlog.agent.archiving import audit_loop
     from tierlog.audit.archiver import Archiver
+    from tierlog.audit.assignment import MetadataTopicDescriber
+    from tierlog.audit.snapshots import write_snapshot_now
     from tierlog.cli.verify import require_topic
 
     location = settings.archive_location(args.archive)
     # The archiver's own client waits longer than --timeout on a wrong address; fail first, in one line.
     require_topic(settings, settings.metadata_topic())
-    archiver = Archiver(open_location(location, settings), archiver_settings(settings, args.group, args.instance_id))
-    try:
-        if args.once:
-            stats = archiver.run_until_caught_up()
-            payload = {"archive": location, "files_written": stats.files_written,
-                       "records_archived": stats.records_archived}
-            emit(args, payload, lambda: print(
-                f"archived {stats.records_archived} records in {stats.files_written} files to {location}"))
-            return EXIT_OK
-        stop = threading.Event()
-        import signal
-
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        print(f"archiving {settings.metadata_topic()} to {location}; Ctrl-C stops", file=sys.stderr)
-        archiver.run(stop)
+    store = open_location(location, settings)
+    audit, client = _audit_settings(settings)
+    if args.once:
+        try:
+            stats = Archiver(store, audit.archiver).run_until_caught_up()
+            snapshot = None
+            if audit.snapshots is not None:
+                topic = MetadataTopicDescriber({"bootstrap.servers": settings.bootstrap(), **client},
+                                               settings.metadata_topic(), None)
+                snapshot = write_snapshot_now(store, audit.snapshots, topic.assignment().topic_id,
+                                              topic_ends=topic.end_offsets)
+        except (MetadataLogError, RemoteStorageError) as exc:
+            raise CommandError(str(exc)) from exc
+        payload = {"archive": location, "files_written": stats.files_written,
+                   "records_archived": stats.records_archived, "snapshot": snapshot}
+        emit(args, payload, lambda: print(
+            f"archived {stats.records_archived} records in {stats.files_written} files to {location}"
+            + (f"; wrote snapshot {snapshot}" if snapshot else "")))
         return EXIT_OK
-    except MetadataLogError as exc:
-        raise CommandError(str(exc)) from exc
+    loop = audit_loop(store, audit, client, broker_id=None)
+    stop = threading.Event()
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    metrics = _serve_metrics(loop, args.metrics_port, args.metrics_address)
+    loop.start()
+    print(f"archiving {settings.metadata_topic()} to {location}"
+          + ("" if audit.snapshots is None else f", snapshots under {audit.snapshots.location}")
+          + ("" if metrics is None else f"; metrics on http://{args.metrics_address}:{metrics.server_port}/metrics")
+          + "; Ctrl-C stops", file=sys.stderr, flush=True)
+    try:
+        stop.wait()
+    finally:
+        loop.close()
+        if metrics is not None:
+            metrics.shutdown()
+            metrics.server_close()
+    return EXIT_OK
+
+
+def _serve_metrics(loop: Any, port: int | None, address: str) -> Any:
+    """The same tierlog_archiver_* metrics the agent serves, on `address`:`port` (0 picks one); None without one."""
+    if port is None:
+        return None
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from tierlog.audit.metrics import AuditCollector
+
+    registry = CollectorRegistry()
+    registry.register(AuditCollector(loop.progress))
+    try:
+        server, _thread = start_http_server(port, addr=address, registry=registry)
+    except OSError as exc:
+        raise CommandError(f"cannot serve metrics on {address}:{port}: {exc}", EXIT_USAGE) from exc
+    return server
 
 
 def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
-    from rsm.snapshot_source import BucketSnapshotSource
     from tierlog.agent.server import serve
-    from tierlog.audit.archiver import Archiver, ArchiverThread
-    from tierlog.audit.snapshots import SnapshotSettings, SnapshotWriterThread, start_snapshot_writer
 
-    # The agent takes only component keys; the rest (bootstrap.servers, archive.*) serve the archiver.
+    # The agent takes only component keys (rlmm.*, rsm.*); it archives the metadata partitions its broker leads.
     config = {k: v for k, v in settings.config.items() if k.startswith(("rlmm.", "rsm."))}
-    thread: ArchiverThread | None = None
-    snapshots: SnapshotWriterThread | None = None
-    source = None
-    if args.archive or (settings.get("archive.enable") or "").lower() == "true":
-        location = settings.archive_location(None)
-        broker = settings.get("broker.id") or "0"
-        archive = archiver_settings(settings, group=True, instance_id=f"tierlog-archiver-broker-{broker}")
-        thread = ArchiverThread(lambda: Archiver(open_location(location, settings), archive))
-        thread.start()
-        snapshot_location = settings.get("snapshot.location")
-        if snapshot_location:
-            # Snapshots are folded from the archive, so they live in the archive's bucket; the rlmm reads them there.
-            store = open_location(location, settings)
-            source = BucketSnapshotSource(store)
-            interval_s = int(settings.get("snapshot.interval.ms") or 3_600_000) / 1000
-            try:
-                snapshot_settings = SnapshotSettings(snapshot_location, settings.metadata_topic(), interval_s)
-            except ValueError as exc:
-                raise CommandError(f"snapshot settings: {exc}", EXIT_USAGE) from exc
-            snapshots = start_snapshot_writer(store, snapshot_settings, settings.bootstrap())
-    try:
-        serve(config, args.socket, args.metrics_port, metrics_address=args.metrics_address, archiver=thread,
-              snapshot_source=source)
-    finally:
-        if snapshots is not None:
-            snapshots.stop()
-        if thread is not None:
-            thread.stop()
+    serve(config, args.socket, args.metrics_port, metrics_address=args.metrics_address)
     return EXIT_OK

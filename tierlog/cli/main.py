@@ -74,8 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--socket", required=True, help="Unix domain socket path to serve on")
     p.add_argument("--metrics-port", type=int, help="Prometheus port (0 picks one)")
     p.add_argument("--metrics-address", default="127.0.0.1", help="address the metrics port binds to (0.0.0.0: all)")
-    p.add_argument("--archive", action="store_true",
-                   help="also run the audit archiver (or archive.enable=true)")
     p.set_defaults(run=cmd_agent)
 
     p = sub.add_parser("describe", parents=[common], help="a topic's or partition's remote segments, states, "
@@ -140,11 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_snapshot)
 
     p = sub.add_parser("archive", parents=[common, archive_opt],
-                       help="copy the metadata topic into the audit archive")
+                       help="copy the metadata topic into the audit archive (and, with snapshot.location, write "
+                            "bootstrap snapshots)")
     p.add_argument("--once", action="store_true", help="archive what is there now, then exit")
-    p.add_argument("--group", action="store_true",
-                   help="share the metadata partitions with other archivers in a consumer group")
-    p.add_argument("--instance-id", help="static group membership id (restarts take over at once)")
+    p.add_argument("--metrics-port", type=int,
+                   help="serve the archiver's Prometheus metrics on this port (0 picks one)")
+    p.add_argument("--metrics-address", default="127.0.0.1", help="address the metrics port binds to (0.0.0.0: all)")
     p.set_defaults(run=cmd_archive)
 
     p = sub.add_parser("config", parents=[common],
