@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,12 @@ from typing import Any
 
 from confluent_kafka import Producer
 from hypothesis import strategies as st
-from rlmm_strategies import STEPS, Scenario, step
+from rlmm_strategies import STEPS, Scenario, assert_answers_like, step
+from rlmm_testkit import make_tp, workload
+from support.reference_model import ReferenceModel
 
+from rlmm import state
+from rlmm.errors import RemoteStorageError
 from rlmm.kafka_format import encode, metadata_partition
 from rlmm.types import (
     RemoteLogSegmentMetadata,
@@ -98,3 +103,42 @@ def run_tierlog(*argv: str) -> tuple[int, Any]:
         code = main([*argv, "--json"])
     text = out.getvalue()
     return code, json.loads(text) if text.strip() else None
+
+
+def workload_history(seed: int, partitions: int = 6, uploads: int = 12) -> list[KafkaWrite]:
+    """Brokers' valid call sequences for several user partitions (uploads across leader epochs, re-uploads,
+    retention, the last partition deleted), interleaved as they reach the topic: each partition's in its order."""
+    rng = random.Random(seed)
+    tps = [make_tp(f"topic-{i % 2}", i) for i in range(partitions)]
+    queues = [workload(rng, tp, uploads, delete_partition=tp is tps[-1]) for tp in tps]
+    history: list[KafkaWrite] = []
+    while any(queues):
+        history.append(rng.choice([q for q in queues if q]).pop(0))
+    return history
+
+
+def kafka_model(history: Iterable[KafkaWrite]) -> ReferenceModel:
+    """Kafka's rules over the history: each record applied as TBRLMM's consumer applies it, invalid ones dropped."""
+    model = ReferenceModel()
+    for call in history:
+        with contextlib.suppress(RemoteStorageError):
+            if isinstance(call, RemoteLogSegmentMetadata):
+                model.add_remote_log_segment_metadata(call)
+            elif isinstance(call, RemoteLogSegmentMetadataUpdate):
+                model.update_remote_log_segment_metadata(call)
+            else:
+                model.put_remote_partition_delete_metadata(call)
+    return model
+
+
+def assert_answers_as_kafka(model: ReferenceModel, store: state.StateReader, history: Sequence[KafkaWrite]) -> None:
+    """Every query tierlog's `store` answers agrees with Kafka's rules over `history`, for each user partition."""
+    added: dict[TopicIdPartition, list[RemoteLogSegmentMetadata]] = {}
+    for call in history:
+        added.setdefault(call.topic_id_partition, [])
+        if isinstance(call, RemoteLogSegmentMetadata):
+            added[call.topic_id_partition].append(call)
+    for tp, segments in added.items():
+        assert state.is_deleted(store, tp) == model.is_deleted(tp), tp
+        if not model.is_deleted(tp):
+            assert_answers_like(model, store, tp, segments)

@@ -1,0 +1,158 @@
+"""`tierlog migrate` against the real broker: a history in Kafka's format on a source topic becomes tierlog's
+metadata, answering every query as Kafka's rules over that history do, once however often or however interrupted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from migrate_testkit import (
+    SOURCE_PARTITIONS,
+    RecordingScenario,
+    assert_answers_as_kafka,
+    kafka_histories,
+    kafka_model,
+    produce_history,
+    produce_raw,
+    run_tierlog,
+    tierlog_options,
+    workload_history,
+)
+from rlmm_testkit import read_topic
+from support.topics import create_topic, unique_topic_name
+
+from rlmm import codec
+from rlmm.kafka_format import encode, metadata_partition
+from rlmm.types import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata
+from rlmm.view import MetadataView
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _migrate(bootstrap: str, source: str, target: str, state_dir: Path, *extra: str) -> tuple[int, dict]:
+    return run_tierlog("migrate", "--source-topic", source, *tierlog_options(bootstrap, target, state_dir), *extra)
+
+
+def _events_on(bootstrap: str, topic: str) -> int:
+    """Segment and partition-delete events on tierlog's topic (checkpoints and tombstones are follow-ups)."""
+    return sum(isinstance(codec.decode(r.value), RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata)
+               for r in read_topic(bootstrap, topic) if r.value is not None)
+
+
+def _assert_view_answers_as_kafka(state_dir: Path, history: list) -> None:
+    view = MetadataView.open(state_dir, read_only=True)
+    try:
+        assert_answers_as_kafka(kafka_model(history), view, history)
+    finally:
+        view.close()
+
+
+@given(scenario=kafka_histories())
+@settings(max_examples=4, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_a_migrated_history_answers_as_kafkas_rules_over_it(scenario: RecordingScenario, kafka_bootstrap: str,
+                                                            tmp_path_factory: object) -> None:
+    """Random call sequences (invalid ones, re-uploads, deleted partitions included), written as TBRLMM writes them."""
+    source = create_topic(kafka_bootstrap, unique_topic_name("migrate-src"), partitions=SOURCE_PARTITIONS)
+    produce_history(kafka_bootstrap, source, scenario.history)
+    state_dir = tmp_path_factory.mktemp("migrate")  # type: ignore[attr-defined]
+    code, report = _migrate(kafka_bootstrap, source, unique_topic_name("migrate-tgt"), state_dir)
+    assert code == 0, report
+    assert sum(report["read"].values()) == len(scenario.history)
+    _assert_view_answers_as_kafka(state_dir, scenario.history)
+
+
+def test_a_second_run_writes_nothing(kafka_bootstrap: str, create_topic: Callable[..., str], unique_topic: str,
+                                     tmp_path: Path) -> None:
+    history = workload_history(seed=1)
+    source = create_topic(partitions=SOURCE_PARTITIONS)
+    produce_history(kafka_bootstrap, source, history)
+    code, first = _migrate(kafka_bootstrap, source, unique_topic, tmp_path)
+    assert code == 0 and sum(first["written"].values()) > 0, first
+    events = _events_on(kafka_bootstrap, unique_topic)
+
+    code, second = _migrate(kafka_bootstrap, source, unique_topic, tmp_path)
+    assert code == 0
+    assert second["written"] == {}
+    assert second["already_migrated"] == len(history)
+    assert _events_on(kafka_bootstrap, unique_topic) == events
+    _assert_view_answers_as_kafka(tmp_path, history)
+
+
+def test_a_dry_run_counts_the_writes_and_writes_nothing(kafka_bootstrap: str, create_topic: Callable[..., str],
+                                                        unique_topic: str, tmp_path: Path) -> None:
+    history = workload_history(seed=2)
+    source = create_topic(partitions=SOURCE_PARTITIONS)
+    produce_history(kafka_bootstrap, source, history)
+    code, planned = _migrate(kafka_bootstrap, source, unique_topic, tmp_path, "--dry-run")
+    assert code == 0 and planned["dry_run"]
+    assert not (tmp_path / "view").exists()
+
+    code, done = _migrate(kafka_bootstrap, source, unique_topic, tmp_path)
+    assert code == 0
+    assert done["written"] == planned["would_write"]
+    assert done["dropped_by_kafka_rules"] == planned["dropped_by_kafka_rules"]
+    assert _events_on(kafka_bootstrap, unique_topic) == sum(planned["would_write"].values())
+
+
+_KILLED_RUN = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {repo!r})
+    import tierlog.cli.migrate as migrate
+    submitted, real_submit = [0], migrate._submit
+
+    def submit_then_die(manager, metadata):
+        # A hard kill (no cleanup, nothing flushed) as the next write is about to start; earlier ones may be in flight.
+        submitted[0] += 1
+        if submitted[0] > {writes}:
+            os._exit(9)
+        return real_submit(manager, metadata)
+
+    migrate._submit = submit_then_die
+    from tierlog.cli.main import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_a_run_killed_halfway_resumes_to_the_same_state_without_duplicates(
+        kafka_bootstrap: str, create_topic: Callable[..., str], unique_topic: str, tmp_path: Path) -> None:
+    history = workload_history(seed=3)
+    source = create_topic(partitions=SOURCE_PARTITIONS)
+    produce_history(kafka_bootstrap, source, history)
+    code, planned = _migrate(kafka_bootstrap, source, unique_topic, tmp_path / "dry", "--dry-run")
+    writes = sum(planned["would_write"].values())
+
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_RUN.format(repo=str(REPO), writes=writes // 2), "migrate", "--source-topic",
+         source, *tierlog_options(kafka_bootstrap, unique_topic, tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert killed.returncode == 9, killed.stderr[-3000:]
+
+    code, resumed = _migrate(kafka_bootstrap, source, unique_topic, tmp_path)
+    assert code == 0, resumed
+    assert 0 < sum(resumed["written"].values()) < writes
+    assert _events_on(kafka_bootstrap, unique_topic) == writes
+    _assert_view_answers_as_kafka(tmp_path, history)
+
+
+def test_undecodable_and_misplaced_records_are_reported_with_their_offsets(
+        kafka_bootstrap: str, create_topic: Callable[..., str], unique_topic: str, tmp_path: Path) -> None:
+    history = workload_history(seed=4, partitions=2, uploads=4)
+    source = create_topic(partitions=SOURCE_PARTITIONS)
+    produce_history(kafka_bootstrap, source, history)
+    home = metadata_partition(history[0].topic_id_partition, SOURCE_PARTITIONS)
+    elsewhere = (home + 1) % SOURCE_PARTITIONS
+    produce_raw(kafka_bootstrap, source, elsewhere, [b"\x01\x09\x00garbage", encode(history[0])])
+    ends = {r.partition: r.offset for r in read_topic(kafka_bootstrap, source)}
+
+    code, report = _migrate(kafka_bootstrap, source, unique_topic, tmp_path)
+    assert code == 1
+    problems = {(p["topic"], p["partition"], p["offset"]): p["reason"] for p in report["problems"]}
+    assert set(problems) == {(source, elsewhere, ends[elsewhere] - 1), (source, elsewhere, ends[elsewhere])}
+    assert "unknown apiKey 9" in problems[(source, elsewhere, ends[elsewhere] - 1)]
+    assert f"puts in partition {home}" in problems[(source, elsewhere, ends[elsewhere])]
+    _assert_view_answers_as_kafka(tmp_path, history)
