@@ -11,6 +11,7 @@ rerun finds it in the view. Writes of different user partitions overlap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -271,18 +272,21 @@ class ManagerWrites:
                 raise CommandError(f"no metadata write completed within {self._settle_timeout_s:g} s; is tierlog's "
                                    "metadata topic available? (rerun to resume)") from None
             return
-        while True:
+        completed = [tp]
+        with contextlib.suppress(queue.Empty):
+            while True:
+                completed.append(self._settled.get_nowait())
+        for tp in completed:
             record, future = self._in_flight.pop(tp)
             error = future.exception()
             if error is not None:
                 raise _write_failed(record, error)
             self._report.written[record_type(record.metadata)] += 1
             self._progress.record(tp, record.offset)
+        # One append for the lot before any of their partitions' next writes starts.
+        self._progress.flush()
+        for tp in completed:
             self._advance(tp)
-            try:
-                tp = self._settled.get_nowait()
-            except queue.Empty:
-                return
 
     def finish(self) -> None:
         while self._in_flight:
