@@ -29,21 +29,43 @@ from rlmm.errors import ConfigError, MetadataLogError, MetadataTimeoutError, Rem
 log = logging.getLogger(__name__)
 
 
+# The metadata topic's min.insync.replicas when none is configured: 2, or the replication factor if it is lower
+# (a topic with RF 1 and min ISR 2 refuses every write).
+DEFAULT_MIN_INSYNC_REPLICAS = 2
+
+
 @dataclass(frozen=True)
 class TopicSettings:
+    """The metadata topic as tierlog creates it. `min_insync_replicas` None: min(2, replication factor)."""
+
     name: str
     partitions: int
     replication_factor: int
-    min_insync_replicas: int
+    min_insync_replicas: int | None
     min_compaction_lag_ms: int
     extra_configs: Mapping[str, str]
     delete_retention_ms: int = 12 * 3600 * 1000
     segment_ms: int = 3600 * 1000
 
+    def __post_init__(self) -> None:
+        if self.min_insync_replicas is not None and self.min_insync_replicas > self.replication_factor:
+            raise ConfigError(
+                f"metadata.topic.min.insync.replicas ({self.min_insync_replicas}) is above "
+                f"metadata.topic.replication.factor ({self.replication_factor}): Kafka would refuse every write "
+                "to the metadata topic; lower the first or raise the second (unset, it follows the replication "
+                f"factor up to {DEFAULT_MIN_INSYNC_REPLICAS})"
+            )
+
+    @property
+    def effective_min_insync_replicas(self) -> int:
+        if self.min_insync_replicas is None:
+            return min(DEFAULT_MIN_INSYNC_REPLICAS, self.replication_factor)
+        return self.min_insync_replicas
+
     def configs(self) -> dict[str, str]:
         return {
             "cleanup.policy": "compact",
-            "min.insync.replicas": str(self.min_insync_replicas),
+            "min.insync.replicas": str(self.effective_min_insync_replicas),
             # Keeps the raw history for the audit window: the archiver copies it before compaction may.
             "min.compaction.lag.ms": str(self.min_compaction_lag_ms),
             # Explicit, because a node offline longer than this misses tombstones and must rebuild its view.

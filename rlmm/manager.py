@@ -72,7 +72,8 @@ CONFIG_KEYS = (
     ConfigKey("metadata.topic.name", parse_str, "__tierlog_metadata"),
     ConfigKey("metadata.topic.num.partitions", parse_int, 50, check=_positive, requirement="> 0"),
     ConfigKey("metadata.topic.replication.factor", parse_int, 3, check=_positive, requirement="> 0"),
-    ConfigKey("metadata.topic.min.insync.replicas", parse_int, 2, check=_positive, requirement="> 0"),
+    # Unset: min(2, replication factor); above the replication factor: refused (rlmm.event_log.TopicSettings).
+    ConfigKey("metadata.topic.min.insync.replicas", parse_int, None, check=_positive, requirement="> 0"),
     # An hour of raw history stays on the topic before compaction may drop it: far longer than the archiver
     # needs to copy it (the archive is the long-term audit trail), short enough that the topic's size follows
     # the live state within a day.

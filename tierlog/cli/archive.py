@@ -99,9 +99,20 @@ def _serve_metrics(loop: Any, port: int | None, address: str) -> Any:
 
 
 def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
+    import logging
+
+    from tierlog.agent.broker_config import default_socket_path, plugin_configs
     from tierlog.agent.server import serve
 
-    # The agent takes only component keys (rlmm.*, rsm.*); it archives the metadata partitions its broker leads.
-    config = {k: v for k, v in settings.config.items() if k.startswith(("rlmm.", "rsm."))}
-    serve(config, args.socket, args.metrics_port, metrics_address=args.metrics_address)
+    # A server's log: its INFO lines (metrics address, components created) on stderr, not only warnings.
+    logging.getLogger().setLevel(logging.INFO)
+    # What a broker with this file would hand its plugins (one mapping, also behind `tierlog config --explain`);
+    # the adapter's agent.* keys give the socket and metrics flags their defaults, as the broker would.
+    plugins = plugin_configs(settings.config)
+    adapter = plugins.adapter
+    node = (plugins.rlmm or plugins.rsm or {}).get("broker.id")
+    socket = args.socket or adapter.get("agent.socket.path") or str(default_socket_path(node))
+    port = args.metrics_port if args.metrics_port is not None else adapter.get("agent.metrics.port")
+    address = args.metrics_address or adapter.get("agent.metrics.address") or "127.0.0.1"
+    serve(plugins.agent_config(), socket, None if port is None else int(port), metrics_address=address)
     return EXIT_OK

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tierlog.agent import broker_config
 from tierlog.errors import TierlogError
 
 EXIT_OK = 0
@@ -43,11 +44,10 @@ DEV_ENV_VAR = "TIERLOG_DEV"
 
 
 # A broker hands its plugins the keys under these prefixes; server.properties may rename them.
-RLMM_PREFIX_KEY = "remote.log.metadata.manager.impl.prefix"
-RSM_PREFIX_KEY = "remote.log.storage.manager.impl.prefix"
-DEFAULT_RLMM_PREFIX = "rlmm.config."
-DEFAULT_RSM_PREFIX = "rsm.config."
-LISTENER_NAME_KEY = "remote.log.metadata.manager.listener.name"
+RLMM_PREFIX_KEY = broker_config.RLMM_IMPL_PREFIX_KEY
+RSM_PREFIX_KEY = broker_config.RSM_IMPL_PREFIX_KEY
+DEFAULT_RLMM_PREFIX = broker_config.DEFAULT_RLMM_IMPL_PREFIX
+DEFAULT_RSM_PREFIX = broker_config.DEFAULT_RSM_IMPL_PREFIX
 # tierlog's own short prefixes, accepted in tierlog properties files.
 SHORT_PREFIXES = ("rlmm.", "rsm.")
 
@@ -152,17 +152,10 @@ class Settings:
 
     def _listener_address(self) -> Setting | None:
         """A broker's file without rlmm.config.bootstrap.servers: the address of the listener it names in
-        remote.log.metadata.manager.listener.name, as the broker hands it to its RLMM."""
-        name = self.file_config.get(LISTENER_NAME_KEY)
-        for key in ("advertised.listeners", "listeners"):
-            for listener in (self.file_config.get(key) or "").split(","):
-                listener_name, sep, address = listener.strip().partition("://")
-                if name and sep and listener_name == name:
-                    host, _, port = address.rpartition(":")
-                    # An empty host binds every interface; the CLI runs beside the broker.
-                    return Setting(f"{host or 'localhost'}:{port}",
-                                   f"{self.config_file}: {key} (the {name} listener of {LISTENER_NAME_KEY})")
-        return None
+        remote.log.metadata.manager.listener.name, as the broker hands it to its RLMM (agent/broker_config.py)."""
+        found = broker_config.listener_client_settings(self.file_config).get(
+            broker_config.KAFKA_RLMM_CLIENT_PREFIX + "bootstrap.servers")
+        return None if found is None else Setting(found[0], f"{self.config_file}: {found[1]}")
 
     def bootstrap_setting(self) -> Setting:
         found = self.lookup("bootstrap.servers") or self._listener_address() or self._dev("KAFKA_BOOTSTRAP")
@@ -192,10 +185,9 @@ class Settings:
         log_dirs = self.file_config.get("log.dirs") or self.file_config.get("log.dir")
         node = self.file_config.get("node.id") or self.file_config.get("broker.id")
         if log_dirs and node:
-            from tierlog.agent.broker_config import rlmm_config
-
             first = log_dirs.split(",")[0].strip()
-            derived = rlmm_config({"bootstrap.servers": "-", "broker.id": node, "log.dir": first})["state.dir"]
+            derived = broker_config.rlmm_config(
+                {"bootstrap.servers": "-", "broker.id": node, "log.dir": first})["state.dir"]
             return Setting(derived, f"{self.config_file}: log.dirs and node.id (the agent's default)")
         return None
 

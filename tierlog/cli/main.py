@@ -28,11 +28,13 @@ from tierlog.cli.common import (
     read_properties,
 )
 from tierlog.cli.explain import cmd_config
+from tierlog.cli.export import add_parser as add_export_parser
 from tierlog.cli.inspect import cmd_describe, cmd_segments
 from tierlog.cli.jobs import cmd_reconcile, cmd_replay, cmd_snapshot, cmd_usage
 from tierlog.cli.migrate import add_parser as add_migrate_parser
 from tierlog.cli.plugin import cmd_plugin_path
 from tierlog.cli.verify import cmd_rebuild, cmd_verify
+from tierlog.cli.verify_migration import add_options as add_verify_migration_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,10 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
                               help="run on Spark even for a small archive (large ones, or --master, always do)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("agent", parents=[common], help="run the agent (rlmm + rsm over gRPC) for a broker")
-    p.add_argument("--socket", required=True, help="Unix domain socket path to serve on")
-    p.add_argument("--metrics-port", type=int, help="Prometheus port (0 picks one)")
-    p.add_argument("--metrics-address", default="127.0.0.1", help="address the metrics port binds to (0.0.0.0: all)")
+    p = sub.add_parser("agent", parents=[common], help="run the agent (rlmm + rsm over gRPC) for a broker",
+                       description="Run the agent for a broker. With --config SERVER.PROPERTIES its rlmm and rsm "
+                                   "get what the broker would hand its plugins (rlmm.config.*, rsm.config.*, the "
+                                   "listener, node.id, log.dirs), as `tierlog config --explain` shows them.")
+    p.add_argument("--socket", help="Unix domain socket path to serve on (default: agent.socket.path, else where "
+                                    "the broker's adapter looks: $XDG_STATE_HOME/tierlog/agent-<node.id>.sock)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port, 0 picks one (default: agent.metrics.port)")
+    p.add_argument("--metrics-address", help="address the metrics port binds to, 0.0.0.0 for all "
+                                             "(default: agent.metrics.address, else 127.0.0.1)")
     p.set_defaults(run=cmd_agent)
 
     p = sub.add_parser("describe", parents=[common], help="a topic's or partition's remote segments, states, "
@@ -93,10 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", parents=[common, spark_opts],
                        help="check a view against the topic or the bucket")
-    p.add_argument("against", choices=["topic", "bucket", "all"], nargs="?", default="topic",
-                   help="what to check the view against (default topic)")
+    p.add_argument("against", choices=["topic", "bucket", "all", "migration"], nargs="?", default="topic",
+                   help="what to check the view against (default topic); migration: tierlog's metadata topic "
+                        "against Kafka's __remote_log_metadata, partition by partition")
     p.add_argument("--state-dir", help="a node's state.dir (read-only)")
     add_bucket_check_options(p)
+    add_verify_migration_options(p)
     p.set_defaults(run=cmd_verify)
 
     p = sub.add_parser("rebuild", parents=[common], help="build a node's view from the topic or a snapshot")
@@ -152,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_config)
 
     add_migrate_parser(sub, common)
+    add_export_parser(sub, common)
 
     p = sub.add_parser("plugin-path", help="print the Kafka plugin jar's path (for remote.log.*.class.path)")
     p.set_defaults(run=cmd_plugin_path)
