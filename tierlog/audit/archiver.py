@@ -1,9 +1,11 @@
 """The audit archiver: copies every metadata-topic record, before compaction can drop it, into Avro files.
 
 Files live under `audit/<metadata topic>/<partition>/<first offset:020d>-<last offset:020d>.avro`; the
-resume point is the highest last offset found there, so a crash loses nothing and repeats nothing, and two
-archivers of one partition (a leadership hand-over) write no record twice. A gap (records compacted away before
-they were archived) is logged and counted. `tierlog.audit.loop` runs and supervises it.
+resume point is the highest last offset found there, so a crash loses nothing and repeats nothing. Two archivers
+of one partition (a leadership hand-over) leave out of each file what the other has written since they resumed;
+only when both list before either writes does a record land in two files, the same record at the same offset,
+which every reader folds once (by offset). A gap (records compacted away before they were archived) is logged
+and counted. `tierlog.audit.loop` runs and supervises it.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class AuditCollector(Collector):
             "partition last moved on or was found caught up with the topic", labels=["partition"])
         for partition in sorted(owned):
             label = [str(partition)]
-            if partition in progress.archived_end:
+            if progress.archived_end.get(partition, 0) > 0:  # absent until a record is archived
                 archived.add_metric(label, progress.archived_end[partition] - 1)
             if partition in progress.lag:
                 lag.add_metric(label, progress.lag[partition])
