@@ -16,6 +16,10 @@ host address lets a Prometheus server on another host scrape it), 0 picks a free
 Keyword-only extras used by the JVM adapter: `parent_pid` (exit when that process is gone) and
 `exit_when_idle` (exit once the broker has closed every component it configured).
 
+An agent hosting both components also archives the metadata partitions its broker leads and writes bootstrap
+snapshots (tierlog.agent.archiving: archiving is on unless `rlmm.archive.enable=false`; snapshots need
+`rlmm.snapshot.location`).
+
 Logs: `--log-file` is rotated (64 MiB, 5 old files by default); librdkafka's lines go through Python logging,
 quiet while the broker's listener is still coming up and rate-limited after that (QuietClientLog).
 """
