@@ -207,7 +207,7 @@ def test_an_s3_outage_is_survived_logged_once_and_archiving_resumes_where_it_sto
 
         proxy.fail_when(lambda r: "/audit/" in r.path, status=503)  # the bucket refuses the archive
         history(kafka_bootstrap, metadata_topic, seed=6, events=100)
-        wait_until(lambda: metrics(agent).value("tierlog_archiver_failures_total", stage="archive") >= 3,
+        wait_until(lambda: metrics(agent).value("tierlog_archiver_failures_total", stage="archive") >= 2,
                    timeout=60, description="the archiver failing and retrying")
         during = metrics(agent)
         assert during.value("tierlog_archiver_running") == 1
@@ -222,3 +222,25 @@ def test_an_s3_outage_is_survived_logged_once_and_archiving_resumes_where_it_sto
     failures = [r for r in caplog.records if r.name == "tierlog.audit.loop" and "failed" in r.getMessage()]
     assert len(failures) == 1, [r.getMessage() for r in failures]
     assert any("works again after" in r.getMessage() for r in caplog.records)
+
+
+def test_a_snapshot_the_bucket_refuses_is_retried_while_archiving_goes_on(
+    start_agent: Callable[..., AgentServer], kafka_bootstrap: str, metadata_topic: str, bucket: StorageBackend,
+    s3_endpoint: S3Endpoint,
+) -> None:
+    with CountingS3Proxy(s3_endpoint.endpoint) as proxy:
+        proxy.fail_when(lambda r: r.method == "PUT" and f"/{LOCATION}/" in r.path, status=503)
+        agent = start_agent(endpoint=proxy.endpoint_url)
+        agent.components.get(ComponentName.REMOTE_LOG_METADATA_MANAGER, 60)
+        history(kafka_bootstrap, metadata_topic, seed=7, events=100)
+        wait_until(lambda: metrics(agent).value("tierlog_archiver_failures_total", stage="snapshot") >= 2,
+                   timeout=60, description="the snapshot writes failing")
+        wait_until(caught_up(agent, topic_ends(kafka_bootstrap, metadata_topic)), timeout=60,
+                   description="archiving going on meanwhile")
+        assert metrics(agent).value("tierlog_archiver_snapshots_written_total") == 0
+
+        proxy.clear_faults()
+        wait_until(lambda: metrics(agent).value("tierlog_archiver_snapshots_written_total") >= 1, timeout=60,
+                   description="a snapshot written once the bucket takes it")
+    assert list(bucket.list(f"{LOCATION}/"))
+    assert metrics(agent).value("tierlog_archiver_failures_total", stage="archive") == 0
