@@ -207,11 +207,20 @@ def test_an_s3_outage_is_survived_logged_once_and_archiving_resumes_where_it_sto
 
         proxy.fail_when(lambda r: "/audit/" in r.path, status=503)  # the bucket refuses the archive
         history(kafka_bootstrap, metadata_topic, seed=6, events=100)
+        wait_until(lambda: metrics(agent).value("tierlog_archiver_failures_total", stage="archive") >= 1,
+                   timeout=60, description="the archiver failing")
+        failing = metrics(agent)
         wait_until(lambda: metrics(agent).value("tierlog_archiver_failures_total", stage="archive") >= 2,
-                   timeout=60, description="the archiver failing and retrying")
+                   timeout=60, description="the archiver retrying and failing again")
         during = metrics(agent)
         assert during.value("tierlog_archiver_running") == 1
-        assert during.value("tierlog_archiver_lag_records") > 0
+        # What TierlogArchiverStopped watches: failures counted, and the archive's time standing still while the
+        # partition's lag grows.
+        lagging = [s.labels["partition"] for s in during.samples("tierlog_archiver_lag_records") if s.value > 0]
+        assert lagging
+        for partition in lagging:
+            assert during.value("tierlog_archiver_last_archive_timestamp_seconds", partition=partition) == \
+                failing.value("tierlog_archiver_last_archive_timestamp_seconds", partition=partition)
 
         proxy.clear_faults()
         ends = topic_ends(kafka_bootstrap, metadata_topic)
