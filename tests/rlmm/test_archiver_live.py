@@ -1,6 +1,7 @@
 """The audit archiver as the audit loop runs it: a leadership move hands a metadata partition from one loop to
 another, which resumes where the first stopped; two loops archiving one partition at once lose nothing and make the
-same snapshot; and the archiver reports a gap when compaction removed records it had not archived yet."""
+same snapshot; a new snapshot reads only the previous one and the archive files after it; and the archiver reports a
+gap when compaction removed records it had not archived yet."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from support.topics import unique_topic_name
 from dev.kafka import KafkaCluster
 from rlmm import RemoteLogMetadataManager, RemoteLogSegmentState
 from rlmm.archive import read_archive_file, read_snapshot
-from rsm.backend import StorageBackend, read_all
+from rsm.backend import RangeStream, StorageBackend, read_all
 from rsm.backends.filesystem import FilesystemBackend
 from rsm.metrics import Metrics
 from tierlog.audit.archiver import Archiver, ArchiverSettings, AuditGap, list_archive_files
@@ -109,6 +110,45 @@ def test_two_loops_archiving_the_same_partitions_at_once_lose_nothing_and_make_t
 
     assert key is not None
     header, _ = read_snapshot(io.BytesIO(read_all(store.get_range(key, 0))))
+    assert header.view_digest == manager.view_digest()
+
+
+class ReadRecordingStore(FilesystemBackend):
+    """A real filesystem store that notes the key of every object read."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, Metrics())
+        self.read: list[str] = []
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> RangeStream:
+        self.read.append(key)
+        return super().get_range(key, start, end)
+
+
+def test_a_new_snapshot_is_the_previous_one_plus_only_the_archive_files_after_it(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    tmp_path: Path,
+) -> None:
+    manager = make_manager(partitions=PARTITIONS)
+    store = ReadRecordingStore(tmp_path / "bucket")
+    settings = SnapshotSettings("snapshots", metadata_topic)
+    topic = MetadataTopicDescriber({"bootstrap.servers": kafka_bootstrap}, metadata_topic, None)
+    topic_id = topic.assignment().topic_id
+    produce(kafka_bootstrap, metadata_topic, seed=4)
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(60)
+    first = write_snapshot_now(store, settings, topic_id)
+    archived_before = {f.key for f in list_archive_files(store, metadata_topic)}
+    produce(kafka_bootstrap, metadata_topic, seed=5)
+    Archiver(store, ArchiverSettings(kafka_bootstrap, metadata_topic)).run_until_caught_up(60)
+    store.read.clear()
+
+    second = write_snapshot_now(store, settings, topic_id)
+
+    archived_after = {f.key for f in list_archive_files(store, metadata_topic)} - archived_before
+    assert first is not None and second is not None and archived_after
+    assert sorted(store.read) == sorted([first, *archived_after])
+    manager.wait_caught_up(30)
+    header, _ = read_snapshot(io.BytesIO(read_all(store.get_range(second, 0))))
     assert header.view_digest == manager.view_digest()
 
 
