@@ -97,6 +97,10 @@ def get_spark(
             builder = builder.config(
                 "spark.jars.packages", ",".join(spark_packages(with_s3=s3 is not None))
             ).config("spark.jars.ivy", str(ivy))
+        # Spark's Python workers run `python3` from PATH unless told otherwise: outside an activated virtualenv
+        # that is another interpreter, without tierlog's dependencies. Run them on this one.
+        if not os.environ.get("PYSPARK_PYTHON"):
+            builder = builder.config("spark.pyspark.python", sys.executable)
         # Small jobs on a small box: the default 200 shuffle partitions cost more than they give.
         builder = builder.config(
             "spark.sql.shuffle.partitions", os.environ.get("TIERLOG_SHUFFLE_PARTITIONS", "8")
