@@ -60,6 +60,10 @@ class StorageBackend(abc.ABC):
     def describe(self, key: str) -> str:
         """Where `key` lives, for error messages (for example: bucket 'b', key 'p/k')."""
 
+    def check(self) -> None:  # noqa: B027 - backends without credentials or a server have nothing to check
+        """One cheap request proving the store answers with this config (credentials, bucket); raises
+        RemoteStorageError saying what is wrong. Run at start, so a bad config shows before the first copy."""
+
     def close(self) -> None:  # noqa: B027 - backends without connections need no cleanup
         """Release connections and threads."""
 

@@ -85,6 +85,11 @@ def parse_rsm_config(raw: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[
     return core, name, backend_config
 
 
+class IndexAbsentError(RemoteResourceNotFoundError):
+    """fetch_index asked for an index the segment does not have: Kafka's expected answer for most segments'
+    TRANSACTION index, not a failure (the agent counts it apart from errors)."""
+
+
 def _require_metadata(metadata: object) -> RemoteLogSegmentMetadata:
     if not isinstance(metadata, RemoteLogSegmentMetadata):
         raise InvalidArgumentError(
@@ -246,9 +251,7 @@ class RemoteStorageManager:
         if data is None:
             # Normal (most segments have no TRANSACTION index): counted as absent, not as a failed request.
             self._metrics.increment(f"{ABSENT_INDEX_COUNTER}{index_type.name}")
-            raise RemoteResourceNotFoundError(
-                f"segment {metadata.remote_log_segment_id} has no {index_type.name} index"
-            )
+            raise IndexAbsentError(f"segment {metadata.remote_log_segment_id} has no {index_type.name} index")
         return io.BytesIO(data)
 
     def _segment_layout(
@@ -303,6 +306,16 @@ class RemoteStorageManager:
     def backend(self) -> StorageBackend:
         return self._backend
 
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def check_storage(self) -> None:
+        """One cheap request to the store with this config; raises RemoteStorageError saying what is wrong (bad
+        credentials, a missing bucket, an unreachable endpoint). The agent runs it at start (tierlog.agent)."""
+        self._check_open()
+        self._backend.check()
+
     def metrics(self) -> dict[str, Any]:
         """Plain-dict counters: per operation requests, errors, bytes and latency; cache statistics."""
         snapshot = self._metrics.snapshot()
@@ -317,4 +330,4 @@ class RemoteStorageManager:
         self._backend.close()
 
 
-__all__ = ["CORE_CONFIG_KEYS", "RemoteStorageManager", "parse_rsm_config"]
+__all__ = ["CORE_CONFIG_KEYS", "IndexAbsentError", "RemoteStorageManager", "parse_rsm_config"]

@@ -418,6 +418,18 @@ class S3Backend(StorageBackend):
                 raise self._error("ListObjectsV2", prefix, exc) from exc
         return iter(found)
 
+    def check(self) -> None:
+        """List at most one key under the prefix (s3:ListBucket, which the archiver needs too): wrong credentials,
+        a missing bucket or an unreachable endpoint fail it."""
+        with self._metrics.time("backend.check"):
+            try:
+                self._client.list_objects_v2(Bucket=self._bucket, Prefix=self._key(""), MaxKeys=1)
+            except (BotoCoreError, ClientError) as exc:
+                where = f"bucket {self._bucket!r}" + (f" (prefix {self._prefix!r})" if self._prefix else "")
+                raise RemoteStorageError(
+                    f"S3 {where} is not usable with this config: {self._scrub(str(exc))}"
+                ) from exc
+
     def close(self) -> None:
         self._client.close()
         _SCRUBBER.remove(self._secrets)

@@ -155,7 +155,7 @@ def test_metrics_endpoint_counts_calls_by_method_and_status(agent: AgentUnderTes
     with urlopen(f"http://127.0.0.1:{agent.server.metrics_port}/metrics", timeout=5) as response:
         text = response.read().decode()
 
-    assert 'tierlog_agent_calls_total{code="OK",method="Health",service="Agent"} 1.0' in text
+    assert 'tierlog_agent_calls_total{code="OK",method="Health",outcome="ok",service="Agent"} 1.0' in text
 
 
 def test_closing_every_component_stops_an_agent_that_exits_when_idle(

@@ -146,6 +146,9 @@ def served(
         fetch_index_chunks(storage, segment, pb.OFFSET)
         with pytest.raises(grpc.RpcError):
             fetch_index_chunks(storage, segment, pb.TRANSACTION)
+        # A segment whose objects are not in the bucket: S3 answers NoSuchKey, a real error.
+        with pytest.raises(grpc.RpcError):
+            fetch(storage, segment_metadata(tp, len(log)))
         url = f"http://127.0.0.1:{server.metrics_port}/metrics"
         wait_for(
             lambda: (lambda now: now.value("tierlog_rlmm_end_offsets_available") == 1
@@ -191,7 +194,29 @@ def test_a_real_scrape_shows_the_traffic_the_agent_served(served: tuple[Scrape, 
     assert found.value("tierlog_archiver_partition_archiving") == PARTITIONS
     assert found.value("tierlog_archiver_failures_total") == 0
     assert found.value("tierlog_rsm_operation_bytes_total", operation="rsm.fetch_log_segment") == len(log)
-    assert found.value("tierlog_rsm_operation_errors_total") == 0
+    # The one S3 error, by its code; the absent transaction index is not one.
+    assert found.value("tierlog_rsm_operation_errors_total") == found.value(
+        "tierlog_rsm_operation_errors_total", code="NoSuchKey") == 2  # the rsm's fetch and its backend's GET
+    assert found.value("tierlog_rsm_operation_errors_total", operation="backend.get", code="NoSuchKey") == 1
+
+
+def test_calls_the_broker_expects_are_counted_apart_from_errors(served: tuple[Scrape, bytes]) -> None:
+    found, _ = served
+
+    # Not errors: the absent transaction index; errors: the refused update and the fetch of a missing object.
+    assert found.value("tierlog_agent_calls_total", method="FetchIndex", code="NOT_FOUND", outcome="expected") == 1
+    assert found.value("tierlog_agent_calls_total", method="FetchIndex", outcome="error") == 0
+    assert found.value("tierlog_agent_calls_total", method="UpdateRemoteLogSegmentMetadata", outcome="error") == 1
+    assert found.value("tierlog_agent_calls_total", method="FetchLogSegment", code="NOT_FOUND", outcome="error") == 1
+    assert found.value("tierlog_agent_calls_total", outcome="error") == 2
+    assert found.value("tierlog_agent_calls_total", outcome="ok") > 0
+
+
+def test_the_alerts_on_broker_calls_watch_only_errors() -> None:
+    (rule,) = [r for r in alert_rules() if r["alert"] == "TierlogBrokerCallErrors"]
+    assert 'outcome="error"' in rule["expr"]
+    for expr in [r["expr"] for r in alert_rules()] + dashboard_exprs():
+        assert 'code!="OK"' not in expr and "code!='OK'" not in expr
 
 
 def test_alert_rules_are_well_formed() -> None:

@@ -21,6 +21,9 @@ from prometheus_client.utils import floatToGoString
 from rsm.metrics import ABSENT_INDEX_COUNTER, LATENCY_BUCKETS_S
 
 DEFAULT_METRICS_ADDRESS = "127.0.0.1"
+# A call's outcome label: alerts watch outcome="error" only (see docker/prometheus/alerts.yml).
+OK, EXPECTED, ERROR = "ok", "expected", "error"
+OUTCOMES = (OK, EXPECTED, ERROR)
 # From a write acknowledged and applied in milliseconds to one that hits write.timeout.ms (30 s by default).
 WRITE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _CACHE_COUNTERS = {"hits": "index_cache.hits", "misses": "index_cache.misses",
@@ -47,7 +50,12 @@ class _RsmCollector(Collector):
         requests = CounterMetricFamily(
             "tierlog_rsm_operation_requests", "rsm and storage-backend requests", labels=["operation"]
         )
-        errors = CounterMetricFamily("tierlog_rsm_operation_errors", "failed requests", labels=["operation"])
+        errors = CounterMetricFamily(
+            "tierlog_rsm_operation_errors",
+            "failed requests by error code: S3's (AccessDenied, NoSuchBucket, NoSuchKey, SlowDown, ...), connection, "
+            "timeout, or other",
+            labels=["operation", "code"],
+        )
         moved = CounterMetricFamily(
             "tierlog_rsm_operation_bytes",
             "bytes moved (a fetched stream's bytes are counted as the broker reads them)",
@@ -61,7 +69,8 @@ class _RsmCollector(Collector):
         bounds = [floatToGoString(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]  # as prometheus_client writes them
         for name, counters in snap.get("operations", {}).items():
             requests.add_metric([name], counters["requests"])
-            errors.add_metric([name], counters["errors"])
+            for code, count in counters["error_codes"].items():
+                errors.add_metric([name, code], count)
             moved.add_metric([name], counters["bytes"])
             latency.add_metric(
                 [name],
@@ -116,8 +125,9 @@ class AgentMetrics:
         self.registry = CollectorRegistry()
         self.calls = Counter(
             "tierlog_agent_calls",
-            "calls served, by service, method and gRPC status",
-            ["service", "method", "code"],
+            "calls served, by service, method, gRPC status and outcome: ok, expected (an answer the broker "
+            "expects in normal operation: an absent transaction index, not ready yet, a stream closed early) or error",
+            ["service", "method", "code", "outcome"],
             registry=self.registry,
         )
         self.latency = Histogram(
@@ -154,8 +164,9 @@ class AgentMetrics:
         self.up = Gauge("tierlog_agent_up", "1 while the agent serves calls", registry=self.registry)
         self._server: Any = None
 
-    def observe(self, service: str, method: str, code: str, seconds: float) -> None:
-        self.calls.labels(service, method, code).inc()
+    def observe(self, service: str, method: str, code: str, seconds: float, outcome: str = OK) -> None:
+        """One answered call; `outcome` is one of OUTCOMES."""
+        self.calls.labels(service, method, code, outcome).inc()
         self.latency.labels(service, method).observe(seconds)
 
     @contextmanager

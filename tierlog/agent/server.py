@@ -53,6 +53,7 @@ from tierlog.agent.components import ComponentName, Components, NotConfiguredErr
 from tierlog.agent.metrics import DEFAULT_METRICS_ADDRESS, AgentMetrics
 from tierlog.agent.rlmm_metrics import RlmmCollector, kafka_end_offsets
 from tierlog.agent.servicers import build_services
+from tierlog.agent.storage_check import StorageCheck
 from tierlog.audit.metrics import AuditCollector
 
 log = logging.getLogger("agent")
@@ -187,7 +188,7 @@ class AgentServer:
         self.components = Components(
             {
                 ComponentName.REMOTE_LOG_METADATA_MANAGER: self._create_rlmm,
-                ComponentName.REMOTE_STORAGE_MANAGER: _create_rsm,
+                ComponentName.REMOTE_STORAGE_MANAGER: self._create_rsm,
             },
             on_idle=self.stopped.set if exit_when_idle else None,
         )
@@ -197,6 +198,7 @@ class AgentServer:
         # Archives the metadata partitions this broker leads, into the rsm's bucket (tierlog.agent.archiving).
         self.archiving = ArchivingComponent(self._rsm_backend, client_logger())
         self._snapshot_source = snapshot_source
+        self._storage_check: StorageCheck | None = None
         self._end_offsets: Any = None
         self._server: grpc.Server | None = None
 
@@ -205,6 +207,14 @@ class AgentServer:
         manager = _create_rlmm(own, self._snapshot_source or self._bucket_snapshots(own))
         self.archiving.configure(own, archiving)
         return manager
+
+    def _create_rsm(self, config: Mapping[str, Any]) -> Any:
+        rsm = _create_rsm(config)
+        # Its store is checked now (bad credentials, a missing bucket); the rsm is ready once the check passes.
+        previous, self._storage_check = self._storage_check, StorageCheck(rsm)
+        if previous is not None:
+            previous.close()
+        return rsm
 
     def _rsm_backend(self) -> Any | None:
         """The bucket of this agent's rsm once it exists, else None."""
@@ -263,8 +273,14 @@ class AgentServer:
         ready = {}
         for name in ComponentName:
             with contextlib.suppress(NotConfiguredError):  # not hosted here: exported as absent
-                ready[name.short] = self.components.slot(name).get_nowait() is not None
+                instance = self.components.slot(name).get_nowait()
+                ready[name.short] = instance is not None and (
+                    name is not ComponentName.REMOTE_STORAGE_MANAGER or self._storage_ready(instance))
         return ready
+
+    def _storage_ready(self, rsm: Any) -> bool:
+        check = self._storage_check
+        return check is not None and check.rsm is rsm and check.passed
 
     def _watch(self) -> None:
         metrics = self.metrics
@@ -311,6 +327,8 @@ class AgentServer:
             self._server.stop(grace).wait()
             self._server = None
         self.archiving.close()
+        if self._storage_check is not None:
+            self._storage_check.close()
         self.components.close_all()
         self.metrics.close()
         with contextlib.suppress(FileNotFoundError):

@@ -21,9 +21,11 @@ from rlmm.errors import (
     RemoteStorageError,
     RemoteStorageNotReadyError,
 )
+from rsm.failure_log import RepeatedFailureLog
+from rsm.manager import IndexAbsentError
 from tierlog.agent import messages
 from tierlog.agent.components import ComponentName, Components, NotConfiguredError
-from tierlog.agent.metrics import AgentMetrics
+from tierlog.agent.metrics import ERROR, EXPECTED, OK, AgentMetrics
 from tierlog.agent.proto import agent_pb2 as pb
 from tierlog.agent.proto import agent_pb2_grpc as pb_grpc
 
@@ -39,9 +41,9 @@ DEFAULT_WAIT_S = 30.0
 EMPTY = pb.Empty()
 RLMM = ComponentName.REMOTE_LOG_METADATA_MANAGER
 RSM = ComponentName.REMOTE_STORAGE_MANAGER
-# Answers the broker expects on healthy traffic (most segments have no transaction index; a partition is
-# not ready while its metadata catches up): a log line for each would bury the real problems.
-_ROUTINE = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED})
+# Answers the broker expects on healthy traffic (most segments have no transaction index; a partition or a
+# component is not ready while it starts or catches up): outcome "expected", not logged above DEBUG.
+_EXPECTED = (IndexAbsentError, RemoteStorageNotReadyError)
 
 
 def _status_for(exc: BaseException) -> grpc.StatusCode:
@@ -75,6 +77,9 @@ class Servicer:
     def __init__(self, components: Components, metrics: AgentMetrics) -> None:
         self.components = components
         self.metrics = metrics
+        # Per method: an internal failure that repeats (a wrong S3 secret fails every copy) is logged once, then
+        # counted, not a traceback per call.
+        self._failures: dict[str, RepeatedFailureLog] = {}
 
     def rlmm(self, context: grpc.ServicerContext) -> Any:
         return self.components.get(RLMM, _wait_budget(context))
@@ -82,16 +87,28 @@ class Servicer:
     def rsm(self, context: grpc.ServicerContext) -> Any:
         return self.components.get(RSM, _wait_budget(context))
 
-    def fail(self, method: str, exc: BaseException, context: grpc.ServicerContext) -> None:
+    def fail(self, method: str, exc: BaseException, context: grpc.ServicerContext, started: float) -> None:
         code = _status_for(exc)
-        if code is grpc.StatusCode.INTERNAL:
-            log.exception("%s.%s failed", self.SERVICE, method)
-        elif code in _ROUTINE:
+        expected = isinstance(exc, _EXPECTED)
+        if expected:
             log.debug("%s.%s: %s: %s", self.SERVICE, method, code.name, exc)
+        elif code is grpc.StatusCode.INTERNAL:
+            failures = self._failures.get(method)
+            if failures is None:
+                failures = self._failures.setdefault(method, RepeatedFailureLog(log, f"{self.SERVICE}.{method}"))
+            # tierlog's own errors say what failed; anything else is a bug, whose stack matters.
+            failures.failed(exc, traceback=not isinstance(exc, RemoteStorageError))
         else:
             log.info("%s.%s: %s: %s", self.SERVICE, method, code.name, exc)
-        self.metrics.calls.labels(self.SERVICE, method, code.name).inc()
+        self.metrics.observe(self.SERVICE, method, code.name, time.perf_counter() - started,
+                             EXPECTED if expected else ERROR)
         context.abort(code, _describe(exc))
+
+    def succeeded(self, method: str, started: float) -> None:
+        self.metrics.observe(self.SERVICE, method, "OK", time.perf_counter() - started, OK)
+        failures = self._failures.get(method)
+        if failures is not None:
+            failures.succeeded()
 
 
 def unary(fn: F) -> F:
@@ -104,9 +121,9 @@ def unary(fn: F) -> F:
         try:
             response = fn(servicer, request, context)
         except Exception as exc:
-            servicer.fail(method, exc, context)
+            servicer.fail(method, exc, context, started)
             raise  # not reached: abort raises
-        servicer.metrics.observe(servicer.SERVICE, method, "OK", time.perf_counter() - started)
+        servicer.succeeded(method, started)
         return response
 
     return wrapper  # type: ignore[return-value]
@@ -123,12 +140,12 @@ def stream(fn: F) -> F:
             yield from fn(servicer, request, context)
         except GeneratorExit:
             # The broker closed the stream early (it read what it needed): not an error.
-            servicer.metrics.observe(servicer.SERVICE, method, "CANCELLED", time.perf_counter() - started)
+            servicer.metrics.observe(servicer.SERVICE, method, "CANCELLED", time.perf_counter() - started, EXPECTED)
             raise
         except Exception as exc:
-            servicer.fail(method, exc, context)
+            servicer.fail(method, exc, context, started)
             raise
-        servicer.metrics.observe(servicer.SERVICE, method, "OK", time.perf_counter() - started)
+        servicer.succeeded(method, started)
 
     return wrapper  # type: ignore[return-value]
 
