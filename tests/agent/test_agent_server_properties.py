@@ -22,9 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.agent_segments import segment_metadata
 
 from rlmm import TopicIdPartition
+from rlmm.config import parse_config
+from rlmm.manager import CONFIG_KEYS as RLMM_KEYS
+from rsm.backends import available_backends
+from rsm.manager import CORE_CONFIG_KEYS as RSM_CORE_KEYS
 from tierlog.agent import messages
 from tierlog.agent import server as agent_server
-from tierlog.agent.broker_config import plugin_configs
+from tierlog.agent.broker_config import plugin_configs, rlmm_config, rsm_config
 from tierlog.agent.components import Components
 from tierlog.agent.proto import agent_pb2_grpc as pb_grpc
 from tierlog.cli import main
@@ -175,3 +179,23 @@ def test_an_rlmm_without_bootstrap_or_listener_is_explained_as_refused(
     assert main(["config", "--explain", "--json", "--config", str(path)]) == 0
     (entry,) = json.loads(capsys.readouterr().out)["agent"]
     assert entry["setting"] == "rlmm" and "bootstrap.servers is not set" in entry["source"]
+
+
+def test_the_documented_server_properties_sample_is_accepted_as_it_stands() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    sample = docs.split("```properties\n", 1)[1].split("```", 1)[0]
+    # The rest of a broker's file: its listeners, node id and log dirs.
+    properties = dict(
+        line.strip().split("=", 1) for line in sample.splitlines() if line.strip() and not line.lstrip().startswith("#")
+    )
+    properties.update({"listeners": "INTERNAL://:9094", "node.id": "1", "log.dirs": "/var/lib/kafka/data"})
+
+    plugins = plugin_configs(properties)
+    assert plugins.rlmm is not None and plugins.rsm is not None
+    rlmm = parse_config(rlmm_config(plugins.rlmm), RLMM_KEYS, "rlmm", ignore_prefixes=("kafka.",))
+    rsm = rsm_config(plugins.rsm)
+    parse_config(rsm, RSM_CORE_KEYS + available_backends()[rsm["storage.backend"]].CONFIG_KEYS, "rsm")
+
+    assert rlmm["state.dir"] == "/var/lib/kafka/tierlog-state"
+    assert rlmm["metadata.topic.min.insync.replicas"] <= rlmm["metadata.topic.replication.factor"]
+    assert plugins.adapter["agent.metrics.port"] == "9464" and plugins.adapter["agent.metrics.address"]
