@@ -15,15 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from rsm.backend import StorageBackend
+from rsm.failure_log import RETRY_MAX_S, RepeatedFailureLog
 from tierlog.audit.archiver import Archiver, ArchiverSettings
 from tierlog.audit.snapshots import SnapshotSettings, write_snapshot_now
 
 log = logging.getLogger(__name__)
 
-RETRY_MIN_S = 0.5
-RETRY_MAX_S = 30.0
-# A failure that keeps happening is logged again at most this often, with the count since the first.
-REPEAT_LOG_S = 300.0
 # The one metadata partition whose archiver also writes the snapshots (they cover the whole topic).
 SNAPSHOT_PARTITION = 0
 STAGES = ("leadership", "archive", "snapshot")
@@ -69,34 +66,6 @@ class AuditProgress:
     gaps: int = 0
 
 
-class _FailureLog:
-    """Logs a failure of one stage once, then at most every REPEAT_LOG_S with the count, and its recovery."""
-
-    def __init__(self, stage: str, what: str) -> None:
-        self._stage, self._what = stage, what
-        self._count = 0
-        self._logged_at = 0.0
-
-    def failed(self, exc: BaseException, retry_s: float) -> None:
-        self._count += 1
-        now = time.monotonic()
-        if self._count == 1:
-            log.warning("%s failed, retrying in %.1f s: %s", self._what, retry_s, exc, exc_info=exc)
-            self._logged_at = now
-        elif now - self._logged_at >= REPEAT_LOG_S:
-            log.warning("%s still fails (%d times since the first): %s", self._what, self._count, exc)
-            self._logged_at = now
-
-    def succeeded(self) -> None:
-        if self._count:
-            log.info("%s works again after %d failures", self._what, self._count)
-        self._count = 0
-
-    @property
-    def backoff_s(self) -> float:
-        return min(RETRY_MIN_S * 2 ** max(self._count - 1, 0), RETRY_MAX_S)
-
-
 class AuditLoop:
     """Runs an Archiver over the partitions `assign()` names (asked again every `assignment_interval_s`) and, where
     it owns SNAPSHOT_PARTITION, writes a snapshot every snapshot interval, in one thread until `close()`.
@@ -114,9 +83,9 @@ class AuditLoop:
         self._progress = AuditProgress()
         self._stop = threading.Event()
         self._archiver: Archiver | None = None
-        self._logs = {"leadership": _FailureLog("leadership", "finding the metadata partitions to archive"),
-                      "archive": _FailureLog("archive", "archiving the metadata topic"),
-                      "snapshot": _FailureLog("snapshot", "writing a bootstrap snapshot")}
+        self._logs = {"leadership": RepeatedFailureLog(log, "finding the metadata partitions to archive"),
+                      "archive": RepeatedFailureLog(log, "archiving the metadata topic"),
+                      "snapshot": RepeatedFailureLog(log, "writing a bootstrap snapshot")}
         self._earlier_gaps = 0  # gaps found by the archivers before the current one
         self._next_assignment = 0.0
         self._next_snapshot = 0.0
@@ -163,13 +132,13 @@ class AuditLoop:
         """One round: the assignment when due, one archiver step, a snapshot when due; how long to wait after."""
         now = time.monotonic()
         if now >= self._next_assignment and not self._attempt("leadership", self._reassign):
-            return self._logs["leadership"].backoff_s
+            return self._logs["leadership"].retry_s
         assignment = self._progress.assignment
         if assignment is None or not assignment.owned:
             return max(self._next_assignment - time.monotonic(), 0.0)
         if not self._attempt("archive", self._archive_step):
             self._drop_archiver(flush=False)  # the next one resumes from the archive
-            return self._logs["archive"].backoff_s
+            return self._logs["archive"].retry_s
         if self._settings.snapshots is not None and assignment.writes_snapshots and \
                 time.monotonic() >= self._next_snapshot:
             self._attempt("snapshot", lambda: self._snapshot(assignment))
@@ -184,10 +153,10 @@ class AuditLoop:
             with self._lock:
                 self._progress.failures[stage] += 1
             failure = self._logs[stage]
-            failure.failed(exc, failure.backoff_s)
+            failure.failed(exc, traceback=True)
             if stage == "snapshot":
                 interval = self._settings.snapshots.interval_s if self._settings.snapshots else RETRY_MAX_S
-                self._next_snapshot = time.monotonic() + min(failure.backoff_s, interval)
+                self._next_snapshot = time.monotonic() + min(failure.retry_s, interval)
             return False
         if healthy:
             self._logs[stage].succeeded()
