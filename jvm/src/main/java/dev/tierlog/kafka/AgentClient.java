@@ -1,6 +1,7 @@
 /*
  * The connection from one plugin instance to the tierlog agent: a gRPC channel on a Unix domain socket,
- * a deadline on every call, error mapping to Kafka's exceptions, and (optionally) the agent's process.
+ * a deadline on every call, error mapping to Kafka's exceptions, and (optionally) the agent's process:
+ * started, restarted with backoff when down, replaced when hung, and every exit logged and counted.
  */
 package dev.tierlog.kafka;
 
@@ -10,13 +11,18 @@ import java.net.UnixDomainSocketAddress;
 import java.nio.channels.FileChannel;
 import java.nio.channels.FileLock;
 import java.nio.channels.SocketChannel;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ThreadFactory;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicInteger;
 
 import io.grpc.Deadline;
@@ -52,9 +58,9 @@ import dev.tierlog.kafka.proto.HealthResponse;
 final class AgentClient implements AutoCloseable {
     private static final Logger LOG = LoggerFactory.getLogger(AgentClient.class);
     private static final long HEALTH_TIMEOUT_MS = 2_000;
+    // How long a hung agent gets to exit on SIGTERM before SIGKILL (a stopped process only obeys the latter).
+    static final long STOP_GRACE_MS = 5_000;
     private static final int MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
-    // An agent that cannot start (say, a broken Python install) must not be respawned on every call.
-    private static final long RELAUNCH_COOLDOWN_MS = 5_000;
     private static final String STILL_STARTING = "still starting";
 
     /** A call against the channel, given the deadline it must meet. */
@@ -68,9 +74,16 @@ final class AgentClient implements AutoCloseable {
     private final Rpc<Void> afterConfigure;
     private final EventLoopGroup eventLoop;
     private final ManagedChannel channel;
+    private final AgentMetrics metrics;
+    private final AgentSupervisor supervisor;
+    private final ScheduledExecutorService timers;
+    // Restarts back off (doubling) so that an agent that cannot start, say a broken Python install, or that
+    // dies soon after starting is not respawned on every call. Written under the start lock.
     private volatile long lastLaunchMs;
+    private volatile long restartDelayMs;
     private volatile String lastLaunchFailure = "";
     private volatile Thread creationWatcher;
+    private volatile boolean closed;
 
     AgentClient(AgentSettings settings, Component component, Rpc<Void> afterConfigure) {
         this.settings = settings;
@@ -86,11 +99,29 @@ final class AgentClient implements AutoCloseable {
             .usePlaintext()
             .maxInboundMessageSize(MAX_MESSAGE_BYTES)
             .build();
+        this.metrics = new AgentMetrics(component, settings.socketPath);
+        this.supervisor = new AgentSupervisor(settings, metrics, new AgentSupervisor.Agent() {
+            @Override
+            public boolean healthy() {
+                return AgentClient.this.healthy();
+            }
+
+            @Override
+            public boolean replaceHung(String reason) throws RemoteStorageException {
+                return AgentClient.this.replaceHung(reason);
+            }
+
+            @Override
+            public long restartAllowedInMs() {
+                return AgentClient.this.restartAllowedInMs();
+            }
+        }, "tierlog-agent-health-" + component);
+        this.timers = Executors.newSingleThreadScheduledExecutor(daemonThreads("tierlog-agent-timer-" + component));
     }
 
     /** Makes sure an agent answers (starting one if allowed) and hands it this component's config. */
     void start() throws RemoteStorageException {
-        ensureAgent();
+        ensureAgent(null);
         try {
             configure(Deadline.after(settings.startupTimeoutMs, TimeUnit.MILLISECONDS));
         } catch (StatusRuntimeException e) {
@@ -112,6 +143,12 @@ final class AgentClient implements AutoCloseable {
 
     /** As above, against a deadline set earlier (a queued write's, set when the broker submitted it). */
     <T> T call(String what, Deadline deadline, long timeoutMs, Rpc<T> rpc) throws RemoteStorageException {
+        String hung = supervisor.hungReason();
+        if (hung != null) {
+            throw new RemoteStorageException("tierlog agent at " + settings.socketPath + " is hung (" + hung + "); "
+                + what + " fails at once until it answers" + (settings.start ? " or is replaced" : "")
+                + "; see the agent's log at " + settings.logFile);
+        }
         StatusRuntimeException first;
         try {
             return rpc.call(channel, deadline);
@@ -122,17 +159,34 @@ final class AgentClient implements AutoCloseable {
         boolean recover = code == Status.Code.FAILED_PRECONDITION
             || (code == Status.Code.UNAVAILABLE && settings.start);
         if (!recover || deadline.isExpired()) {
-            throw translate(what, first, timeoutMs);
+            throw failed(what, first, timeoutMs);
         }
         try {
             if (code == Status.Code.UNAVAILABLE) {
-                ensureAgent();
+                ensureAgent(what + " found no agent answering (" + first.getStatus().getDescription() + ")");
             }
             configure(deadline);
             return rpc.call(channel, deadline);
         } catch (StatusRuntimeException e) {
-            throw translate(what, e, timeoutMs);
+            throw failed(what, e, timeoutMs);
         }
+    }
+
+    /** As translate(), and a missed deadline starts the supervisor's health checks. */
+    private RemoteStorageException failed(String what, StatusRuntimeException e, long timeoutMs) {
+        if (e.getStatus().getCode() == Status.Code.DEADLINE_EXCEEDED) {
+            supervisor.deadlineMissed(what);
+        }
+        return translate(what, e, timeoutMs);
+    }
+
+    /** For deadlines inside a call (a stream's first chunk); its tasks must be short. */
+    ScheduledExecutorService timers() {
+        return timers;
+    }
+
+    AgentMetrics metrics() {
+        return metrics;
     }
 
     /**
@@ -221,7 +275,13 @@ final class AgentClient implements AutoCloseable {
         afterConfigure.call(channel, deadline);
     }
 
+    /** Whether the agent answers its health check; at once false when nothing listens on the socket. */
     private boolean healthy() {
+        if (!listening(settings.socketPath)) {
+            return false;
+        }
+        // A channel that failed to connect waits before trying again; the agent may be back already.
+        channel.resetConnectBackoff();
         try {
             HealthResponse health = AgentGrpc.newBlockingStub(channel)
                 .withDeadlineAfter(HEALTH_TIMEOUT_MS, TimeUnit.MILLISECONDS)
@@ -233,15 +293,62 @@ final class AgentClient implements AutoCloseable {
         }
     }
 
-    /** Returns once an agent answers its health check, starting one if this adapter may. */
-    private void ensureAgent() throws RemoteStorageException {
-        if (Files.exists(settings.socketPath) && healthy()) {
+    /**
+     * Returns once an agent answers its health check, starting one if this adapter may; {@code restartReason}
+     * says why it is down (null at the plugin's start).
+     */
+    private void ensureAgent(String restartReason) throws RemoteStorageException {
+        if (healthy()) {
             return;
         }
         if (!settings.start) {
             throw new RemoteStorageException("no tierlog agent answers at " + settings.socketPath
                 + "; start one (tierlog agent) or set " + AgentSettings.START + "=true");
         }
+        underStartLock(() -> {
+            if (healthy()) {
+                return;
+            }
+            reserveStart();
+            launch(restartReason);
+        });
+    }
+
+    /**
+     * Stops the hung agent this JVM started on the socket and starts another. False when there is none to
+     * stop while something still listens there: an agent started by hand, which is not the broker's to kill.
+     */
+    private boolean replaceHung(String reason) throws RemoteStorageException {
+        if (!settings.start) {
+            return false;
+        }
+        boolean[] replaced = {false};
+        underStartLock(() -> {
+            if (healthy()) { // it recovered, or the other plugin replaced it already
+                replaced[0] = true;
+                return;
+            }
+            List<ProcessHandle> hung = startedAgents();
+            if (hung.isEmpty() && listening(settings.socketPath)) {
+                return;
+            }
+            reserveStart();
+            for (ProcessHandle agent : hung) {
+                stop(agent, reason);
+            }
+            launch("it was hung: " + reason);
+            replaced[0] = true;
+        });
+        return replaced[0];
+    }
+
+    @FunctionalInterface
+    private interface StartAction {
+        void run() throws IOException, RemoteStorageException;
+    }
+
+    /** Runs {@code action} while no other plugin of this host starts an agent on the socket. */
+    private void underStartLock(StartAction action) throws RemoteStorageException {
         // Both plugins may get here at once, possibly from different class loaders: an interned string
         // is one monitor per JVM, and the file lock covers other processes sharing the socket path.
         synchronized (("tierlog-agent-start:" + settings.socketPath).intern()) {
@@ -249,27 +356,90 @@ final class AgentClient implements AutoCloseable {
             try (FileChannel lockChannel = FileChannel.open(lockPath, StandardOpenOption.CREATE,
                     StandardOpenOption.WRITE);
                  FileLock lock = lockChannel.lock()) {
-                if (Files.exists(settings.socketPath) && healthy()) {
-                    return;
-                }
-                long sinceLast = System.currentTimeMillis() - lastLaunchMs;
-                if (sinceLast < RELAUNCH_COOLDOWN_MS) {
-                    throw new RemoteStorageException("the tierlog agent at " + settings.socketPath
-                        + " is down and was restarted " + sinceLast + " ms ago" + lastLaunchFailure
-                        + "; see " + settings.logFile);
-                }
-                lastLaunchMs = System.currentTimeMillis();
-                try {
-                    launch();
-                    lastLaunchFailure = "";
-                } catch (RemoteStorageException e) {
-                    lastLaunchFailure = " (" + e.getMessage() + ")";
-                    throw e;
-                }
+                action.run();
             } catch (IOException e) {
                 throw new RemoteStorageException("could not start the tierlog agent at " + settings.socketPath
                     + ": " + e, e);
             }
+        }
+    }
+
+    /**
+     * Takes the next start, or fails while the backoff since the last one runs: the wait doubles per restart
+     * up to its max, and starts over once an agent outlived the max backoff (it was not crash-looping).
+     */
+    private void reserveStart() throws RemoteStorageException {
+        long now = System.currentTimeMillis();
+        long since = now - lastLaunchMs;
+        if (lastLaunchMs != 0 && since < restartDelayMs) {
+            throw new RemoteStorageException("the tierlog agent at " + settings.socketPath + " is down and was started "
+                + since + " ms ago; restarts back off, the next in " + (restartDelayMs - since) + " ms"
+                + lastLaunchFailure + "; see " + settings.logFile);
+        }
+        restartDelayMs = lastLaunchMs == 0 || since >= restartDelayMs + settings.restartBackoffMaxMs
+            ? settings.restartBackoffMs : Math.min(2 * restartDelayMs, settings.restartBackoffMaxMs);
+        lastLaunchMs = now;
+    }
+
+    private long restartAllowedInMs() {
+        return Math.max(0, lastLaunchMs + restartDelayMs - System.currentTimeMillis());
+    }
+
+    private List<ProcessHandle> startedAgents() {
+        return startedAgents(settings.socketPath);
+    }
+
+    /** Live agent processes this JVM started (directly or through a wrapper) on {@code socket}. */
+    static List<ProcessHandle> startedAgents(Path socket) {
+        String path = socket.toString();
+        return ProcessHandle.current().descendants().filter(p -> {
+            List<String> args = commandLine(p);
+            for (int i = 0; i + 1 < args.size(); i++) {
+                if (args.get(i).equals("--socket") && args.get(i + 1).equals(path)) {
+                    return p.isAlive();
+                }
+            }
+            return false;
+        }).toList();
+    }
+
+    /**
+     * A process's arguments, read from /proc: ProcessHandle.Info drops them for a command line over 4 KiB
+     * (a long class path or interpreter path). Empty once the process is gone.
+     */
+    private static List<String> commandLine(ProcessHandle process) {
+        try {
+            String raw = Files.readString(Path.of("/proc", String.valueOf(process.pid()), "cmdline"),
+                StandardCharsets.UTF_8);
+            return List.of(raw.split("\0"));
+        } catch (IOException e) {
+            return List.of();
+        }
+    }
+
+    /** SIGTERM, then SIGKILL after a grace period; returns once the process is gone. */
+    private void stop(ProcessHandle agent, String reason) throws RemoteStorageException {
+        LOG.warn("Stopping the tierlog agent (pid {}) at {}: {}", agent.pid(), settings.socketPath, reason);
+        agent.destroy();
+        if (exited(agent, STOP_GRACE_MS)) {
+            return;
+        }
+        agent.destroyForcibly();
+        if (!exited(agent, STOP_GRACE_MS)) {
+            throw new RemoteStorageException("the hung tierlog agent (pid " + agent.pid() + ") at " + settings.socketPath
+                + " was still running " + STOP_GRACE_MS + " ms after SIGKILL; not starting another beside it");
+        }
+    }
+
+    private static boolean exited(ProcessHandle process, long waitMs) throws RemoteStorageException {
+        try {
+            process.onExit().get(waitMs, TimeUnit.MILLISECONDS);
+            return true;
+        } catch (TimeoutException | ExecutionException e) {
+            return !process.isAlive();
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new RemoteStorageException("interrupted while stopping the tierlog agent", e);
         }
     }
 
@@ -286,12 +456,24 @@ final class AgentClient implements AutoCloseable {
         }
     }
 
+    /** As startProcess(), remembering a failure for the message of a start refused while backing off. */
+    private void launch(String restartReason) throws IOException, RemoteStorageException {
+        try {
+            startProcess(restartReason);
+            lastLaunchFailure = "";
+        } catch (RemoteStorageException e) {
+            lastLaunchFailure = " (" + e.getMessage() + ")";
+            throw e;
+        }
+    }
+
     /**
      * Starts an agent, unless one is alive: a live agent that answers its health probe slowly is waited for,
      * never displaced (a second agent would fail on the first one's RocksDB lock). A stale socket is left
-     * for the new agent, which removes it only after checking that nothing listens on it.
+     * for the new agent, which removes it only after checking that nothing listens on it. Every exit of the
+     * started process, but for the broker's shutdown, is a WARN and counted.
      */
-    private void launch() throws IOException, RemoteStorageException {
+    private void startProcess(String restartReason) throws IOException, RemoteStorageException {
         long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(settings.startupTimeoutMs);
         if (listening(settings.socketPath)) {
             while (System.nanoTime() < until) {
@@ -329,7 +511,13 @@ final class AgentClient implements AutoCloseable {
             command.add("--metrics-address");
             command.add(address);
         });
-        LOG.info("Starting the tierlog agent: {} (log: {})", command, settings.logFile);
+        if (restartReason == null) {
+            LOG.info("Starting the tierlog agent: {} (log: {})", command, settings.logFile);
+        } else {
+            metrics.agentRestarts.incrementAndGet();
+            LOG.warn("Restarting the tierlog agent at {} because {}: {} (log: {})", settings.socketPath, restartReason,
+                command, settings.logFile);
+        }
         // The agent rotates its own log; its raw output (a crash before logging starts) goes beside it.
         ProcessBuilder builder = new ProcessBuilder(command)
             .redirectErrorStream(true)
@@ -341,13 +529,13 @@ final class AgentClient implements AutoCloseable {
             throw new RemoteStorageException("could not run the tierlog agent (" + command + "): " + e.getMessage()
                 + "; set " + AgentSettings.PYTHON + " or " + AgentSettings.COMMAND, e);
         }
+        started.onExit().thenAccept(this::exited);
         while (System.nanoTime() < until) {
             if (!started.isAlive()) {
                 throw new RemoteStorageException("the tierlog agent (" + command + ") exited with status "
                     + started.exitValue() + " at startup; see " + settings.logFile + " and " + settings.outputFile());
             }
-            if (Files.exists(settings.socketPath) && healthy()) {
-                channel.resetConnectBackoff();
+            if (healthy()) {
                 return;
             }
             pause();
@@ -355,6 +543,15 @@ final class AgentClient implements AutoCloseable {
         started.destroy();
         throw new RemoteStorageException("the tierlog agent did not answer at " + settings.socketPath + " within "
             + settings.startupTimeoutMs + " ms; see " + settings.logFile);
+    }
+
+    private void exited(Process agent) {
+        if (closed) {
+            return; // the broker closed its plugins: the agent exits once idle
+        }
+        metrics.agentDeaths.incrementAndGet();
+        LOG.warn("The tierlog agent (pid {}) at {} exited with status {}; see its log at {} and {}", agent.pid(),
+            settings.socketPath, agent.exitValue(), settings.logFile, settings.outputFile());
     }
 
     private static void pause() throws RemoteStorageException {
@@ -368,6 +565,9 @@ final class AgentClient implements AutoCloseable {
 
     @Override
     public void close() {
+        closed = true;
+        supervisor.close();
+        timers.shutdownNow();
         Thread watcher = creationWatcher;
         if (watcher != null) {
             watcher.interrupt();
@@ -389,6 +589,7 @@ final class AgentClient implements AutoCloseable {
         // A launched agent exits by itself once both components are closed (--exit-when-idle), or when
         // the broker's process is gone (--parent-pid), so nothing here waits for it.
         eventLoop.shutdownGracefully(0, 1, TimeUnit.SECONDS);
+        metrics.close();
     }
 
     static ThreadFactory daemonThreads(String name) {

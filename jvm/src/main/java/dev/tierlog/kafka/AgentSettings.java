@@ -35,11 +35,16 @@ public final class AgentSettings {
     public static final String COPY_TIMEOUT_MS = "agent.copy.timeout.ms";
     public static final String FETCH_TIMEOUT_MS = "agent.fetch.timeout.ms";
     public static final String STARTUP_TIMEOUT_MS = "agent.startup.timeout.ms";
+    public static final String LOOKUP_TIMEOUT_MS = "agent.lookup.timeout.ms";
+    public static final String HUNG_CHECKS = "agent.hung.checks";
+    public static final String RESTART_BACKOFF_MS = "agent.restart.backoff.ms";
+    public static final String RESTART_BACKOFF_MAX_MS = "agent.restart.backoff.max.ms";
 
     /** Every key this class understands; the docker test checks the compose file against this set. */
     public static final Set<String> KEYS = Set.of(
         SOCKET_PATH, START, COMMAND, PYTHON, LOG_FILE, METRICS_PORT, METRICS_ADDRESS,
-        CALL_TIMEOUT_MS, COPY_TIMEOUT_MS, FETCH_TIMEOUT_MS, STARTUP_TIMEOUT_MS);
+        CALL_TIMEOUT_MS, COPY_TIMEOUT_MS, FETCH_TIMEOUT_MS, STARTUP_TIMEOUT_MS, LOOKUP_TIMEOUT_MS, HUNG_CHECKS,
+        RESTART_BACKOFF_MS, RESTART_BACKOFF_MAX_MS);
 
     /** The console script the tierlog wheel installs beside its `tierlog` command. */
     static final String AGENT_SCRIPT = "tierlog-agent";
@@ -58,6 +63,13 @@ public final class AgentSettings {
     public final long copyTimeoutMs;
     public final long fetchTimeoutMs;
     public final long startupTimeoutMs;
+    /** Deadline of the broker's fetch-path lookups, and of the first chunk of a fetched segment or index. */
+    public final long lookupTimeoutMs;
+    /** Health checks in a row, begun after a call missed its deadline, that must fail before the agent counts as hung. */
+    public final int hungChecks;
+    /** The wait before restarting an agent that was started recently; it doubles per quick restart up to the max. */
+    public final long restartBackoffMs;
+    public final long restartBackoffMaxMs;
     /** The configure() map without the agent.* keys, as strings: what the agent's component receives. */
     public final Map<String, String> forwarded;
 
@@ -95,6 +107,14 @@ public final class AgentSettings {
         this.copyTimeoutMs = parseLong(own, COPY_TIMEOUT_MS, 300_000, 1, Long.MAX_VALUE);
         this.fetchTimeoutMs = parseLong(own, FETCH_TIMEOUT_MS, 120_000, 1, Long.MAX_VALUE);
         this.startupTimeoutMs = parseLong(own, STARTUP_TIMEOUT_MS, 60_000, 1, Long.MAX_VALUE);
+        this.lookupTimeoutMs = parseLong(own, LOOKUP_TIMEOUT_MS, 5_000, 1, Long.MAX_VALUE);
+        this.hungChecks = (int) parseLong(own, HUNG_CHECKS, 3, 1, 1_000);
+        this.restartBackoffMs = parseLong(own, RESTART_BACKOFF_MS, 5_000, 1, Long.MAX_VALUE);
+        this.restartBackoffMaxMs = parseLong(own, RESTART_BACKOFF_MAX_MS, 60_000, 1, Long.MAX_VALUE);
+        if (restartBackoffMaxMs < restartBackoffMs) {
+            throw new ConfigException(RESTART_BACKOFF_MAX_MS, String.valueOf(restartBackoffMaxMs),
+                "must not be below " + RESTART_BACKOFF_MS + " (" + restartBackoffMs + ")");
+        }
         this.forwarded = Collections.unmodifiableMap(rest);
         this.command = start ? command(own, pluginJar) : List.of();
     }

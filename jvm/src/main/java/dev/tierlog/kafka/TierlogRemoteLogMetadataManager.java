@@ -96,6 +96,11 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
         return agent().settings().callTimeoutMs;
     }
 
+    /** The deadline of what the broker asks on its fetch path, where a stuck call stalls a consumer's fetch. */
+    private long lookupTimeout() {
+        return agent().settings().lookupTimeoutMs;
+    }
+
     private CompletableFuture<Void> write(String what, AgentClient.Rpc<?> rpc) {
         AgentClient a = agent();
         long timeoutMs = timeout();
@@ -147,14 +152,14 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
     @Override
     public Optional<RemoteLogSegmentMetadata> remoteLogSegmentMetadata(TopicIdPartition tp, int epochForOffset,
                                                                        long offset) throws RemoteStorageException {
-        return optional(agent().call("remoteLogSegmentMetadata(" + tp + ")", timeout(), (ch, dl) ->
+        return optional(agent().call("remoteLogSegmentMetadata(" + tp + ")", lookupTimeout(), (ch, dl) ->
             RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl)
                 .getRemoteLogSegmentMetadata(segmentQuery(tp, epochForOffset, offset))));
     }
 
     @Override
     public Optional<Long> highestOffsetForEpoch(TopicIdPartition tp, int leaderEpoch) throws RemoteStorageException {
-        OptionalOffset found = agent().call("highestOffsetForEpoch(" + tp + ")", timeout(), (ch, dl) ->
+        OptionalOffset found = agent().call("highestOffsetForEpoch(" + tp + ")", lookupTimeout(), (ch, dl) ->
             RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl).highestOffsetForEpoch(
                 EpochQuery.newBuilder().setTopicIdPartition(ProtoMapping.toProto(tp)).setEpoch(leaderEpoch).build()));
         return found.hasOffset() ? Optional.of(found.getOffset()) : Optional.empty();
@@ -222,7 +227,7 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
     @Override
     public Optional<RemoteLogSegmentMetadata> nextSegmentWithTxnIndex(TopicIdPartition tp, int epoch, long offset)
             throws RemoteStorageException {
-        return optional(agent().call("nextSegmentWithTxnIndex(" + tp + ")", timeout(), (ch, dl) ->
+        return optional(agent().call("nextSegmentWithTxnIndex(" + tp + ")", lookupTimeout(), (ch, dl) ->
             RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl)
                 .nextSegmentWithTxnIndex(segmentQuery(tp, epoch, offset))));
     }

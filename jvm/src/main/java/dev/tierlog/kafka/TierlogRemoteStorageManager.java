@@ -9,6 +9,9 @@ import java.io.InputStream;
 import java.util.Iterator;
 import java.util.Map;
 import java.util.Optional;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Function;
 
 import com.google.protobuf.ByteString;
@@ -16,6 +19,7 @@ import com.google.protobuf.ByteString;
 import io.grpc.Context;
 import io.grpc.Deadline;
 import io.grpc.ManagedChannel;
+import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
@@ -84,26 +88,48 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
 
     /**
      * Starts a streaming call and waits for its first answer, so a missing segment or index is reported
-     * here as Kafka expects (RemoteResourceNotFoundException), not on the first read.
+     * here as Kafka expects (RemoteResourceNotFoundException), not on the first read. The broker's fetch
+     * waits on that answer, so it has the lookup deadline; the whole stream has agent.fetch.timeout.ms.
      */
     private InputStream stream(String what, Function<RemoteStorageGrpc.RemoteStorageBlockingStub, Iterator<Chunk>> start)
             throws RemoteStorageException {
         AgentClient a = agent();
-        long timeout = a.settings().fetchTimeoutMs;
-        return a.call(what, timeout, (ManagedChannel ch, Deadline dl) -> {
+        long lookupMs = a.settings().lookupTimeoutMs;
+        long streamMs = a.settings().fetchTimeoutMs;
+        return a.call(what, lookupMs, (ManagedChannel ch, Deadline firstChunk) -> {
             Context.CancellableContext context = Context.current().withCancellation();
+            // Whichever comes first, the first chunk (or the call's failure) or the timer, settles the race; a
+            // timer that won cancels the call, and the call counts as one that missed its deadline.
+            AtomicBoolean settled = new AtomicBoolean();
+            ScheduledFuture<?> timer = a.timers().schedule(() -> {
+                if (settled.compareAndSet(false, true)) {
+                    context.cancel(null);
+                }
+            }, firstChunk.timeRemaining(TimeUnit.NANOSECONDS), TimeUnit.NANOSECONDS);
             Context previous = context.attach();
             try {
-                Iterator<Chunk> chunks = start.apply(RemoteStorageGrpc.newBlockingStub(ch).withDeadline(dl));
+                Iterator<Chunk> chunks = start.apply(RemoteStorageGrpc.newBlockingStub(ch)
+                    .withDeadline(Deadline.after(streamMs, TimeUnit.MILLISECONDS)));
                 chunks.hasNext();
+                if (!settled.compareAndSet(false, true)) {
+                    throw firstChunkMissed(what, lookupMs, null);
+                }
+                timer.cancel(false);
                 return new ChunkInputStream(what, context, chunks);
             } catch (StatusRuntimeException e) {
+                boolean timedOut = !settled.compareAndSet(false, true);
+                timer.cancel(false);
                 context.cancel(e);
-                throw e;
+                throw timedOut ? firstChunkMissed(what, lookupMs, e) : e;
             } finally {
                 context.detach(previous);
             }
         });
+    }
+
+    private static StatusRuntimeException firstChunkMissed(String what, long lookupMs, Throwable cause) {
+        return Status.DEADLINE_EXCEEDED.withDescription(what + ": no first chunk within " + lookupMs + " ms")
+            .withCause(cause).asRuntimeException();
     }
 
     @Override
