@@ -4,7 +4,8 @@ Spark's own Avro reader and the s3a filesystem come either from a local director
 (TIERLOG_SPARK_JARS_DIR: an air-gapped host copies them there once, see `local_jars`) or from Maven
 Central through Ivy, cached per user in ~/.cache/tierlog/ivy (over a gigabyte with the AWS SDK bundle, so
 every checkout shares one copy). A quiet session sends the JVM's output (Ivy's resolution report, log4j)
-to ~/.cache/tierlog/spark.log instead of the terminal.
+to ~/.cache/tierlog/spark.log instead of the terminal. pyspark (the `spark` extra) is imported only when a
+session is built: the settings here serve the in-process jobs of an install without it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from pyspark.sql import SparkSession
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # spark-avro is published per Spark release, but Maven Central can lag the PyPI wheel; a job may pin
 # another build with TIERLOG_SPARK_AVRO_VERSION. 4.1.1 is the newest build found on Central that the
@@ -78,6 +81,8 @@ def get_spark(
     gets `local[*]` (or `master`) and its packages from TIERLOG_SPARK_JARS_DIR, else fetches them itself.
     `quiet` keeps the JVM's output out of the terminal (in DEFAULT_SPARK_LOG).
     """
+    from pyspark.sql import SparkSession
+
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -98,9 +103,9 @@ def get_spark(
                 "spark.jars.packages", ",".join(spark_packages(with_s3=s3 is not None))
             ).config("spark.jars.ivy", str(ivy))
         # Spark's Python workers run `python3` from PATH unless told otherwise: outside an activated virtualenv
-        # that is another interpreter, without tierlog's dependencies. Run them on this one.
-        if not os.environ.get("PYSPARK_PYTHON"):
-            builder = builder.config("spark.pyspark.python", sys.executable)
+        # that is another interpreter, without tierlog's dependencies. Run them on this one. PySpark's context
+        # reads PYSPARK_PYTHON from the environment (not the spark.pyspark.python setting) when it starts.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         # Small jobs on a small box: the default 200 shuffle partitions cost more than they give.
         builder = builder.config(
             "spark.sql.shuffle.partitions", os.environ.get("TIERLOG_SHUFFLE_PARTITIONS", "8")
