@@ -52,6 +52,31 @@ class AgentSettingsTest {
     }
 
     @Test
+    void fetchPathLookupsHaveAShortDeadlineOfTheirOwn() {
+        AgentSettings defaults = AgentSettings.parse(Map.of("agent.start", "false"));
+        assertEquals(5_000, defaults.lookupTimeoutMs);
+        assertEquals(30_000, defaults.callTimeoutMs);
+        assertEquals(120_000, defaults.fetchTimeoutMs);
+        assertEquals(800, AgentSettings.parse(Map.of("agent.start", "false", "agent.lookup.timeout.ms", "800"))
+            .lookupTimeoutMs);
+    }
+
+    @Test
+    void supervisionKeysHaveDefaultsAndAreCheckedByName() {
+        AgentSettings defaults = AgentSettings.parse(Map.of("agent.start", "false"));
+        assertEquals(3, defaults.hungChecks);
+        assertEquals(5_000, defaults.restartBackoffMs);
+        assertEquals(60_000, defaults.restartBackoffMaxMs);
+        ConfigException zero = assertThrows(ConfigException.class,
+            () -> AgentSettings.parse(Map.of("agent.start", "false", "agent.hung.checks", "0")));
+        assertTrue(zero.getMessage().contains("agent.hung.checks"), zero.getMessage());
+        ConfigException inverted = assertThrows(ConfigException.class, () -> AgentSettings.parse(Map.of(
+            "agent.start", "false", "agent.restart.backoff.ms", "10000", "agent.restart.backoff.max.ms", "5000")));
+        assertTrue(inverted.getMessage().contains("agent.restart.backoff.max.ms"), inverted.getMessage());
+        assertTrue(inverted.getMessage().contains("agent.restart.backoff.ms"), inverted.getMessage());
+    }
+
+    @Test
     void defaultSocketIsInAStateDirNotTheTempDir() {
         AgentSettings s = AgentSettings.parse(Map.of("node.id", 7, "agent.start", "false"));
         assertFalse(s.socketPath.startsWith(System.getProperty("java.io.tmpdir")), s.socketPath.toString());
