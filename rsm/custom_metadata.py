@@ -2,7 +2,10 @@
 
 Kafka stores it with the segment and hands it back on every call, so fetches know the byte ranges
 without reading the header. v1: u8 version, u8 flags, u8 count, then per section u8 type code, varint
-position, varint length, u32 CRC-32. At most 3 + 5 * 25 = 128 bytes, Kafka's default cap.
+position, varint length, u32 CRC-32. v2: the same, for a packed object that also holds the segment's chunk
+index (section type code 6; written only then, so v1 readers never meet a section they do not know). With
+packed objects far below 4 GiB a section takes at most 1 + 5 + 5 + 4 bytes: 3 + 6 * 15 = 93 bytes, under
+Kafka's default cap of 128.
 """
 
 from __future__ import annotations
@@ -11,9 +14,19 @@ import struct
 from dataclasses import dataclass
 
 from rlmm.errors import RemoteStorageError
-from rsm.packed_index import TYPE_CODES, TYPES_BY_CODE, PackedIndexLayout, Section
+from rsm.packed_index import (
+    CHUNKED_FORMAT_VERSION,
+    TYPE_CODES,
+    TYPES_BY_CODE,
+    PackedIndexLayout,
+    Section,
+    SegmentSection,
+)
 
 CUSTOM_METADATA_VERSION = 1
+# The section table of a packed object with a chunk index (packed index format version 2).
+CHUNKED_CUSTOM_METADATA_VERSION = 2
+_VERSIONS = (CUSTOM_METADATA_VERSION, CHUNKED_CUSTOM_METADATA_VERSION)
 MAX_CUSTOM_METADATA_BYTES = 128  # remote.log.metadata.custom.metadata.max.bytes default
 _FLAG_HASHED_KEYS = 0x01
 _CRC = struct.Struct(">I")
@@ -59,7 +72,12 @@ def _get_varint(data: bytes, pos: int) -> tuple[int, int]:
 
 def encode(metadata: SegmentCustomMetadata) -> bytes:
     sections = metadata.layout.sections
-    out = bytearray([CUSTOM_METADATA_VERSION, _FLAG_HASHED_KEYS if metadata.hashed_keys else 0])
+    version = (
+        CHUNKED_CUSTOM_METADATA_VERSION
+        if metadata.layout.version == CHUNKED_FORMAT_VERSION
+        else CUSTOM_METADATA_VERSION
+    )
+    out = bytearray([version, _FLAG_HASHED_KEYS if metadata.hashed_keys else 0])
     out.append(len(sections))
     for s in sections:
         out.append(TYPE_CODES[s.index_type])
@@ -77,9 +95,9 @@ def decode(data: bytes, segment: str) -> SegmentCustomMetadata | None:
     """Decode; None if it was written in a version this reader does not know (read the header instead)."""
     if len(data) < 3:
         raise CustomMetadataError(f"custom metadata of segment {segment} is {len(data)} bytes, too short")
-    if data[0] != CUSTOM_METADATA_VERSION:
+    if data[0] not in _VERSIONS:
         return None
-    flags, count = data[1], data[2]
+    version, flags, count = data[0], data[1], data[2]
     pos = 3
     sections = []
     try:
@@ -87,8 +105,10 @@ def decode(data: bytes, segment: str) -> SegmentCustomMetadata | None:
             if pos >= len(data):
                 raise CustomMetadataError("custom metadata ends before its last section")
             code = data[pos]
-            if code not in TYPES_BY_CODE:
-                raise CustomMetadataError(f"unknown section type code {code}")
+            if code not in TYPES_BY_CODE or (
+                version == CUSTOM_METADATA_VERSION and TYPES_BY_CODE[code] is SegmentSection.CHUNK_INDEX
+            ):
+                raise CustomMetadataError(f"unknown section type code {code} in version {version}")
             position, pos = _get_varint(data, pos + 1)
             length, pos = _get_varint(data, pos)
             if pos + _CRC.size > len(data):
@@ -99,12 +119,15 @@ def decode(data: bytes, segment: str) -> SegmentCustomMetadata | None:
         if pos != len(data):
             raise CustomMetadataError(f"{len(data) - pos} unexpected trailing bytes")
         layout = PackedIndexLayout(tuple(sections))
+        if version == CHUNKED_CUSTOM_METADATA_VERSION and layout.version != CHUNKED_FORMAT_VERSION:
+            raise CustomMetadataError("version 2 without a chunk index section")
     except RemoteStorageError as exc:
         raise CustomMetadataError(f"custom metadata of segment {segment} is malformed: {exc}") from None
     return SegmentCustomMetadata(layout=layout, hashed_keys=bool(flags & _FLAG_HASHED_KEYS))
 
 
 __all__ = [
+    "CHUNKED_CUSTOM_METADATA_VERSION",
     "CUSTOM_METADATA_VERSION",
     "MAX_CUSTOM_METADATA_BYTES",
     "CustomMetadataError",

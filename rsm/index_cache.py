@@ -1,4 +1,5 @@
-"""A cache of verified index sections, bounded in bytes and in time, keyed by segment id and index type.
+"""A cache of verified packed-index sections (Kafka's indexes and the chunk index), bounded in bytes and in time,
+keyed by segment id and section type.
 
 It lets the broker's three consecutive fetch_index calls (OFFSET, TIMESTAMP, TRANSACTION) cost one request.
 """
@@ -13,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rsm.metrics import Metrics
-from rsm.types import IndexType
+from rsm.packed_index import SectionType
 
 # Charged per entry on top of its bytes, so that many tiny or absent entries are bounded too.
 ENTRY_OVERHEAD_BYTES = 64
@@ -39,14 +40,14 @@ class IndexCache:
         self._metrics = metrics
         self._clock = clock
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[uuid.UUID, IndexType], tuple[CachedIndex, float]] = OrderedDict()
+        self._entries: OrderedDict[tuple[uuid.UUID, SectionType], tuple[CachedIndex, float]] = OrderedDict()
         self._bytes = 0
 
     @staticmethod
     def _cost(entry: CachedIndex) -> int:
         return ENTRY_OVERHEAD_BYTES + (len(entry.data) if entry.data is not None else 0)
 
-    def get(self, segment: uuid.UUID, index_type: IndexType) -> CachedIndex | None:
+    def get(self, segment: uuid.UUID, index_type: SectionType) -> CachedIndex | None:
         """The cached entry, or None on a miss (never cached, evicted, or older than the TTL)."""
         key = (segment, index_type)
         with self._lock:
@@ -62,7 +63,7 @@ class IndexCache:
             self._metrics.increment("index_cache.hits")
             return found[0]
 
-    def put(self, segment: uuid.UUID, indexes: Mapping[IndexType, bytes | None]) -> None:
+    def put(self, segment: uuid.UUID, indexes: Mapping[SectionType, bytes | None]) -> None:
         """Cache `indexes` of one segment; a None value records that the segment has no such index."""
         expires = self._clock() + self._ttl
         with self._lock:
@@ -95,7 +96,7 @@ class IndexCache:
         with self._lock:
             return self._bytes
 
-    def _remove(self, key: tuple[uuid.UUID, IndexType]) -> None:
+    def _remove(self, key: tuple[uuid.UUID, SectionType]) -> None:
         found = self._entries.pop(key, None)
         if found is not None:
             self._bytes -= self._cost(found[0])

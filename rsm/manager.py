@@ -9,6 +9,7 @@ import dataclasses
 import io
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -16,17 +17,22 @@ from typing import Any, BinaryIO
 from rlmm.config import ConfigKey, parse_bool, parse_config, parse_int, parse_str
 from rlmm.errors import ConfigError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
 from rlmm.types import RemoteLogSegmentMetadata
-from rsm import custom_metadata
+from rsm import chunk_index, custom_metadata
 from rsm.backend import RangeStream, StorageBackend, read_all
 from rsm.backends import available_backends
+from rsm.chunk_cache import ChunkCache, DiskChunkCache, MemoryChunkCache
+from rsm.chunk_reader import ChunkedSegment, ChunkReader, SegmentFiles
 from rsm.custom_metadata import SegmentCustomMetadata
 from rsm.index_cache import IndexCache
 from rsm.keys import SegmentKeys, keys_for
 from rsm.metrics import ABSENT_INDEX_COUNTER, Metrics
 from rsm.packed_index import (
+    BROKER_READ_GROUP,
     MAX_HEADER_SIZE,
     READ_GROUPS,
     PackedIndexLayout,
+    SectionType,
+    SegmentSection,
     extract,
     pack,
     parse_header,
@@ -49,6 +55,19 @@ def _parse_log_dirs(value: Any) -> tuple[Path, ...]:
     return dirs
 
 
+# fetch.chunk.cache.class values; Aiven's class names are accepted for the same two caches.
+CHUNK_CACHE_CLASSES = ("none", "disk", "memory")
+_AIVEN_CACHE_CLASSES = {"diskchunkcache": "disk", "memorychunkcache": "memory"}
+# Segments whose successor a caller named (hint_next_segment), remembered for prefetching across the boundary.
+NEXT_SEGMENT_HINTS = 4096
+
+
+def _parse_cache_class(value: Any) -> str:
+    name = parse_str(value).strip()
+    short = name.rpartition(".")[2].lower()
+    return _AIVEN_CACHE_CLASSES.get(short, short)
+
+
 CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("storage.backend", parse_str, default="filesystem"),
     # Spread keys over the store's key space by a hash of the partition (helps S3 request-rate limits).
@@ -61,6 +80,26 @@ CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     # Without log.dirs (Kafka hands the RSM none): read only files inside some Kafka log directory, the one
     # each file's path leads to (a directory holding meta.properties). The agent turns it on for brokers.
     ConfigKey("log.dirs.detect", parse_bool, default=False),
+    # Segments are uploaded with a CRC32C per chunk of this many bytes (recorded per segment, so changing it
+    # affects new segments only); reads check every chunk and the chunk cache holds whole chunks.
+    ConfigKey(
+        "chunk.size", parse_int, chunk_index.DEFAULT_CHUNK_SIZE,
+        check=lambda v: chunk_index.MIN_CHUNK_SIZE <= v <= chunk_index.MAX_CHUNK_SIZE,
+        requirement=f"between {chunk_index.MIN_CHUNK_SIZE} and {chunk_index.MAX_CHUNK_SIZE}",
+    ),
+    ConfigKey(
+        "fetch.chunk.cache.class", _parse_cache_class, "none", check=lambda v: v in CHUNK_CACHE_CLASSES,
+        requirement=" or ".join(CHUNK_CACHE_CLASSES),
+    ),
+    ConfigKey("fetch.chunk.cache.path", parse_str, default=""),
+    ConfigKey("fetch.chunk.cache.size", parse_int, 1 << 30, check=lambda v: v > 0, requirement="> 0"),
+    ConfigKey(
+        "fetch.chunk.cache.prefetch.max.size", parse_int, 2 * chunk_index.DEFAULT_CHUNK_SIZE,
+        check=_non_negative, requirement=">= 0",
+    ),
+    ConfigKey("fetch.chunk.cache.prefetch.threads", parse_int, 2, check=lambda v: v > 0, requirement="> 0"),
+    # How long chunk files handed to another process (fetch_log_segment_files) stay pinned if not released.
+    ConfigKey("fetch.chunk.cache.lease.ms", parse_int, 30_000, check=lambda v: v > 0, requirement="> 0"),
 )
 # What Kafka writes at the root of every log directory it formats.
 KAFKA_LOG_DIR_MARKER = "meta.properties"
@@ -79,6 +118,8 @@ def parse_rsm_config(raw: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[
         raise ConfigError(
             f"{_OWNER}: config key storage.backend must be one of {', '.join(sorted(backends))}, got {name!r}"
         )
+    if core["fetch.chunk.cache.class"] == "disk" and not core["fetch.chunk.cache.path"]:
+        raise ConfigError(f"{_OWNER}: config key fetch.chunk.cache.path is required with fetch.chunk.cache.class=disk")
     own_keys = backends[name].CONFIG_KEYS
     own_names = {key.name for key in own_keys}
     backend_config = parse_config({k: v for k, v in raw.items() if k in own_names}, own_keys, _OWNER)
@@ -117,6 +158,16 @@ class RemoteStorageManager:
         self._cache = IndexCache(
             core["index.cache.max.bytes"], core["index.cache.ttl.ms"] / 1000.0, self._metrics
         )
+        self._chunk_size: int = core["chunk.size"]
+        self._lease_s: float = core["fetch.chunk.cache.lease.ms"] / 1000.0
+        self._chunk_cache = _chunk_cache(core, self._metrics)
+        self._chunk_cache_bytes: int = core["fetch.chunk.cache.size"]
+        self._next_hints: OrderedDict[Any, RemoteLogSegmentMetadata] = OrderedDict()
+        self._hints_lock = threading.Lock()
+        self._reader = ChunkReader(
+            self._backend, self._chunk_cache, self._metrics, core["fetch.chunk.cache.prefetch.max.size"],
+            core["fetch.chunk.cache.prefetch.threads"], self._next_chunked_segment,
+        )
         self._closed = threading.Event()
 
     def __repr__(self) -> str:
@@ -147,12 +198,14 @@ class RemoteStorageManager:
         keys = keys_for(metadata, self._hashed)
         with self._metrics.time("rsm.copy_log_segment_data") as timer:
             # Read the indexes first: a missing file fails the copy before anything is uploaded.
-            packed, layout = pack(self._read_indexes(data))
+            indexes = self._read_indexes(data)
+            chunks = chunk_index.build(data.log_segment, self._chunk_size)
+            packed, layout = pack(indexes, chunk_index=chunk_index.encode(chunks))
             self._backend.put(keys.log, data.log_segment)
             # Written last: a segment whose .indexes object exists is complete.
             self._backend.put(keys.indexes, packed)
             timer.bytes = metadata.segment_size_in_bytes + len(packed)
-        self._cache.invalidate(metadata.remote_log_segment_id.id)
+        self._forget(metadata)
         log.debug("copied segment %s to %s", metadata.remote_log_segment_id, keys.log)
         return custom_metadata.encode(SegmentCustomMetadata(layout, self._hashed))
 
@@ -205,10 +258,13 @@ class RemoteStorageManager:
             raise InvalidArgumentError(f"start position must be an int >= 0, got {start!r}")
         if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end < start):
             raise InvalidArgumentError(f"end position must be None or an int >= start ({start}), got {end!r}")
-        keys = self._keys(metadata)
         operation = "rsm.fetch_log_segment"
         with self._metrics.time(operation):
-            stream = self._backend.get_range(keys.log, start, end)
+            chunked = self._chunked_segment(metadata)
+            if chunked is None:  # written before chunk indexes: served unchecked, as then
+                stream = self._backend.get_range(self._keys(metadata).log, start, end)
+            else:
+                stream = self._reader.open(chunked, start, end)
         # The body arrives as the caller reads it: count its bytes (and a broken read) then.
         return stream.observe(
             lambda n: self._metrics.add_bytes(operation, n), lambda: self._metrics.add_error(operation)
@@ -224,7 +280,7 @@ class RemoteStorageManager:
         with self._metrics.time("rsm.fetch_indexes") as timer:
             found = self._fetch_sections(metadata, wanted)
             timer.bytes = sum(len(b) for b in found.values())
-        return {t: io.BytesIO(found[t]) for t in sorted(found)}
+        return {t: io.BytesIO(found[t]) for t in sorted(wanted) if t in found}
 
     def fetch_index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> BinaryIO:
         """One index; a miss loads its whole read group into the cache (see packed_index.READ_GROUPS):
@@ -241,10 +297,7 @@ class RemoteStorageManager:
             hit = self._cache.get(segment, index_type)
             if hit is None:
                 group = next(g for g in READ_GROUPS if index_type in g)
-                found = self._fetch_sections(metadata, group)
-                # Absent members are cached too, so the broker's TRANSACTION call after OFFSET costs nothing.
-                self._cache.put(segment, {t: found.get(t) for t in group})
-                data = found.get(index_type)
+                data = self._fetch_group(metadata, group).get(index_type)
             else:
                 data = hit.data
             timer.bytes = 0 if data is None else len(data)
@@ -268,9 +321,36 @@ class RemoteStorageManager:
     def _keys(self, metadata: RemoteLogSegmentMetadata) -> SegmentKeys:
         return self._segment_layout(metadata)[0]
 
+    def _fetch_group(
+        self, metadata: RemoteLogSegmentMetadata, group: Iterable[SectionType]
+    ) -> dict[SectionType, bytes]:
+        """Fetch a read group into the index cache. The broker's group brings the chunk index along (it is the
+        next section), so a broker's index read and segment read cost one GET each, as before chunks."""
+        wanted = set(group)
+        if wanted & BROKER_READ_GROUP or SegmentSection.CHUNK_INDEX in wanted:
+            wanted |= BROKER_READ_GROUP | {SegmentSection.CHUNK_INDEX}
+        found = self._fetch_sections(metadata, wanted)
+        # Absent members are cached too, so the broker's TRANSACTION call after OFFSET costs nothing.
+        self._cache.put(metadata.remote_log_segment_id.id, {t: found.get(t) for t in wanted})
+        return found
+
+    def _chunked_segment(self, metadata: RemoteLogSegmentMetadata) -> ChunkedSegment | None:
+        """The segment's chunk index and key; None for a segment written before chunk indexes."""
+        keys, layout = self._segment_layout(metadata)
+        if layout is not None and layout.get(SegmentSection.CHUNK_INDEX) is None:
+            return None
+        hit = self._cache.get(metadata.remote_log_segment_id.id, SegmentSection.CHUNK_INDEX)
+        data = hit.data if hit is not None else self._fetch_group(metadata, {SegmentSection.CHUNK_INDEX}).get(
+            SegmentSection.CHUNK_INDEX
+        )
+        if data is None:
+            return None
+        where = self._backend.describe(keys.log)
+        return ChunkedSegment(metadata.remote_log_segment_id, keys.log, chunk_index.decode(data, where), where)
+
     def _fetch_sections(
-        self, metadata: RemoteLogSegmentMetadata, types: Iterable[IndexType]
-    ) -> dict[IndexType, bytes]:
+        self, metadata: RemoteLogSegmentMetadata, types: Iterable[SectionType]
+    ) -> dict[SectionType, bytes]:
         keys, layout = self._segment_layout(metadata)
         where = self._backend.describe(keys.indexes)
         if layout is None:
@@ -298,7 +378,75 @@ class RemoteStorageManager:
             targets += keys_for(metadata, not self._hashed).both()
         with self._metrics.time("rsm.delete_log_segment_data"):
             self._backend.delete(targets)
+        self._forget(metadata)
+
+    def _forget(self, metadata: RemoteLogSegmentMetadata) -> None:
+        """Drop what is cached of a segment that was copied again or deleted."""
         self._cache.invalidate(metadata.remote_log_segment_id.id)
+        if self._chunk_cache is not None:
+            self._chunk_cache.invalidate(metadata.remote_log_segment_id.id)
+
+    # -- the adapter's data path and prefetch hints ---------------------------------------------
+
+    def fetch_log_segment_files(
+        self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None = None, max_bytes: int | None = None
+    ) -> SegmentFiles | None:
+        """The segment's bytes from `start` to `end` (inclusive; None: to the end), at most `max_bytes` of them,
+        as ranges of checked files in the disk chunk cache, pinned until `release_segment_files(lease_id)` or the
+        lease's deadline (fetch.chunk.cache.lease.ms). Another process on this host (the JVM adapter) reads the
+        files instead of a byte stream; it must open them before the deadline (an open file stays readable
+        after eviction). `end_position` says where the answer stops when `max_bytes` cut it short.
+
+        None when files cannot be had: no disk cache, a segment written before chunk indexes, or a cache that
+        cannot hold the range (disk full, range larger than the cache). Then read with fetch_log_segment.
+        """
+        self._check_open()
+        _require_metadata(metadata)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise InvalidArgumentError(f"start position must be an int >= 0, got {start!r}")
+        if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end < start):
+            raise InvalidArgumentError(f"end position must be None or an int >= start ({start}), got {end!r}")
+        with self._metrics.time("rsm.fetch_log_segment_files") as timer:
+            if self._chunk_cache is None or not isinstance(self._chunk_cache, DiskChunkCache):
+                return None
+            chunked = self._chunked_segment(metadata)
+            if chunked is None:
+                return None
+            size = chunked.index.original_size
+            if start >= size:
+                raise InvalidArgumentError(
+                    f"start position {start} is at or past the end of {chunked.where} ({size} bytes)"
+                )
+            last = size - 1 if end is None else min(end, size - 1)
+            # Never more than a quarter of the cache in one answer, so its files all fit beside other readers'.
+            window = max(chunked.index.chunk_size, self._chunk_cache_bytes // 4)
+            if max_bytes is not None and max_bytes > 0:
+                window = min(window, max_bytes)
+            last = min(last, start + window - 1)
+            files = self._reader.files(chunked, start, last, self._lease_s)
+            timer.bytes = 0 if files is None else last - start + 1
+        return files
+
+    def release_segment_files(self, lease_id: str) -> bool:
+        """Unpin the files of a fetch_log_segment_files answer; False if the lease was unknown or expired."""
+        return self._chunk_cache is not None and self._chunk_cache.release(lease_id)
+
+    def hint_next_segment(self, metadata: RemoteLogSegmentMetadata, following: RemoteLogSegmentMetadata) -> None:
+        """Optional: `following` is the segment after `metadata` in its partition (the caller's RLMM knows it:
+        remote_log_segment_metadata(tp, epoch, metadata.end_offset + 1)). A sequential reader that nears the end
+        of `metadata` then finds the first chunks of `following` prefetched into the chunk cache."""
+        _require_metadata(metadata)
+        _require_metadata(following)
+        with self._hints_lock:
+            self._next_hints[metadata.remote_log_segment_id.id] = following
+            self._next_hints.move_to_end(metadata.remote_log_segment_id.id)
+            while len(self._next_hints) > NEXT_SEGMENT_HINTS:
+                self._next_hints.popitem(last=False)
+
+    def _next_chunked_segment(self, segment: ChunkedSegment) -> ChunkedSegment | None:
+        with self._hints_lock:
+            following = self._next_hints.get(segment.segment_id.id)
+        return None if following is None or self._closed.is_set() else self._chunked_segment(following)
 
     # -- lifecycle and metrics ------------------------------------------------------------------
 
@@ -320,14 +468,26 @@ class RemoteStorageManager:
         """Plain-dict counters: per operation requests, errors, bytes and latency; cache statistics."""
         snapshot = self._metrics.snapshot()
         snapshot["index_cache"] = {"bytes": self._cache.size_bytes}
+        if self._chunk_cache is not None:
+            snapshot["chunk_cache"] = {"bytes": self._chunk_cache.size_bytes, "chunks": self._chunk_cache.entries}
         return snapshot
 
     def close(self) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._reader.close()
         self._cache.clear()
         self._backend.close()
+
+
+def _chunk_cache(core: Mapping[str, Any], metrics: Metrics) -> ChunkCache | None:
+    kind, size = core["fetch.chunk.cache.class"], core["fetch.chunk.cache.size"]
+    if kind == "disk":
+        return DiskChunkCache(Path(core["fetch.chunk.cache.path"]), size, metrics)
+    if kind == "memory":
+        return MemoryChunkCache(size, metrics)
+    return None
 
 
 __all__ = ["CORE_CONFIG_KEYS", "IndexAbsentError", "RemoteStorageManager", "parse_rsm_config"]

@@ -1,12 +1,16 @@
-"""The packed `.indexes` object: one versioned header, then the five index sections of one segment.
+"""The packed `.indexes` object: one versioned header, then the index sections of one segment.
 
 Layout (big-endian): magic `TLIX`, u16 version, u16 section count, per section (u8 type code, u64
 position, u64 length, u32 CRC-32 of the section), then a u32 CRC-32 of everything before it. The
 sections follow in SECTION_ORDER, so the three the broker reads together are one contiguous range.
+Version 1 holds Kafka's five indexes; version 2 may add the segment's chunk index (type code 6, see
+rsm/chunk_index.py) right after them, so a broker's index read fetches it in the same range. A version 2
+object without a chunk index is never written: pack() writes version 1 then, byte for byte as before.
 """
 
 from __future__ import annotations
 
+import enum
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
@@ -17,31 +21,49 @@ from rsm.types import IndexType
 
 MAGIC = b"TLIX"
 FORMAT_VERSION = 1
+# With a CHUNK_INDEX section.
+CHUNKED_FORMAT_VERSION = 2
+READABLE_VERSIONS = (FORMAT_VERSION, CHUNKED_FORMAT_VERSION)
+
+
+class SegmentSection(enum.Enum):
+    """A section of the packed object that is not one of Kafka's indexes."""
+
+    CHUNK_INDEX = "CHUNK_INDEX"
+
+
+# What a section holds: one of Kafka's indexes, or tierlog's own chunk index.
+SectionType = IndexType | SegmentSection
 
 # OFFSET, TIMESTAMP and TRANSACTION first and adjacent: Kafka's RemoteIndexCache asks for exactly these
 # three in a row, so one range covers them; a follower's LEADER_EPOCH and PRODUCER_SNAPSHOT come after,
 # adjacent too.
-SECTION_ORDER: tuple[IndexType, ...] = (
+# The chunk index follows them: a broker's index read (before it reads the segment) brings it in the same range.
+SECTION_ORDER: tuple[SectionType, ...] = (
     IndexType.OFFSET,
     IndexType.TIMESTAMP,
     IndexType.TRANSACTION,
+    SegmentSection.CHUNK_INDEX,
     IndexType.LEADER_EPOCH,
     IndexType.PRODUCER_SNAPSHOT,
 )
-BROKER_READ_GROUP: frozenset[IndexType] = frozenset(SECTION_ORDER[:3])
+BROKER_READ_GROUP: frozenset[IndexType] = frozenset(
+    {IndexType.OFFSET, IndexType.TIMESTAMP, IndexType.TRANSACTION}
+)
 # A follower building its auxiliary state from tiered storage reads these two, also in a row.
-FOLLOWER_READ_GROUP: frozenset[IndexType] = frozenset(SECTION_ORDER[3:])
+FOLLOWER_READ_GROUP: frozenset[IndexType] = frozenset({IndexType.LEADER_EPOCH, IndexType.PRODUCER_SNAPSHOT})
 READ_GROUPS: tuple[frozenset[IndexType], ...] = (BROKER_READ_GROUP, FOLLOWER_READ_GROUP)
 
 # Codes stored on disk; independent of IndexType's values so Kafka renumbering cannot break old objects.
-TYPE_CODES: Mapping[IndexType, int] = {
+TYPE_CODES: Mapping[SectionType, int] = {
     IndexType.OFFSET: 1,
     IndexType.TIMESTAMP: 2,
     IndexType.TRANSACTION: 3,
     IndexType.LEADER_EPOCH: 4,
     IndexType.PRODUCER_SNAPSHOT: 5,
+    SegmentSection.CHUNK_INDEX: 6,
 }
-TYPES_BY_CODE: Mapping[int, IndexType] = {code: t for t, code in TYPE_CODES.items()}
+TYPES_BY_CODE: Mapping[int, SectionType] = {code: t for t, code in TYPE_CODES.items()}
 
 _PRELUDE = struct.Struct(">4sHH")
 _ENTRY = struct.Struct(">BQQI")
@@ -60,7 +82,7 @@ def checksum(data: bytes | bytearray | memoryview) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Section:
-    index_type: IndexType
+    index_type: SectionType
     position: int
     length: int
     crc32: int
@@ -78,7 +100,7 @@ class PackedIndexLayout:
     sections: tuple[Section, ...]
 
     def __post_init__(self) -> None:
-        seen: set[IndexType] = set()
+        seen: set[SectionType] = set()
         previous_end = 0
         for section in self.sections:
             if section.index_type in seen:
@@ -91,13 +113,18 @@ class PackedIndexLayout:
             seen.add(section.index_type)
             previous_end = section.end
 
-    def get(self, index_type: IndexType) -> Section | None:
+    def get(self, index_type: SectionType) -> Section | None:
         for section in self.sections:
             if section.index_type is index_type:
                 return section
         return None
 
-    def present(self, types: Iterable[IndexType]) -> tuple[Section, ...]:
+    @property
+    def version(self) -> int:
+        """The format version of the object this table describes."""
+        return CHUNKED_FORMAT_VERSION if self.get(SegmentSection.CHUNK_INDEX) else FORMAT_VERSION
+
+    def present(self, types: Iterable[SectionType]) -> tuple[Section, ...]:
         wanted = set(types)
         return tuple(s for s in self.sections if s.index_type in wanted)
 
@@ -107,22 +134,27 @@ class PackedIndexLayout:
         return min(s.position for s in chosen), max(s.end for s in chosen)
 
 
-def pack(indexes: Mapping[IndexType, bytes]) -> tuple[bytes, PackedIndexLayout]:
-    """Build the packed object from the indexes present (a missing TRANSACTION index is left out)."""
-    present = [t for t in SECTION_ORDER if t in indexes]
+def pack(indexes: Mapping[IndexType, bytes], chunk_index: bytes | None = None) -> tuple[bytes, PackedIndexLayout]:
+    """Build the packed object from the indexes present (a missing TRANSACTION index is left out), and the
+    segment's encoded chunk index if given (format version 2)."""
+    sources: dict[SectionType, bytes] = {t: body for t, body in indexes.items()}
+    if chunk_index is not None:
+        sources[SegmentSection.CHUNK_INDEX] = chunk_index
+    present = [t for t in SECTION_ORDER if t in sources]
     header_size = _PRELUDE.size + len(present) * _ENTRY.size + _HEADER_CRC.size
     sections: list[Section] = []
     position = header_size
     for index_type in present:
-        body = indexes[index_type]
+        body = sources[index_type]
         sections.append(Section(index_type, position, len(body), checksum(body)))
         position += len(body)
-    header = bytearray(_PRELUDE.pack(MAGIC, FORMAT_VERSION, len(sections)))
+    layout = PackedIndexLayout(tuple(sections))
+    header = bytearray(_PRELUDE.pack(MAGIC, layout.version, len(sections)))
     for s in sections:
         header += _ENTRY.pack(TYPE_CODES[s.index_type], s.position, s.length, s.crc32)
     header += _HEADER_CRC.pack(checksum(header))
-    packed = b"".join([bytes(header), *(indexes[t] for t in present)])
-    return packed, PackedIndexLayout(tuple(sections))
+    packed = b"".join([bytes(header), *(sources[t] for t in present)])
+    return packed, layout
 
 
 def parse_header(data: bytes, where: str) -> PackedIndexLayout:
@@ -132,9 +164,10 @@ def parse_header(data: bytes, where: str) -> PackedIndexLayout:
     magic, version, count = _PRELUDE.unpack_from(data, 0)
     if magic != MAGIC:
         raise PackedIndexCorruptError(f"packed index {where} does not start with {MAGIC!r}: {magic!r}")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise PackedIndexCorruptError(
-            f"packed index {where} has format version {version}; this reader understands {FORMAT_VERSION}"
+            f"packed index {where} has format version {version}; this reader understands "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     crc_at = _PRELUDE.size + count * _ENTRY.size
     if count > len(SECTION_ORDER) or len(data) < crc_at + _HEADER_CRC.size:
@@ -148,15 +181,21 @@ def parse_header(data: bytes, where: str) -> PackedIndexLayout:
         if code not in TYPES_BY_CODE:
             raise PackedIndexCorruptError(f"packed index {where} has unknown section type code {code}")
         sections.append(Section(TYPES_BY_CODE[code], position, length, crc))
-    return PackedIndexLayout(tuple(sections))
+    layout = PackedIndexLayout(tuple(sections))
+    if layout.version != version:
+        raise PackedIndexCorruptError(
+            f"packed index {where} says format version {version} but its sections are those of version "
+            f"{layout.version}"
+        )
+    return layout
 
 
 def extract(
     data: bytes, data_start: int, sections: Iterable[Section], where: str
-) -> dict[IndexType, bytes]:
+) -> dict[SectionType, bytes]:
     """Cut `sections` out of `data` (object bytes starting at `data_start`), verifying each checksum."""
     view = memoryview(data)
-    found: dict[IndexType, bytes] = {}
+    found: dict[SectionType, bytes] = {}
     for section in sections:
         lo = section.position - data_start
         body = view[lo : lo + section.length]
@@ -176,14 +215,18 @@ def extract(
 
 __all__ = [
     "BROKER_READ_GROUP",
+    "CHUNKED_FORMAT_VERSION",
     "FOLLOWER_READ_GROUP",
     "FORMAT_VERSION",
     "MAX_HEADER_SIZE",
+    "READABLE_VERSIONS",
     "READ_GROUPS",
     "SECTION_ORDER",
     "PackedIndexCorruptError",
     "PackedIndexLayout",
     "Section",
+    "SectionType",
+    "SegmentSection",
     "extract",
     "pack",
     "parse_header",

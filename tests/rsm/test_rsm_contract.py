@@ -1,4 +1,5 @@
-"""The RSM contract, run against every backend: the real SeaweedFS S3 server and the filesystem.
+"""The RSM contract, run against every backend (the real SeaweedFS S3 server and the filesystem), with the
+chunk cache off and on (small chunks, so that a segment spans many).
 
 Each test states one behaviour Kafka's broker (or tierlog's own API) relies on.
 """
@@ -8,7 +9,10 @@ from __future__ import annotations
 import hashlib
 import random
 import tracemalloc
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
 from rsm_testkit import SegmentFactory, SegmentFixture
@@ -23,6 +27,21 @@ from rsm import (
 from rsm.keys import keys_for
 
 ALL_TYPES = list(IndexType)
+CHUNK_SIZE = 16 << 10
+
+
+@pytest.fixture(params=["uncached", "disk-cache"])
+def rsm_config(request: pytest.FixtureRequest, backend_config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    config = {**backend_config, "chunk.size": CHUNK_SIZE}
+    if request.param == "disk-cache":
+        config |= {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": str(tmp_path / "chunk-cache")}
+    return config
+
+
+@pytest.fixture
+def manager(rsm_config: dict[str, Any]) -> Iterator[RemoteStorageManager]:
+    with RemoteStorageManager(rsm_config) as rsm:
+        yield rsm
 
 
 # -- the backend interface ----------------------------------------------------------------------
@@ -92,10 +111,10 @@ def test_copy_is_idempotent_a_retry_overwrites(
 
 
 def test_copy_with_hash_prefix_puts_keys_under_a_hash_component(
-    backend_config: dict[str, object], make_segment: SegmentFactory
+    rsm_config: dict[str, Any], make_segment: SegmentFactory
 ) -> None:
     segment = make_segment()
-    with RemoteStorageManager({**backend_config, "storage.hash.prefix": "true"}) as rsm:
+    with RemoteStorageManager({**rsm_config, "storage.hash.prefix": "true"}) as rsm:
         custom = rsm.copy_log_segment_data(segment.metadata, segment.data)
         assert sorted(o.key for o in rsm.backend.list("")) == sorted(keys_for(segment.metadata, True).both())
         with rsm.fetch_log_segment(segment.with_custom_metadata(custom), 0) as stream:
@@ -308,8 +327,11 @@ def test_metrics_count_requests_bytes_and_errors_per_operation(
         manager.fetch_log_segment(copied.metadata, 10**9)
     ops = manager.metrics()["operations"]
     assert ops["rsm.copy_log_segment_data"]["requests"] == 1
-    assert ops["rsm.fetch_log_segment"] == ops["rsm.fetch_log_segment"] | {"requests": 2, "errors": 1}
-    assert ops["backend.get"]["bytes"] == len(copied.log_bytes)
+    assert ops["rsm.fetch_log_segment"] == ops["rsm.fetch_log_segment"] | {
+        "requests": 2, "errors": 1, "bytes": len(copied.log_bytes)
+    }
+    # The segment's bytes, and the packed index's sections holding its chunk index.
+    assert ops["backend.get"]["bytes"] > len(copied.log_bytes)
     assert ops["backend.get"]["latency_ms_total"] > 0
 
 
@@ -338,9 +360,11 @@ def test_one_manager_serves_concurrent_copies_and_fetches_from_many_threads(
 
 
 def test_fetch_log_segment_never_holds_the_whole_segment_in_memory(
-    manager: RemoteStorageManager, make_segment: SegmentFactory
+    rsm_config: dict[str, Any], make_segment: SegmentFactory
 ) -> None:
+    # It holds one chunk at a time (each is checked whole before any of its bytes are served).
     segment = make_segment(log_size=24 << 20)
+    manager = RemoteStorageManager({**rsm_config, "chunk.size": 1 << 20, "fetch.chunk.cache.prefetch.max.size": 0})
     custom = manager.copy_log_segment_data(segment.metadata, segment.data)
     digest = hashlib.sha256()
     tracemalloc.start()
@@ -351,18 +375,19 @@ def test_fetch_log_segment_never_holds_the_whole_segment_in_memory(
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+        manager.close()
     assert digest.digest() == hashlib.sha256(segment.log_bytes).digest()
     assert peak < 4 << 20, f"peak {peak} bytes while streaming a {24 << 20}-byte segment"
 
 
 def test_a_segment_written_with_the_hash_prefix_is_found_after_the_setting_is_turned_off(
-    backend_config: dict[str, object], make_segment: SegmentFactory
+    rsm_config: dict[str, Any], make_segment: SegmentFactory
 ) -> None:
     segment = make_segment()
-    with RemoteStorageManager({**backend_config, "storage.hash.prefix": True}) as before:
+    with RemoteStorageManager({**rsm_config, "storage.hash.prefix": True}) as before:
         custom = before.copy_log_segment_data(segment.metadata, segment.data)
     metadata = segment.with_custom_metadata(custom)
-    with RemoteStorageManager({**backend_config, "storage.hash.prefix": False}) as after:
+    with RemoteStorageManager({**rsm_config, "storage.hash.prefix": False}) as after:
         with after.fetch_index(metadata, IndexType.OFFSET) as stream:
             assert stream.read() == segment.index_bytes()[IndexType.OFFSET]
         after.delete_log_segment_data(metadata)

@@ -7,6 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rsm.custom_metadata import (
+    CHUNKED_CUSTOM_METADATA_VERSION,
+    CUSTOM_METADATA_VERSION,
     MAX_CUSTOM_METADATA_BYTES,
     CustomMetadataError,
     SegmentCustomMetadata,
@@ -60,3 +62,24 @@ def test_trailing_bytes_are_an_error() -> None:
     encoded = encode(SegmentCustomMetadata(_layout_with([1]), False))
     with pytest.raises(CustomMetadataError, match="trailing"):
         decode(encoded + b"\x00", "s")
+
+
+def test_a_layout_with_a_chunk_index_is_written_as_version_2_and_round_trips() -> None:
+    _, layout = pack({t: bytes(10 << 20) for t in IndexType}, chunk_index=bytes(1 << 20))
+    meta = SegmentCustomMetadata(layout, hashed_keys=False)
+    encoded = encode(meta)
+    assert encoded[0] == CHUNKED_CUSTOM_METADATA_VERSION
+    assert len(encoded) <= MAX_CUSTOM_METADATA_BYTES
+    assert decode(encoded, "s") == meta
+
+
+def test_a_layout_without_a_chunk_index_is_still_written_as_version_1() -> None:
+    _, layout = pack({t: bytes(10) for t in IndexType})
+    assert encode(SegmentCustomMetadata(layout, False))[0] == CUSTOM_METADATA_VERSION
+
+
+def test_version_1_naming_a_chunk_index_section_is_an_error() -> None:
+    _, layout = pack({IndexType.OFFSET: b"o"}, chunk_index=b"c")
+    encoded = encode(SegmentCustomMetadata(layout, False))
+    with pytest.raises(CustomMetadataError, match="unknown section type code 6 in version 1"):
+        decode(bytes([CUSTOM_METADATA_VERSION]) + encoded[1:], "s")

@@ -8,10 +8,13 @@ from hypothesis import strategies as st
 
 from rsm.packed_index import (
     BROKER_READ_GROUP,
+    CHUNKED_FORMAT_VERSION,
+    FORMAT_VERSION,
     MAX_HEADER_SIZE,
     READ_GROUPS,
     SECTION_ORDER,
     PackedIndexCorruptError,
+    SegmentSection,
     extract,
     pack,
     parse_header,
@@ -49,7 +52,7 @@ def test_offset_timestamp_transaction_sections_are_contiguous_and_first() -> Non
     group = layout.present(BROKER_READ_GROUP)
     start, end = layout.span(group)
     assert end - start == sum(s.length for s in group)
-    assert [s.index_type for s in layout.sections] == list(SECTION_ORDER)
+    assert [s.index_type for s in layout.sections] == [t for t in SECTION_ORDER if t in FIVE]
     assert start == layout.sections[0].position
 
 
@@ -91,8 +94,8 @@ def test_a_truncated_object_is_reported_as_shorter_than_its_table() -> None:
 
 def test_an_unknown_format_version_is_refused_with_the_version_named() -> None:
     packed, _ = pack(FIVE)
-    newer = packed[:4] + (2).to_bytes(2, "big") + packed[6:]
-    with pytest.raises(PackedIndexCorruptError, match="format version 2"):
+    newer = packed[:4] + (3).to_bytes(2, "big") + packed[6:]
+    with pytest.raises(PackedIndexCorruptError, match="format version 3"):
         parse_header(newer, "t")
 
 
@@ -102,7 +105,7 @@ def test_an_object_without_the_magic_is_refused() -> None:
 
 
 def test_the_biggest_header_fits_the_header_read() -> None:
-    _packed, layout = pack(FIVE)
+    _packed, layout = pack(FIVE, chunk_index=b"c")
     assert layout.sections[0].position == MAX_HEADER_SIZE
 
 
@@ -113,3 +116,38 @@ def test_every_read_group_is_one_contiguous_range_and_the_groups_cover_every_typ
         start, end = layout.span(sections)
         assert end - start == sum(s.length for s in sections)
     assert set().union(*READ_GROUPS) == set(IndexType)
+
+
+# -- format version 2: the segment's chunk index as a sixth section ------------------------------------------
+
+
+def test_without_a_chunk_index_pack_writes_version_1_as_before() -> None:
+    packed, layout = pack(FIVE)
+    assert int.from_bytes(packed[4:6], "big") == FORMAT_VERSION
+    assert layout.version == FORMAT_VERSION
+
+
+def test_with_a_chunk_index_pack_writes_version_2_and_every_section_round_trips() -> None:
+    packed, layout = pack(FIVE, chunk_index=b"chunk index bytes")
+    assert int.from_bytes(packed[4:6], "big") == CHUNKED_FORMAT_VERSION
+    assert parse_header(packed[:MAX_HEADER_SIZE], "t") == layout
+    assert extract(packed, 0, layout.sections, "t") == {**FIVE, SegmentSection.CHUNK_INDEX: b"chunk index bytes"}
+
+
+def test_the_chunk_index_directly_follows_the_brokers_read_group_so_one_range_covers_both() -> None:
+    _, layout = pack(FIVE, chunk_index=b"c" * 40)
+    sections = layout.present({*BROKER_READ_GROUP, SegmentSection.CHUNK_INDEX})
+    start, end = layout.span(sections)
+    assert end - start == sum(s.length for s in sections)
+    for group in READ_GROUPS:
+        grouped = layout.present(group)
+        low, high = layout.span(grouped)
+        assert high - low == sum(s.length for s in grouped)
+
+
+def test_a_version_1_header_listing_a_chunk_index_is_refused() -> None:
+    packed, _ = pack(FIVE, chunk_index=b"c")
+    relabelled = bytearray(packed)
+    relabelled[4:6] = FORMAT_VERSION.to_bytes(2, "big")
+    with pytest.raises(PackedIndexCorruptError):
+        parse_header(bytes(relabelled), "t")

@@ -1,6 +1,7 @@
 """Request counts measured at the wire, by a counting proxy in front of the real S3 server.
 
-These are the promises of the packed index: one GET for any set of indexes, one for the broker's three calls.
+These are the promises of the packed index: one GET for any set of indexes, one for the broker's three calls
+(which brings the segment's chunk index along), and one for a segment's bytes however many chunks they span.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 from rsm_testkit import S3Server, SegmentFactory, SegmentFixture
 from support.s3_proxy import CountingS3Proxy
 
-from rsm import IndexType, RemoteStorageManager
+from rsm import IndexType, RemoteStorageManager, custom_metadata
+from rsm.packed_index import SegmentSection
 
 BROKER_SEQUENCE = (IndexType.OFFSET, IndexType.TIMESTAMP, IndexType.TRANSACTION)
 
@@ -59,7 +61,7 @@ def test_the_brokers_three_calls_are_one_get_when_the_transaction_index_is_absen
     assert [r.method for r in s3_proxy.requests] == ["GET"]
 
 
-def test_the_brokers_calls_read_only_the_offset_timestamp_transaction_range(
+def test_the_brokers_calls_read_only_the_offset_timestamp_transaction_and_chunk_index_range(
     proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
 ) -> None:
     segment = _copy(proxied_manager, make_segment())
@@ -67,7 +69,11 @@ def test_the_brokers_calls_read_only_the_offset_timestamp_transaction_range(
     _broker_fetches(proxied_manager, segment)
     first, last = (int(x) for x in str(s3_proxy.requests[0].range).removeprefix("bytes=").split("-"))
     sizes = segment.index_bytes()
-    assert last - first + 1 == sum(len(sizes[t]) for t in BROKER_SEQUENCE)
+    layout = custom_metadata.decode(segment.metadata.custom_metadata or b"", "s")
+    assert layout is not None
+    chunk_section = layout.layout.get(SegmentSection.CHUNK_INDEX)
+    assert chunk_section is not None
+    assert last - first + 1 == sum(len(sizes[t]) for t in BROKER_SEQUENCE) + chunk_section.length
 
 
 def test_without_custom_metadata_fetch_indexes_costs_one_header_read_more(
@@ -79,14 +85,32 @@ def test_without_custom_metadata_fetch_indexes_costs_one_header_read_more(
     assert [r.method for r in s3_proxy.requests] == ["GET", "GET"]
 
 
-def test_fetch_log_segment_is_one_get_with_the_exact_inclusive_range(
-    proxied_manager: RemoteStorageManager, s3_proxy: CountingS3Proxy, make_segment: SegmentFactory
+def test_after_the_brokers_index_calls_fetch_log_segment_is_one_get_of_the_chunks_holding_the_range(
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
 ) -> None:
-    segment = _copy(proxied_manager, make_segment())
-    s3_proxy.reset()
-    with proxied_manager.fetch_log_segment(segment.metadata, 100, 199) as stream:
-        assert len(stream.read()) == 100
-    assert [(r.method, r.range) for r in s3_proxy.requests] == [("GET", "bytes=100-199")]
+    config = s3_server.rsm_config(key_prefix, endpoint=s3_proxy.endpoint_url, **{"chunk.size": 16 << 10})
+    with RemoteStorageManager(config) as rsm:
+        segment = _copy(rsm, make_segment())
+        _broker_fetches(rsm, segment)
+        s3_proxy.reset()
+        with rsm.fetch_log_segment(segment.metadata, 20_000, 40_000) as stream:
+            assert stream.read() == segment.log_bytes[20_000:40_001]
+    # Chunks 1 and 2 (16 KiB each), whole, so that each is checked before any of it is served.
+    assert [(r.method, r.range) for r in s3_proxy.requests] == [("GET", f"bytes={16 << 10}-{(48 << 10) - 1}")]
+
+
+def test_a_cold_whole_segment_read_is_two_gets_as_before_chunks_index_and_log(
+    s3_server: S3Server, s3_proxy: CountingS3Proxy, key_prefix: str, make_segment: SegmentFactory
+) -> None:
+    config = s3_server.rsm_config(key_prefix, endpoint=s3_proxy.endpoint_url, **{"chunk.size": 16 << 10})
+    with RemoteStorageManager(config) as rsm:
+        segment = _copy(rsm, make_segment())
+    with RemoteStorageManager(config) as rsm:  # a fresh process: nothing cached
+        s3_proxy.reset()
+        _broker_fetches(rsm, segment)
+        with rsm.fetch_log_segment(segment.metadata, 0) as stream:
+            assert stream.read() == segment.log_bytes
+    assert [(r.method, r.path.rsplit(".", 1)[1]) for r in s3_proxy.requests] == [("GET", "indexes"), ("GET", "log")]
 
 
 def test_delete_removes_both_objects_in_one_request(
