@@ -15,6 +15,12 @@
  * bytes, an out-of-range index, a boolean not 0 or 1, invalid UTF-8, a varint past 64 bits) raises ValueError, and
  * the caller then asks fastavro, which decodes or says what is wrong. Bytes after the datum are ignored, as fastavro
  * ignores them.
+ *
+ * A program is an argument like any other: read() checks each node of it as it runs it (an exact tuple of the shape
+ * above, enum symbols and field names exact str) and raises TypeError for one that is not, so no program makes it
+ * read outside a tuple or run Python code. check() checks a whole program at once (rlmm.codec asks it once per
+ * schema): read() never raises TypeError for a program check() took. Nothing read is borrowed past the call: the
+ * program's tuples and the data are held by the caller for its duration, and what read() returns is new.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -71,6 +77,54 @@ take(Cursor *cursor, long long length)
     const unsigned char *start = cursor->at;
     cursor->at += length;
     return start;
+}
+
+/* The op of a program node, and its argument (NULL for a primitive: an enum's symbols, a union's branches, an
+ * array's item program, a record's fields); -1 with TypeError set for a node not of a shape above. */
+static long
+node_op(PyObject *program, PyObject **argument)
+{
+    if (PyTuple_CheckExact(program) && PyTuple_GET_SIZE(program) >= 1
+        && PyLong_CheckExact(PyTuple_GET_ITEM(program, 0))) {
+        int overflow = 0;
+        long op = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(program, 0), &overflow);
+        Py_ssize_t size = PyTuple_GET_SIZE(program);
+        if (op >= OP_NULL && op <= OP_BYTES && size == 1) {
+            *argument = NULL;
+            return op;
+        }
+        if (op >= OP_ENUM && op <= OP_RECORD && size == 2) {
+            *argument = PyTuple_GET_ITEM(program, 1);
+            if (op == OP_ARRAY || PyTuple_CheckExact(*argument)) {
+                return op;
+            }
+        }
+    }
+    PyErr_SetString(PyExc_TypeError, "not an Avro reader program: a node is not (op,) or (op, argument) "
+                                     "of the shapes rlmm/_avro_reader.c describes");
+    return -1;
+}
+
+/* A record field (name, program), or 0 with TypeError set. */
+static int
+is_field(PyObject *field)
+{
+    if (PyTuple_CheckExact(field) && PyTuple_GET_SIZE(field) == 2 && PyUnicode_CheckExact(PyTuple_GET_ITEM(field, 0))) {
+        return 1;
+    }
+    PyErr_SetString(PyExc_TypeError, "not an Avro reader program: a record field is not (name: str, program)");
+    return 0;
+}
+
+/* An enum symbol, or 0 with TypeError set. */
+static int
+is_symbol(PyObject *symbol)
+{
+    if (PyUnicode_CheckExact(symbol)) {
+        return 1;
+    }
+    PyErr_SetString(PyExc_TypeError, "not an Avro reader program: an enum symbol is not a str");
+    return 0;
 }
 
 static PyObject *read_datum(PyObject *program, Cursor *cursor, int depth);
@@ -133,6 +187,10 @@ read_record(PyObject *fields, Cursor *cursor, int depth)
     Py_ssize_t count = PyTuple_GET_SIZE(fields);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *field = PyTuple_GET_ITEM(fields, i);
+        if (!is_field(field)) {
+            Py_DECREF(record);
+            return NULL;
+        }
         PyObject *value = read_datum(PyTuple_GET_ITEM(field, 1), cursor, depth + 1);
         if (value == NULL) {
             Py_DECREF(record);
@@ -154,7 +212,8 @@ read_datum(PyObject *program, Cursor *cursor, int depth)
     if (depth > MAX_DEPTH) {
         return fail("schema nested too deep");
     }
-    long op = PyLong_AsLong(PyTuple_GET_ITEM(program, 0));
+    PyObject *argument;
+    long op = node_op(program, &argument);
     long long value;
     const unsigned char *bytes;
     switch (op) {
@@ -184,81 +243,51 @@ read_datum(PyObject *program, Cursor *cursor, int depth)
         return text;
     case OP_ENUM:
     case OP_UNION: {
-        PyObject *choices = PyTuple_GET_ITEM(program, 1);
         if (read_long(cursor, &value) < 0) {
             return NULL;
         }
-        if (value < 0 || value >= PyTuple_GET_SIZE(choices)) {
+        if (value < 0 || value >= PyTuple_GET_SIZE(argument)) {
             return fail("enum or union index out of range");
         }
-        PyObject *choice = PyTuple_GET_ITEM(choices, (Py_ssize_t)value);
-        return op == OP_ENUM ? Py_NewRef(choice) : read_datum(choice, cursor, depth + 1);
+        PyObject *choice = PyTuple_GET_ITEM(argument, (Py_ssize_t)value);
+        if (op == OP_UNION) {
+            return read_datum(choice, cursor, depth + 1);
+        }
+        return is_symbol(choice) ? Py_NewRef(choice) : NULL;
     }
     case OP_ARRAY:
-        return read_array(PyTuple_GET_ITEM(program, 1), cursor, depth);
+        return read_array(argument, cursor, depth);
     case OP_RECORD:
-        return read_record(PyTuple_GET_ITEM(program, 1), cursor, depth);
-    default:
-        PyErr_Format(PyExc_TypeError, "unknown Avro reader op %ld", op);
+        return read_record(argument, cursor, depth);
+    default: /* node_op refused the node */
         return NULL;
     }
 }
 
-/* A program's tuples must be what read_datum indexes without checks. */
+/* Whether every node of a program is one read_datum runs (node_op), its symbols and fields too: a program read()
+ * runs without TypeError whatever the bytes. */
 static int
 check_program(PyObject *program, int depth)
 {
-    if (depth > MAX_DEPTH || !PyTuple_CheckExact(program) || PyTuple_GET_SIZE(program) < 1
-        || !PyLong_CheckExact(PyTuple_GET_ITEM(program, 0))) {
+    PyObject *argument;
+    long op = depth > MAX_DEPTH ? -1 : node_op(program, &argument);
+    if (op < 0) {
+        PyErr_Clear();
         return 0;
     }
-    long op = PyLong_AsLong(PyTuple_GET_ITEM(program, 0));
-    if (op >= OP_NULL && op <= OP_BYTES) {
-        return PyTuple_GET_SIZE(program) == 1;
+    Py_ssize_t count = argument != NULL && op != OP_ARRAY ? PyTuple_GET_SIZE(argument) : 0;
+    int good = 1;
+    for (Py_ssize_t i = 0; good && i < count; i++) {
+        PyObject *item = PyTuple_GET_ITEM(argument, i);
+        good = op == OP_ENUM ? is_symbol(item)
+               : op == OP_UNION ? check_program(item, depth + 1)
+               : is_field(item) && check_program(PyTuple_GET_ITEM(item, 1), depth + 1);
     }
-    if (PyTuple_GET_SIZE(program) != 2) {
-        return 0;
+    if (good && op == OP_ARRAY) {
+        good = check_program(argument, depth + 1);
     }
-    PyObject *argument = PyTuple_GET_ITEM(program, 1);
-    switch (op) {
-    case OP_ENUM:
-        if (!PyTuple_CheckExact(argument)) {
-            return 0;
-        }
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(argument); i++) {
-            if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(argument, i))) {
-                return 0;
-            }
-        }
-        return 1;
-    case OP_UNION:
-        if (!PyTuple_CheckExact(argument)) {
-            return 0;
-        }
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(argument); i++) {
-            if (!check_program(PyTuple_GET_ITEM(argument, i), depth + 1)) {
-                return 0;
-            }
-        }
-        return 1;
-    case OP_ARRAY:
-        return check_program(argument, depth + 1);
-    case OP_RECORD:
-        if (!PyTuple_CheckExact(argument)) {
-            return 0;
-        }
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(argument); i++) {
-            PyObject *field = PyTuple_GET_ITEM(argument, i);
-            if (!PyTuple_CheckExact(field) || PyTuple_GET_SIZE(field) != 2
-                || !PyUnicode_CheckExact(PyTuple_GET_ITEM(field, 0))
-                || !check_program(PyTuple_GET_ITEM(field, 1), depth + 1)) {
-                return 0;
-            }
-        }
-        return 1;
-    default:
-        return 0;
-    }
+    PyErr_Clear();
+    return good;
 }
 
 /* check(program) -> bool: whether `read` can run the program. */
@@ -279,9 +308,8 @@ avro_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t start = PyLong_AsSsize_t(args[2]);
     Py_ssize_t size = PyBytes_GET_SIZE(args[1]);
     if (start < 0 || start > size) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_ValueError, "start out of range");
-        }
+        PyErr_Clear(); /* an int past Py_ssize_t's range is out of range too */
+        PyErr_SetString(PyExc_ValueError, "read: start out of range of the data");
         return NULL;
     }
     const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[1]);

@@ -19,6 +19,17 @@
  *   halted:   dict metadata partition -> error
  *   snapshot: PartitionSnapshot (deleted, sole_epoch, sole_segments, sole_bounds, floors)
  *   floors:   EpochFloors (segments: tuple, bounds: array('q') of the n starts then the n ends)
+ *
+ * None of that is trusted (rlmm/README.md, "The C extensions", lists what each extension assumes): every attribute
+ * read may run Python code (a property, a metaclass), which may change the table or the objects read, so
+ *   - what a lookup keeps or uses after such a read it holds by a strong reference (the flat floors hold the
+ *     snapshot and its sole_segments tuple, whose items are the answers), and a table slot is found again after it;
+ *   - a slot read in place (no reference taken) is read only at an offset checked against the object's type: the
+ *     offset of a __slots__ member descriptor owned by that type or a base of it, inside the type's basicsize;
+ *   - anything not as expected (another type, a missing slot, a bounds array of another format or too short) sends
+ *     the call to the fallback, which raises what the Python method raises.
+ * A published snapshot is never changed (rlmm/read_model.py): one changed in place anyway may be answered from the
+ * copy made before the change, never from freed memory.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,10 +38,13 @@
 
 /* --- ReadableTable ------------------------------------------------------------------------------------------ */
 
-/* A snapshot's sole floors, flat: n starts, n ends, then n answers (borrowed from the snapshot's tuple, which the
- * snapshot, held here, keeps alive). `sole_epoch` -1: the snapshot has no sole epoch (none, or several). */
+/* A snapshot's sole floors, flat: n starts, n ends, then n answers (the items of the snapshot's sole_segments tuple,
+ * held here: the snapshot's attribute may be replaced, never the tuple's items). `snapshot` is held too, so that no
+ * other snapshot can take its address while the copy is compared with the readable's current one. `sole_epoch` -1:
+ * the snapshot has no sole epoch (none, or several). */
 typedef struct {
     PyObject *snapshot;
+    PyObject *segments;
     long long sole_epoch;
     int deleted;
     Py_ssize_t count;
@@ -185,6 +199,7 @@ floors_free(Floors *floors)
 {
     if (floors != NULL) {
         Py_DECREF(floors->snapshot);
+        Py_DECREF(floors->segments);
         PyMem_Free(floors);
     }
 }
@@ -429,6 +444,7 @@ readable_table_traverse(ReadableTable *self, visitproc visit, void *arg)
             Py_VISIT(self->slots[i].readable);
             if (self->slots[i].floors != NULL) {
                 Py_VISIT(self->slots[i].floors->snapshot);
+                Py_VISIT(self->slots[i].floors->segments);
             }
         }
     }
@@ -533,7 +549,10 @@ floor_of(PyObject *segments, PyObject *bounds, long long offset)
     return Py_NewRef(found);
 }
 
-/* The offset of the object slot `name` in instances of `type` (a __slots__ member), or -1. */
+/* The offset of the object slot `name` in instances of `type` (a __slots__ member), or -1. Only a member descriptor
+ * owned by `type` or a base of it counts (one taken from another class and set on this one describes another
+ * layout), and only an offset inside the instance: slot_value then reads it without further checks. May run Python
+ * code (a metaclass's attribute lookup). */
 static Py_ssize_t
 member_offset(PyTypeObject *type, PyObject *name)
 {
@@ -542,9 +561,14 @@ member_offset(PyTypeObject *type, PyObject *name)
     if (descriptor == NULL) {
         PyErr_Clear();
     }
-    else if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type)) {
+    else if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type) && PyType_IsSubtype(type, PyDescr_TYPE(descriptor))) {
         PyMemberDef *member = ((PyMemberDescrObject *)descriptor)->d_member;
-        offset = member->type == T_OBJECT_EX ? member->offset : -1;
+        int plain = member->type == T_OBJECT_EX && member->offset >= (Py_ssize_t)sizeof(PyObject)
+                    && member->offset <= type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *);
+#ifdef Py_RELATIVE_OFFSET
+        plain = plain && !(member->flags & Py_RELATIVE_OFFSET);
+#endif
+        offset = plain ? member->offset : -1;
     }
     Py_XDECREF(descriptor);
     return offset;
@@ -557,7 +581,8 @@ slot_value(PyObject *object, Py_ssize_t offset)
     return offset < 0 ? NULL : *(PyObject **)((char *)object + offset);
 }
 
-/* The flat copy of a snapshot's sole floors, or NULL with an error set. Runs no Python code. */
+/* The flat copy of a snapshot's sole floors, or NULL with an error set. Its attribute reads may run Python code:
+ * the caller holds the snapshot, and finds any table slot again afterwards. */
 static Floors *
 floors_of(PyObject *snapshot)
 {
@@ -596,6 +621,7 @@ floors_of(PyObject *snapshot)
         goto done;
     }
     floors->snapshot = Py_NewRef(snapshot);
+    floors->segments = Py_NewRef(segments);
     floors->sole_epoch = epoch;
     floors->deleted = deleted == Py_True;
     floors->count = count;
@@ -642,64 +668,109 @@ answer_other_epoch(PyObject *snapshot, PyObject *epoch, long long offset)
 }
 
 /* The answer for a readable partition (found in the table under these bits), or NULL with no error set when the
- * fallback must answer. */
+ * fallback must answer. `readable` is held by the caller; anything else read in place is read before any Python
+ * code can run, or held across it. */
 static PyObject *
 answer(SegmentLookup *self, PyObject *readable, PyObject *tp, PyObject *epoch_object, long long epoch,
        long long offset, uint64_t high, uint64_t low, long long partition)
 {
-    /* Borrowed reads: nothing below runs Python code before the references it needs are taken. */
-    if (Py_TYPE(readable) != self->readable_type) {
-        PyTypeObject *type = Py_TYPE(readable);
-        Py_XSETREF(self->readable_type, (PyTypeObject *)Py_NewRef(type));
-        self->readable_topic = member_offset(type, str_topic);
-        self->readable_snapshot = member_offset(type, str_snapshot);
-        self->readable_metadata_partition = member_offset(type, str_metadata_partition);
+    PyTypeObject *type = Py_TYPE(readable);
+    Py_ssize_t topic_at, snapshot_at, metadata_partition_at;
+    if (type == self->readable_type) {
+        topic_at = self->readable_topic;
+        snapshot_at = self->readable_snapshot;
+        metadata_partition_at = self->readable_metadata_partition;
     }
-    PyObject *theirs = slot_value(readable, self->readable_topic), *ours = slot_value(tp, self->tp_topic);
-    if (theirs == NULL || ours == NULL || PyObject_RichCompareBool(theirs, ours, Py_EQ) <= 0) {
-        PyErr_Clear();
+    else {
+        /* Found for this type (held: the Python code finding them may run could reassign the readable's class),
+         * then stored with it in one step: that code may also look up another readable type meanwhile. The type
+         * replaced goes last. */
+        Py_INCREF(type);
+        topic_at = member_offset(type, str_topic);
+        snapshot_at = member_offset(type, str_snapshot);
+        metadata_partition_at = member_offset(type, str_metadata_partition);
+        PyTypeObject *replaced_type = self->readable_type;
+        self->readable_type = type;
+        self->readable_topic = topic_at;
+        self->readable_snapshot = snapshot_at;
+        self->readable_metadata_partition = metadata_partition_at;
+        Py_XDECREF(replaced_type);
+    }
+    /* An object's class can be reassigned only to one of the same layout: offsets found for `type` stay inside
+     * `readable` whatever Python code runs below. */
+    PyObject *theirs = slot_value(readable, topic_at), *ours = slot_value(tp, self->tp_topic);
+    if (theirs == NULL || ours == NULL) {
         return NULL;
     }
-    if (PyDict_GET_SIZE(self->halted) > 0) {
-        PyObject *metadata_partition = slot_value(readable, self->readable_metadata_partition);
-        if (metadata_partition == NULL || PyDict_Contains(self->halted, metadata_partition) != 0) {
+    if (theirs != ours) { /* comparing may run Python code, which may replace either slot's value */
+        Py_INCREF(theirs);
+        Py_INCREF(ours);
+        int same = PyObject_RichCompareBool(theirs, ours, Py_EQ);
+        Py_DECREF(theirs);
+        Py_DECREF(ours);
+        if (same <= 0) {
             PyErr_Clear();
             return NULL;
         }
     }
-    PyObject *snapshot = slot_value(readable, self->readable_snapshot);
+    if (PyDict_GET_SIZE(self->halted) > 0) {
+        PyObject *metadata_partition = slot_value(readable, metadata_partition_at);
+        if (metadata_partition == NULL) {
+            return NULL;
+        }
+        Py_INCREF(metadata_partition); /* hashing it may run Python code */
+        int halted = PyDict_Contains(self->halted, metadata_partition);
+        Py_DECREF(metadata_partition);
+        if (halted != 0) {
+            PyErr_Clear();
+            return NULL;
+        }
+    }
+    PyObject *snapshot = slot_value(readable, snapshot_at);
     if (snapshot == NULL) {
         return NULL;
     }
-    /* The slot again (finding the readable type's offsets or comparing topics may have run Python code): its flat
-     * floors, rebuilt when the read model has published another snapshot since. The one replaced goes at the end. */
-    Floors *replaced = NULL;
+    /* The slot again (the steps above may have run Python code): still this readable's, or the fallback answers.
+     * Its flat floors are rebuilt when the read model has published another snapshot since. */
     Slot *slot = table_find(self->table, high, low, partition);
-    int held = slot != NULL && slot->readable == readable;
-    Floors *floors = held ? slot->floors : NULL;
-    if (held && (floors == NULL || floors->snapshot != snapshot)) {
-        floors = floors_of(snapshot);
-        if (floors != NULL) {
-            replaced = slot->floors;
-            slot->floors = floors;
-        }
+    if (slot == NULL || slot->readable != readable) {
+        return NULL;
     }
+    Floors *floors = slot->floors, *replaced = NULL;
+    PyObject *held = NULL; /* the snapshot, once Python code may run while it is used */
+    if (floors == NULL || floors->snapshot != snapshot) {
+        held = Py_NewRef(snapshot);
+        floors = floors_of(snapshot);
+        /* Reading the snapshot's attributes may have run Python code, which may have grown the table (moving its
+         * slots) or removed the partition: the slot is found again before the floors go into it. */
+        slot = floors == NULL ? NULL : table_find(self->table, high, low, partition);
+        if (slot == NULL || slot->readable != readable) {
+            floors_free(floors);
+            Py_DECREF(held);
+            PyErr_Clear();
+            return NULL;
+        }
+        replaced = slot->floors;
+        slot->floors = floors;
+    }
+    /* No Python code has run since `floors` was read from (or put in) the slot: it is alive. For a deleted
+     * partition the fallback answers (it refuses the partition). */
     PyObject *result = NULL;
-    /* Without floors (no memory, or an unexpected snapshot) or for a deleted partition the fallback answers: it
-     * meets the problem again and says what it is, or refuses the partition. */
-    if (floors != NULL && !floors->deleted && epoch == floors->sole_epoch) {
+    if (!floors->deleted && epoch == floors->sole_epoch) {
         Py_ssize_t at = floor_index(FLOORS_STARTS(floors), FLOORS_ENDS(floors), floors->count, offset);
         result = Py_NewRef(at < 0 ? Py_None : FLOORS_ANSWERS(floors)[at]);
     }
-    else if (floors != NULL && !floors->deleted) {
-        Py_INCREF(snapshot);
+    else if (!floors->deleted) {
+        if (held == NULL) {
+            held = Py_NewRef(snapshot);
+        }
         result = answer_other_epoch(snapshot, epoch_object, offset);
-        Py_DECREF(snapshot);
-    }
-    if (result == NULL) {
-        PyErr_Clear();
+        if (result == NULL) {
+            PyErr_Clear();
+        }
     }
     floors_free(replaced);
+    Py_XDECREF(held);
     return result;
 }
 
@@ -707,6 +778,10 @@ static PyObject *
 segment_lookup_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     SegmentLookup *self = (SegmentLookup *)callable;
+    if (self->fallback == NULL) { /* cleared by the garbage collector (tp_clear): nothing left to answer with */
+        PyErr_SetString(PyExc_ReferenceError, "SegmentLookup: called after it was cleared");
+        return NULL;
+    }
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs == 3 && kwnames == NULL && (PyObject *)Py_TYPE(args[0]) == self->tp_type) {
         PyObject *tp = args[0];
@@ -714,7 +789,12 @@ segment_lookup_vectorcall(PyObject *callable, PyObject *const *args, size_t narg
         long long offset = epoch < 0 ? -1 : plain_non_negative(args[2]);
         if (offset >= 0) {
             PyObject *topic_id = slot_value(tp, self->tp_topic_id);
-            PyObject *id = topic_id == NULL ? NULL : PyObject_GetAttr(topic_id, str_int);
+            PyObject *id = NULL;
+            if (topic_id != NULL) { /* held while its attribute is read: that may run Python code */
+                Py_INCREF(topic_id);
+                id = PyObject_GetAttr(topic_id, str_int);
+                Py_DECREF(topic_id);
+            }
             PyObject *partition_object = slot_value(tp, self->tp_partition);
             uint64_t high = 0, low = 0;
             long long partition = partition_object == NULL ? -1 : plain_non_negative(partition_object);

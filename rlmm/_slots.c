@@ -7,8 +7,16 @@
  *
  *   maker(cls, fields) -> make(*values)   make builds a cls with each named slot set to its value, in order
  *
- * maker raises TypeError unless every field is a plain object slot of cls (a member descriptor of cls or of a base
- * of it, as __slots__ makes), named once; make raises TypeError unless given exactly one value per field.
+ * maker raises TypeError unless cls is a plain class (a class statement's, every class in its chain of bases a class
+ * statement's up to object, with object's __new__ and allocator: what object.__new__(cls) builds completely) and
+ * every field is a plain object slot of cls (a writable member descriptor of cls or of a base of it, as __slots__
+ * makes, inside the instance), named once; make raises TypeError unless given exactly one value per field. A class
+ * whose __new__ (or whose base's, as a dict's or an exception's) sets up more than slots is refused, as
+ * object.__new__ refuses it: an instance of it without that set up would crash its first use.
+ *
+ * The maker holds cls; make holds each value it stores (the instance owns them) and returns a new reference. A class
+ * given a __new__ after its maker was made still gets instances without it, as object.__new__ would build them: the
+ * layout, all make relies on, cannot change.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -58,6 +66,45 @@ static PyMethodDef make_def = {
     PyDoc_STR("make(*values) -> an instance with its slots set to the values, in the maker's field order"),
 };
 
+/* Whether instances of cls are all object.__new__(cls) builds: see the module's comment. */
+static int
+plain_class(PyTypeObject *cls)
+{
+    if (cls->tp_new != PyBaseObject_Type.tp_new || cls->tp_alloc != PyType_GenericAlloc || cls->tp_itemsize != 0
+        || (cls->tp_flags & Py_TPFLAGS_IS_ABSTRACT)) {
+        return 0;
+    }
+    for (PyTypeObject *base = cls; base != &PyBaseObject_Type; base = base->tp_base) {
+        if (base == NULL || !(base->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The offset of a writable object slot of cls named `name` (inside its instances), or -1 with no error set. */
+static Py_ssize_t
+slot_offset(PyTypeObject *cls, PyObject *name)
+{
+    PyObject *descriptor = PyUnicode_CheckExact(name) ? PyObject_GetAttr((PyObject *)cls, name) : NULL;
+    Py_ssize_t offset = -1;
+    if (descriptor == NULL) {
+        PyErr_Clear();
+    }
+    else if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type) && PyType_IsSubtype(cls, PyDescr_TYPE(descriptor))) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descriptor)->d_member;
+        int plain = member->type == T_OBJECT_EX && !(member->flags & READONLY)
+                    && member->offset >= (Py_ssize_t)sizeof(PyObject)
+                    && member->offset <= cls->tp_basicsize - (Py_ssize_t)sizeof(PyObject *);
+#ifdef Py_RELATIVE_OFFSET
+        plain = plain && !(member->flags & Py_RELATIVE_OFFSET);
+#endif
+        offset = plain ? member->offset : -1;
+    }
+    Py_XDECREF(descriptor);
+    return offset;
+}
+
 /* maker(cls, fields) -> make: see the module's comment. */
 static PyObject *
 slots_maker(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -69,8 +116,9 @@ slots_maker(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyTypeObject *cls = (PyTypeObject *)args[0];
     PyObject *fields = args[1];
     Py_ssize_t count = PyTuple_GET_SIZE(fields);
-    if (cls->tp_alloc == NULL || (cls->tp_flags & Py_TPFLAGS_IS_ABSTRACT)) {
-        PyErr_Format(PyExc_TypeError, "%s cannot be allocated", cls->tp_name);
+    if (!plain_class(cls)) {
+        PyErr_Format(PyExc_TypeError, "%s is not a plain class (a class statement's, over object's __new__, "
+                     "abstract methods, or its bases' layouts): object.__new__ cannot build it complete", cls->tp_name);
         return NULL;
     }
     Spec *spec = PyMem_Malloc(sizeof(Spec) + (size_t)count * sizeof(Py_ssize_t));
@@ -81,16 +129,10 @@ slots_maker(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     spec->count = count;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *name = PyTuple_GET_ITEM(fields, i);
-        PyObject *descriptor = PyUnicode_CheckExact(name) ? PyObject_GetAttr((PyObject *)cls, name) : NULL;
-        if (descriptor == NULL) {
-            PyErr_Clear();
-        }
-        int plain = descriptor != NULL && Py_IS_TYPE(descriptor, &PyMemberDescr_Type)
-                    && PyType_IsSubtype(cls, PyDescr_TYPE(descriptor))
-                    && ((PyMemberDescrObject *)descriptor)->d_member->type == T_OBJECT_EX
-                    && !(((PyMemberDescrObject *)descriptor)->d_member->flags & READONLY);
-        spec->offsets[i] = plain ? ((PyMemberDescrObject *)descriptor)->d_member->offset : -1;
-        Py_XDECREF(descriptor);
+        /* May run Python code (a metaclass's attribute lookup): the fields tuple and cls are the caller's, held for
+         * the call; the offset is checked against cls itself, whose layout no code can change. */
+        spec->offsets[i] = slot_offset(cls, name);
+        int plain = spec->offsets[i] >= 0;
         for (Py_ssize_t j = 0; plain && j < i; j++) {
             plain = spec->offsets[j] != spec->offsets[i];
         }
