@@ -59,7 +59,7 @@ final class AgentClient implements AutoCloseable {
     private static final Logger LOG = LoggerFactory.getLogger(AgentClient.class);
     private static final long HEALTH_TIMEOUT_MS = 2_000;
     // How long a hung agent gets to exit on SIGTERM before SIGKILL (a stopped process only obeys the latter).
-    static final long STOP_GRACE_MS = 5_000;
+    private static final long STOP_GRACE_MS = 5_000;
     private static final int MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
     private static final String STILL_STARTING = "still starting";
 
@@ -183,10 +183,6 @@ final class AgentClient implements AutoCloseable {
     /** For deadlines inside a call (a stream's first chunk); its tasks must be short. */
     ScheduledExecutorService timers() {
         return timers;
-    }
-
-    AgentMetrics metrics() {
-        return metrics;
     }
 
     /**
@@ -372,8 +368,8 @@ final class AgentClient implements AutoCloseable {
         long now = System.currentTimeMillis();
         long since = now - lastLaunchMs;
         if (lastLaunchMs != 0 && since < restartDelayMs) {
-            throw new RemoteStorageException("the tierlog agent at " + settings.socketPath + " is down and was started "
-                + since + " ms ago; restarts back off, the next in " + (restartDelayMs - since) + " ms"
+            throw new RemoteStorageException("the tierlog agent at " + settings.socketPath + " was started " + since
+                + " ms ago; restarts back off, the next in " + (restartDelayMs - since) + " ms"
                 + lastLaunchFailure + "; see " + settings.logFile);
         }
         restartDelayMs = lastLaunchMs == 0 || since >= restartDelayMs + settings.restartBackoffMaxMs
@@ -529,7 +525,7 @@ final class AgentClient implements AutoCloseable {
             throw new RemoteStorageException("could not run the tierlog agent (" + command + "): " + e.getMessage()
                 + "; set " + AgentSettings.PYTHON + " or " + AgentSettings.COMMAND, e);
         }
-        started.onExit().thenAccept(this::exited);
+        started.onExit().thenAccept(this::agentExited);
         while (System.nanoTime() < until) {
             if (!started.isAlive()) {
                 throw new RemoteStorageException("the tierlog agent (" + command + ") exited with status "
@@ -545,7 +541,7 @@ final class AgentClient implements AutoCloseable {
             + settings.startupTimeoutMs + " ms; see " + settings.logFile);
     }
 
-    private void exited(Process agent) {
+    private void agentExited(Process agent) {
         if (closed) {
             return; // the broker closed its plugins: the agent exits once idle
         }

@@ -106,16 +106,12 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                     context.cancel(null);
                 }
             }, firstChunk.timeRemaining(TimeUnit.NANOSECONDS), TimeUnit.NANOSECONDS);
+            Iterator<Chunk> chunks;
             Context previous = context.attach();
             try {
-                Iterator<Chunk> chunks = start.apply(RemoteStorageGrpc.newBlockingStub(ch)
+                chunks = start.apply(RemoteStorageGrpc.newBlockingStub(ch)
                     .withDeadline(Deadline.after(streamMs, TimeUnit.MILLISECONDS)));
                 chunks.hasNext();
-                if (!settled.compareAndSet(false, true)) {
-                    throw firstChunkMissed(what, lookupMs, null);
-                }
-                timer.cancel(false);
-                return new ChunkInputStream(what, context, chunks);
             } catch (StatusRuntimeException e) {
                 boolean timedOut = !settled.compareAndSet(false, true);
                 timer.cancel(false);
@@ -124,6 +120,11 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
             } finally {
                 context.detach(previous);
             }
+            if (!settled.compareAndSet(false, true)) {
+                throw firstChunkMissed(what, lookupMs, null); // it came as the timer cancelled the call
+            }
+            timer.cancel(false);
+            return new ChunkInputStream(what, context, chunks);
         });
     }
 
