@@ -94,6 +94,8 @@ class ChunkReader:
         if cache is not None and prefetch_bytes > 0:
             self._pool = ThreadPoolExecutor(prefetch_threads, thread_name_prefix="rsm-prefetch")
         self._queue_slots = threading.BoundedSemaphore(PREFETCH_QUEUE_BOUND)
+        self._pending = 0  # prefetch tasks queued or running
+        self._idle = threading.Condition()
         self._prefetch_failures = RepeatedFailureLog(log, "prefetching segment chunks")
 
     # -- streams --------------------------------------------------------------------------------
@@ -252,12 +254,25 @@ class ChunkReader:
                 # A prefetch is an optimization: the reader fetches (and reports) the chunk itself.
                 self._prefetch_failures.failed(exc)
             finally:
-                self._queue_slots.release()
+                self._done()
 
+        with self._idle:
+            self._pending += 1
         try:
             self._pool.submit(run)
         except RuntimeError:  # shut down
-            self._queue_slots.release()
+            self._done()
+
+    def _done(self) -> None:
+        self._queue_slots.release()
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+
+    def prefetch_idle(self, timeout_s: float) -> bool:
+        """Wait until no prefetch is queued or running; False if `timeout_s` passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
 
     def _prefetch(self, segment: ChunkedSegment, first: int, last: int) -> None:
         assert self.cache is not None

@@ -443,6 +443,10 @@ class RemoteStorageManager:
             while len(self._next_hints) > NEXT_SEGMENT_HINTS:
                 self._next_hints.popitem(last=False)
 
+    def prefetch_idle(self, timeout_s: float) -> bool:
+        """Wait until no chunk prefetch is queued or running (tests, benchmarks); False if `timeout_s` passed."""
+        return self._reader.prefetch_idle(timeout_s)
+
     def _next_chunked_segment(self, segment: ChunkedSegment) -> ChunkedSegment | None:
         with self._hints_lock:
             following = self._next_hints.get(segment.segment_id.id)

@@ -1,0 +1,100 @@
+"""Prefetch: a sequential reader's next chunks are fetched ahead into the chunk cache, into the next segment
+of the partition when the caller named it (hint_next_segment).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rsm_testkit import SegmentFactory, SegmentFixture
+
+from rlmm.types import RemoteLogSegmentMetadata
+from rsm import RemoteStorageManager
+
+CHUNK = 16 << 10
+SEGMENT = 200_000
+CHUNKS = -(-SEGMENT // CHUNK)
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def rsm(backend_config: dict[str, Any], tmp_path: Path) -> Any:
+    config = {
+        **backend_config, "chunk.size": CHUNK, "fetch.chunk.cache.class": "disk",
+        "fetch.chunk.cache.path": str(tmp_path / "cache"), "fetch.chunk.cache.prefetch.max.size": 2 * CHUNK,
+    }
+    with RemoteStorageManager(config) as manager:
+        yield manager
+
+
+def _copy(rsm: RemoteStorageManager, segment: SegmentFixture) -> RemoteLogSegmentMetadata:
+    return segment.with_custom_metadata(rsm.copy_log_segment_data(segment.metadata, segment.data))
+
+
+def _counter(rsm: RemoteStorageManager, name: str) -> int:
+    return int(rsm.metrics()["counters"].get(name, 0))
+
+
+def test_a_sequential_reader_finds_its_next_chunks_prefetched(
+    rsm: RemoteStorageManager, make_segment: SegmentFactory
+) -> None:
+    segment = make_segment(log_size=SEGMENT)
+    metadata = _copy(rsm, segment)
+    # As the broker reads: a call per fetch, from the next position to the end, closed after a few KiB.
+    position, step = 0, 6000
+    while position < SEGMENT:
+        with rsm.fetch_log_segment(metadata, position) as stream:
+            got = b""
+            while len(got) < step and (piece := stream.read(step - len(got))):
+                got += piece
+            assert got == segment.log_bytes[position : position + step]
+        position += step
+        assert rsm.prefetch_idle(WAIT_S)
+    # Only the very first chunk was a miss; every later one was fetched ahead of the reader.
+    assert _counter(rsm, "chunk_cache.misses") == 1
+    assert _counter(rsm, "chunk_cache.prefetched_chunks") == CHUNKS - 1
+
+
+def test_prefetch_crosses_into_the_next_segment_the_caller_named(
+    rsm: RemoteStorageManager, make_segment: SegmentFactory
+) -> None:
+    first, second = make_segment(log_size=SEGMENT, seed=1), make_segment(log_size=SEGMENT, seed=2)
+    first_md, second_md = _copy(rsm, first), _copy(rsm, second)
+    rsm.hint_next_segment(first_md, second_md)
+    tail = (CHUNKS - 1) * CHUNK
+    with rsm.fetch_log_segment(first_md, tail) as stream:
+        assert stream.read() == first.log_bytes[tail:]
+    assert rsm.prefetch_idle(WAIT_S)
+    before = {name: _counter(rsm, name) for name in ("chunk_cache.misses", "chunk_cache.hits", "index_cache.misses")}
+    # The reader crosses the boundary: the next segment's first two chunks are already here, index and all.
+    with rsm.fetch_log_segment(second_md, 0, 2 * CHUNK - 1) as stream:
+        assert stream.read() == second.log_bytes[: 2 * CHUNK]
+    after = {name: _counter(rsm, name) for name in before}
+    assert after == before | {"chunk_cache.hits": before["chunk_cache.hits"] + 2}
+
+
+def test_without_a_hint_nothing_of_another_segment_is_prefetched(
+    rsm: RemoteStorageManager, make_segment: SegmentFactory
+) -> None:
+    first, second = make_segment(log_size=SEGMENT, seed=1), make_segment(log_size=SEGMENT, seed=2)
+    first_md, second_md = _copy(rsm, first), _copy(rsm, second)
+    with rsm.fetch_log_segment(first_md, (CHUNKS - 1) * CHUNK) as stream:
+        stream.read()
+    assert rsm.prefetch_idle(WAIT_S)
+    misses = _counter(rsm, "chunk_cache.misses")
+    with rsm.fetch_log_segment(second_md, 0, 100) as stream:
+        stream.read()
+    assert _counter(rsm, "chunk_cache.misses") == misses + 1
+
+
+def test_a_whole_segment_read_prefetches_nothing_of_it_its_own_get_brings_every_chunk(
+    rsm: RemoteStorageManager, make_segment: SegmentFactory
+) -> None:
+    segment = make_segment(log_size=SEGMENT)
+    metadata = _copy(rsm, segment)
+    with rsm.fetch_log_segment(metadata, 0) as stream:
+        assert stream.read() == segment.log_bytes
+    assert rsm.prefetch_idle(WAIT_S)
+    assert _counter(rsm, "chunk_cache.prefetched_chunks") == 0
