@@ -25,6 +25,7 @@ from rlmm.types import (
     TopicIdPartition,
 )
 from tierlog.cli.common import EXIT_USAGE, CommandError, Settings
+from tierlog.cli.output import ProgressBar
 
 DEFAULT_SOURCE_TOPIC = "__remote_log_metadata"
 # consume() waits this long for a full batch: the last records of a topic come as a partial one.
@@ -163,6 +164,20 @@ def read_source(settings: Settings, topic: TopicDescription, ends: Mapping[int, 
         consumer.close()
 
 
+def fold_tierlog(settings: Settings, show: bool | None) -> state.InMemoryState:
+    """tierlog's metadata topic, as it is now, folded through the pure state machine."""
+    from tierlog.cli.verify import fold_topic
+
+    topic = describe_topic(settings, settings.metadata_topic())
+    if topic is None:
+        raise CommandError(f"tierlog's metadata topic {settings.metadata_topic()} does not exist on "
+                           f"{settings.bootstrap()}; pass -o metadata.topic.name=NAME", EXIT_USAGE)
+    ends = end_offsets(settings, topic)
+    with ProgressBar(f"reading {topic.name}", sum(ends.values()), show) as bar:
+        folded: state.InMemoryState = fold_topic(settings, topic.name, ends, bar)
+    return folded
+
+
 # --- Kafka's rules ----------------------------------------------------------------------------------------
 
 def refusal(store: state.StateReader, metadata: TopicMetadata, exc: RemoteStorageError) -> str:
@@ -213,17 +228,25 @@ class KafkaRulesReplay:
 
 
 def partition_answers(store: state.StateReader, tp: TopicIdPartition) -> dict[str, Any]:
-    """What Kafka's RLMM API answers for `tp` from `store`: its delete state, its listed segments, and per leader
-    epoch the highest offset and the remote log size; comparable between two stores."""
+    """What Kafka's RLMM API answers for `tp` from `store`: its delete state, its listed segments, per leader epoch the
+    highest offset and the remote log size, and the segment a lookup finds at each listed segment's first and last
+    offset of each of its epochs; comparable between two stores."""
     segments = state.list_segments(store, tp)
     epochs = sorted({lin.epoch for lin in store.lineages_of(tp)}
                     | {epoch for md in segments for epoch in md.segment_leader_epochs})
     delete = store.partition_delete(tp)
+    lookups: dict[str, str | None] = {}
+    for md in segments:
+        for epoch, start in md.segment_leader_epochs.items():
+            for offset in (start, md.epoch_end_offset(epoch)):
+                found = state.segment_for_offset(store, tp, epoch, offset)
+                lookups[f"{epoch}@{offset}"] = None if found is None else str(found.remote_log_segment_id.id)
     return {
         "delete_state": None if delete is None else delete.state.name,
         "segments": {str(md.remote_log_segment_id.id): _segment_answer(md) for md in segments},
         "highest_offset": {e: state.highest_offset_for_epoch(store, tp, e) for e in epochs},
         "remote_log_size": {e: state.remote_log_size(store, tp, e) for e in epochs},
+        "lookups": lookups,
     }
 
 
@@ -236,3 +259,39 @@ def _segment_answer(md: RemoteLogSegmentMetadata) -> dict[str, Any]:
         "custom_metadata": None if md.custom_metadata is None else md.custom_metadata.hex(),
         "txn_idx_empty": md.txn_idx_empty,
     }
+
+
+def answer_differences(expected: Mapping[str, Any], found: Mapping[str, Any], expected_name: str,
+                       found_name: str) -> list[str]:
+    """How two stores' `partition_answers` for one user partition differ, one line per difference."""
+    lines = []
+    if expected["delete_state"] != found["delete_state"]:
+        lines.append(f"delete state: {expected_name} {expected['delete_state']}, {found_name} {found['delete_state']}")
+    ours, theirs = expected["segments"], found["segments"]
+    for segment in sorted(set(ours) | set(theirs)):
+        if segment not in theirs:
+            lines.append(f"segment {segment} ({ours[segment]['state']}): only in {expected_name}")
+        elif segment not in ours:
+            lines.append(f"segment {segment} ({theirs[segment]['state']}): only in {found_name}")
+        elif ours[segment] != theirs[segment]:
+            fields = ", ".join(f"{name} {value} / {theirs[segment][name]}"
+                               for name, value in ours[segment].items() if value != theirs[segment][name])
+            lines.append(f"segment {segment}: {fields} ({expected_name} / {found_name})")
+    for answer in ("highest_offset", "remote_log_size", "lookups"):
+        for at in sorted(set(expected[answer]) | set(found[answer]), key=str):
+            mine, other = expected[answer].get(at), found[answer].get(at)
+            if mine != other:
+                lines.append(f"{answer} at epoch {at}: {expected_name} {mine}, {found_name} {other}")
+    return lines
+
+
+def store_differences(expected: state.InMemoryState | Any, found: state.InMemoryState | Any, expected_name: str,
+                      found_name: str) -> dict[TopicIdPartition, list[str]]:
+    """Per user partition either store knows, how their answers differ (partitions that agree left out)."""
+    differences = {}
+    for tp in sorted({*expected.user_partitions(), *found.user_partitions()}, key=lambda tp: (tp.topic, tp.partition)):
+        lines = answer_differences(partition_answers(expected, tp), partition_answers(found, tp), expected_name,
+                                   found_name)
+        if lines:
+            differences[tp] = lines
+    return differences
