@@ -113,6 +113,10 @@ def fold_topic(settings: Settings, topic: str, up_to: Mapping[int, int], progres
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    if args.against == "migration":  # tierlog.cli.verify_migration: no view involved
+        from tierlog.cli.verify_migration import cmd_verify_migration
+
+        return cmd_verify_migration(args, settings)
     state_dir = settings.state_dir(args.state_dir)
     topic = settings.metadata_topic()
     results: list[dict[str, Any]] = []
