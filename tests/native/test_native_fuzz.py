@@ -6,9 +6,9 @@ The four runs take TIERLOG_FUZZ_SECONDS each (default 10: with start-up, under a
 build is made once per change of the sources and kept under .dev/sanitized/; each target starts from random seed
 inputs of a few hundred bytes to 2 KiB (a target draws a whole run of operations from one input, which libFuzzer's
 growth from empty inputs would take long to reach) and from .dev/fuzz-corpus/<target>/, where libFuzzer keeps the
-inputs that reached new coverage, so that later runs go on from what earlier ones found. A failing input is saved in
-the test's temporary directory, named in the failure, and replays with the environment sanitizer.sanitized_env
-gives: `python tests/native/run_fuzz.py <target> <input file>`.
+inputs that reached new coverage (the newest 400), so that later runs go on from what earlier ones found. A failing
+input is saved in the test's temporary directory, named in the failure, and replays with the environment
+sanitizer.sanitized_env gives: `python tests/native/run_fuzz.py <target> <input file>`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ TARGETS = ("segment_lookup", "avro_reader", "slots", "digest")
 SECONDS = int(os.environ.get("TIERLOG_FUZZ_SECONDS", "10"))
 CORPUS = REPO_ROOT / ".dev" / "fuzz-corpus"
 SEEDS = 32
+# libFuzzer first runs every input of the corpus: beyond this many (the oldest go) that would eat the run's time.
+CORPUS_LIMIT = 400
 # Start-up (imports under ASan) and the last input's end come on top of -max_total_time.
 GRACE_S = 120
 
@@ -49,6 +51,8 @@ def test_fuzzing_finds_nothing_under_the_sanitizers(target: str, environment: di
                                                     tmp_path: Path) -> None:
     corpus = CORPUS / target
     corpus.mkdir(parents=True, exist_ok=True)
+    for old in sorted(corpus.iterdir(), key=lambda path: path.stat().st_mtime)[:-CORPUS_LIMIT]:
+        old.unlink()
     failures = tmp_path / "failures"
     failures.mkdir()
     command = [sys.executable, str(Path(__file__).with_name("run_fuzz.py")), target, f"-max_total_time={SECONDS}",
