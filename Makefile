@@ -63,8 +63,11 @@ demo: setup
 	$(PYTHON) -m dev.demo
 
 # Any failed test fails the target, and so does a run that collects no test (pytest status 5).
+# Two workers: most tests wait on a broker, S3 or a JVM, so two share the machine's two cores well.
+PYTEST_WORKERS ?= 2
 test: setup jvm-test
-	@status=0; $(PYTHON) -m pytest -q -rfEs --durations=20 $(PYTEST_ARGS) || status=$$?; \
+	@status=0; $(PYTHON) -m pytest -q -rfEs --durations=20 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) \
+		|| status=$$?; \
 	if [ $$status = 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
 	exit $$status
 

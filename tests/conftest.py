@@ -75,6 +75,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster)
         if fixtures & DOCKER_FIXTURES:
             item.add_marker(pytest.mark.docker)
+    _group_for_workers(items)
+
+
+def _group_for_workers(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's `--dist loadgroup` (`make test`), keep each module on one worker and every module that
+    uses the session's SparkSession on the same one.
+
+    A module's fixtures (a 3-node cluster, a generated history) are then made once, and the run starts one local
+    Spark, not one per worker. Without xdist the marker means nothing.
+    """
+    spark_modules = {item.path for item in items if "spark" in getattr(item, "fixturenames", ())}
+    for item in items:
+        group = "spark" if item.path in spark_modules else str(item.path.relative_to(REPO_ROOT))
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # Every MetadataView.close() runs a full garbage collection (RocksDB lets go of its lock only once no column-family
