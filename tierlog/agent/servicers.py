@@ -36,6 +36,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Streamed chunks: big enough to amortize per-message cost, small enough that the two processes
 # together hold a few of them, never a segment.
 CHUNK_BYTES = 256 * 1024
+# FetchLogSegmentFiles' answer when it has no files to offer.
+FILES_UNAVAILABLE = (
+    "no files for this range (the rsm has no disk chunk cache, the segment was written before chunk indexes, or "
+    "the cache disk is full): read it with FetchLogSegment"
+)
 # A call without a deadline (a hand-made client) still must not wait forever for a component.
 DEFAULT_WAIT_S = 30.0
 EMPTY = pb.Empty()
@@ -295,6 +300,46 @@ class RemoteStorageServicer(Servicer):
     def DeleteLogSegmentData(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.rsm(context).delete_log_segment_data(messages.segment_metadata(request))
         return EMPTY
+
+    @unary
+    def FetchLogSegmentFiles(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The range as checked, pinned files of the rsm's disk chunk cache, for the adapter to read itself."""
+        metadata = messages.segment_metadata(request.metadata)
+        end = request.end_position if request.HasField("end_position") else None
+        rsm = self.rsm(context)
+        following = (
+            messages.segment_metadata(request.next_segment) if request.HasField("next_segment")
+            else self._next_segment(metadata)
+        )
+        if following is not None:
+            rsm.hint_next_segment(metadata, following)
+        files = rsm.fetch_log_segment_files(metadata, request.start_position, end, request.max_bytes or None)
+        if files is None:
+            return pb.SegmentFiles(stream_instead=FILES_UNAVAILABLE)
+        ranges = [pb.SegmentFileRange(path=str(r.path), offset=r.offset, length=r.length) for r in files.ranges]
+        self.metrics.streamed.labels("FetchLogSegmentFiles").inc(sum(r.length for r in files.ranges))
+        lease_ms = max(int((files.lease_deadline - time.monotonic()) * 1000), 0)
+        return pb.SegmentFiles(
+            ranges=ranges, end_position=files.end_position, lease_id=files.lease_id, lease_ms=lease_ms
+        )
+
+    @unary
+    def ReleaseSegmentFiles(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.rsm(context).release_segment_files(request.lease_id)
+        return EMPTY
+
+    def _next_segment(self, metadata: Any) -> Any | None:
+        """The partition's next segment from this agent's rlmm, if it hosts one: the segment holding the offset
+        after this one's end in this one's last leader epoch (a next segment of a newer epoch is not found)."""
+        try:
+            manager = self.components.slot(RLMM).get_nowait()
+            if manager is None:
+                return None
+            epoch = max(metadata.segment_leader_epochs)
+            tp = metadata.remote_log_segment_id.topic_id_partition
+            return manager.remote_log_segment_metadata(tp, epoch, metadata.end_offset + 1)
+        except (RemoteStorageError, ValueError):  # not configured, not ready: the hint is optional
+            return None
 
     def _chunks(self, fetched: Any, method: str) -> Iterator[Any]:
         """Yield a fetched stream in chunks; gRPC pulls the next one only when the broker has room for it."""
