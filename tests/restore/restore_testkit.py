@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from dev.env import state_dir
 from dev.process import wait_until
 from rsm.backend import StorageBackend
 from tierlog.cli.main import main
@@ -76,3 +78,14 @@ class Cluster:
     def topic_exists(self) -> bool:
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         return self.metadata_topic in admin.list_topics(timeout=10).topics
+
+
+def broker_log_dir(bootstrap: str) -> Path:
+    """The first of `log.dirs` of the dev broker serving `bootstrap`, read from its server.properties (as
+    tests/rsm's kafka_log_dir fixture finds it)."""
+    for properties in sorted(state_dir().glob("kafka/node-*/server.properties")):
+        settings = dict(line.split("=", 1) for line in properties.read_text(encoding="utf-8").splitlines()
+                        if "=" in line)
+        if bootstrap in settings.get("listeners", ""):
+            return Path(settings["log.dirs"].split(",")[0])
+    raise AssertionError(f"cannot find the log directory of the broker at {bootstrap} under {state_dir()}/kafka")

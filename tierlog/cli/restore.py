@@ -249,9 +249,11 @@ def _print_human(report: dict[str, Any]) -> None:
             for name, why in sorted(fields.items()):
                 if len(reasons[name]) > 1:  # says which of the partition's segments: shown with the partition
                     print(f"    {name}: {why}")
-        for name, found in sorted(reasons.items()):
-            if len(found) == 1:
-                print(f"  {name}: {next(iter(found))}")
+        shared = {name: next(iter(found)) for name, found in sorted(reasons.items()) if len(found) == 1}
+        if shared:
+            print("  why:")
+        for name, why in shared.items():
+            print(f"    {name}: {why}")
     for title, rows in (("skipped (not restored)", report["skipped"]), ("orphans (not restored)", report["orphans"])):
         if rows:
             print(f"{title}:")
