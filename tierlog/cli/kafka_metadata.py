@@ -120,9 +120,9 @@ def _record_of(topic: TopicDescription, partition: int, offset: int, value: byte
     return SourceRecord(partition, offset, metadata)
 
 
-def read_source(settings: Settings, topic: TopicDescription, ends: Mapping[int, int], batch_size: int = 5000
-                ) -> Iterator[list[SourceRecord | SourceProblem]]:
-    """Every record of `topic` below `ends`, partition by partition in offset order, in batches as they arrive.
+def read_topic(settings: Settings, topic: TopicDescription, ends: Mapping[int, int], batch_size: int = 5000
+               ) -> Iterator[list[Any]]:
+    """Every message of `topic` below `ends`, partition by partition in offset order, in batches as they arrive.
 
     Fails when nothing arrives for the settings' timeout while records are still due."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
@@ -140,7 +140,7 @@ def read_source(settings: Settings, topic: TopicDescription, ends: Mapping[int, 
             if time.monotonic() > stalled_after:
                 raise CommandError(f"reading {topic.name} stalled: nothing arrived for {settings.timeout_s:g} s after "
                                    f"{seen} records; is the broker healthy? (raise --timeout to wait longer)")
-            batch: list[SourceRecord | SourceProblem] = []
+            batch = []
             for message in consumer.consume(batch_size, timeout=min(POLL_S, settings.timeout_s)):
                 stalled_after = time.monotonic() + settings.timeout_s
                 partition = message.partition() or 0
@@ -154,7 +154,7 @@ def read_source(settings: Settings, topic: TopicDescription, ends: Mapping[int, 
                 if partition not in pending or offset >= ends[partition]:
                     pending.discard(partition)
                     continue
-                batch.append(_record_of(topic, partition, offset, message.value()))
+                batch.append(message)
                 if offset + 1 >= ends[partition]:
                     pending.discard(partition)
             seen += len(batch)
@@ -164,17 +164,39 @@ def read_source(settings: Settings, topic: TopicDescription, ends: Mapping[int, 
         consumer.close()
 
 
+def read_source(settings: Settings, topic: TopicDescription, ends: Mapping[int, int]
+                ) -> Iterator[list[SourceRecord | SourceProblem]]:
+    """Every record of a topic in Kafka's format below `ends`, decoded, in batches (see `read_topic`)."""
+    for batch in read_topic(settings, topic, ends):
+        yield [_record_of(topic, m.partition() or 0, m.offset() or 0, m.value()) for m in batch]
+
+
 def fold_tierlog(settings: Settings, show: bool | None) -> state.InMemoryState:
     """tierlog's metadata topic, as it is now, folded through the pure state machine."""
-    from tierlog.cli.verify import fold_topic
+    from rlmm import codec
+    from rlmm.events import RecordKey
 
     topic = describe_topic(settings, settings.metadata_topic())
     if topic is None:
         raise CommandError(f"tierlog's metadata topic {settings.metadata_topic()} does not exist on "
                            f"{settings.bootstrap()}; pass -o metadata.topic.name=NAME", EXIT_USAGE)
     ends = end_offsets(settings, topic)
+    folded = state.InMemoryState()
+    done = 0
     with ProgressBar(f"reading {topic.name}", sum(ends.values()), show) as bar:
-        folded: state.InMemoryState = fold_topic(settings, topic.name, ends, bar)
+        for batch in read_topic(settings, topic, ends):
+            for message in batch:
+                value = message.value()
+                try:
+                    event = None if value is None else codec.decode(value)
+                    key = RecordKey.decode(message.key() or b"")
+                except RemoteStorageError as exc:
+                    raise CommandError(f"{topic.name}-{message.partition()} offset {message.offset()} is not a "
+                                       f"tierlog record: {exc}") from exc
+                state.apply_record(folded, key, event, message.offset())
+            done += len(batch)
+            bar.update(done)
+        bar.finish(done)
     return folded
 
 
