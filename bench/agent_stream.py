@@ -1,13 +1,18 @@
-"""Cost of the agent hop: a segment fetched through the agent's gRPC stream on a Unix socket versus read
-straight from the same rsm, plus copy and index-fetch call latency. Filesystem backend, so only the hop shows.
+"""Cost of the agent hop: a segment read straight from an rsm, through the agent's gRPC byte stream, and through
+the agent's file-path RPC (FetchLogSegmentFiles: the client reads the chunk cache's files itself, as the JVM
+adapter does), cold (nothing cached) and warm; GETs per cold whole-segment read; copy and index-fetch latency.
+Filesystem backend by default, so only the hop shows; `--backend s3` uses the dev services' S3.
 
-Usage: python bench/agent_stream.py [--segment-mib 64] [--repeat 5]; prints one JSON document.
+Usage: python bench/agent_stream.py [--segment-mib 64] [--repeat 5] [--window-mib 8] [--backend filesystem|s3];
+prints one JSON document.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -26,26 +31,51 @@ import grpc  # noqa: E402
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition  # noqa: E402
 from rsm import IndexType, RemoteStorageManager  # noqa: E402
 from tierlog.agent import messages  # noqa: E402
+from tierlog.agent.components import ComponentName  # noqa: E402
 from tierlog.agent.proto import agent_pb2 as pb  # noqa: E402
 from tierlog.agent.proto import agent_pb2_grpc as pb_grpc  # noqa: E402
 from tierlog.agent.server import AgentServer  # noqa: E402
 
+MIB = 1 << 20
+READ_BYTES = 256 * 1024
 
-def _timed(fn: Callable[[], Any], repeat: int) -> list[float]:
+
+def _timed(fn: Callable[[], Any], repeat: int, before: Callable[[], Any] | None = None) -> list[float]:
+    """Seconds per call of `fn`; `before` runs untimed ahead of each (to make the next read cold)."""
     times = []
     for _ in range(repeat):
+        if before is not None:
+            before()
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
     return times
 
 
+def _backend_config(backend: str, base: Path) -> dict[str, Any]:
+    if backend == "filesystem":
+        return {"storage.backend": "filesystem", "filesystem.root": str(base / "remote")}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rsm_common import rsm_s3_config, services_env
+
+    return rsm_s3_config(services_env(), f"bench/agent-stream/{uuid.uuid4().hex[:8]}")
+
+
+def _gets(rsm: Any) -> int:
+    return int(rsm.metrics()["operations"].get("backend.get", {}).get("requests", 0))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--segment-mib", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--window-mib", type=int, default=8, help="max_bytes of each FetchLogSegmentFiles call")
+    parser.add_argument("--backend", choices=("filesystem", "s3"), default="filesystem")
+    parser.add_argument("--prefetch-mib", type=int, default=None,
+                        help="fetch.chunk.cache.prefetch.max.size in MiB (default: the rsm's)")
     args = parser.parse_args()
-    size = args.segment_mib * 1024 * 1024
+    size = args.segment_mib * MIB
+    window = args.window_mib * MIB
     with tempfile.TemporaryDirectory(prefix="tlb-") as tmp:
         # Laid out as a broker's log dir: the agent reads segment files only inside one.
         (Path(tmp) / "meta.properties").write_text("version=1\n")
@@ -55,9 +85,8 @@ def main() -> None:
             name: base / f"00000000000000000000.{name}" for name in ("log", "index", "timeindex", "snapshot")
         }
         with files["log"].open("wb") as out:
-            block = bytes(range(256)) * 4096
-            for _ in range(size // len(block)):
-                out.write(block)
+            for _ in range(size // MIB):
+                out.write(os.urandom(MIB))
         files["index"].write_bytes(b"\0" * 8 * 1024)
         files["timeindex"].write_bytes(b"\0" * 12 * 1024)
         files["snapshot"].write_bytes(b"\0" * 256)
@@ -65,7 +94,12 @@ def main() -> None:
         segment = RemoteLogSegmentMetadata(
             RemoteLogSegmentId(tp, uuid.uuid4()), 0, 999_999, 1, 1, 1, size, {0: 0}
         )
-        config = {"storage.backend": "filesystem", "filesystem.root": str(base / "remote")}
+        backend = _backend_config(args.backend, base)
+        agent_cache = base / "agent-cache"
+        cached: dict[str, Any] = {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.size": 4 * size}
+        if args.prefetch_mib is not None:
+            cached["fetch.chunk.cache.prefetch.max.size"] = args.prefetch_mib * MIB
+        agent_config = {**backend, **cached, "fetch.chunk.cache.path": str(agent_cache)}
         server = AgentServer({}, base / "a.sock").start()
         channel = grpc.insecure_channel(
             f"unix:{base / 'a.sock'}", options=[("grpc.max_receive_message_length", 64 << 20)]
@@ -74,8 +108,12 @@ def main() -> None:
             agent = pb_grpc.AgentStub(channel)
             storage = pb_grpc.RemoteStorageStub(channel)
             agent.Configure(
-                pb.ConfigureRequest(component=pb.REMOTE_STORAGE_MANAGER, config=config), timeout=30
+                pb.ConfigureRequest(
+                    component=pb.REMOTE_STORAGE_MANAGER, config={k: str(v) for k, v in agent_config.items()}
+                ),
+                timeout=30,
             )
+            agent_rsm = server.components.get(ComponentName.REMOTE_STORAGE_MANAGER, 30)
             request = pb.CopyRequest(
                 metadata=messages.segment_metadata_msg(segment),
                 log_segment=str(files["log"]),
@@ -84,42 +122,123 @@ def main() -> None:
                 producer_snapshot_index=str(files["snapshot"]),
                 leader_epoch_index=b"0\n1\n0 0\n",
             )
-            copy_times = _timed(lambda: storage.CopyLogSegmentData(request, timeout=120), args.repeat)
-            custom = storage.CopyLogSegmentData(request, timeout=120).custom_metadata
+            copy_times = _timed(lambda: storage.CopyLogSegmentData(request, timeout=300), args.repeat)
+            custom = storage.CopyLogSegmentData(request, timeout=300).custom_metadata
             stored = RemoteLogSegmentMetadata(
                 **{**{f: getattr(segment, f) for f in segment.__slots__}, "custom_metadata": custom}
             )
-            fetch = pb.FetchSegmentRequest(metadata=messages.segment_metadata_msg(stored), start_position=0)
+            stored_msg = messages.segment_metadata_msg(stored)
 
-            def through_agent() -> None:
-                received = sum(len(c.data) for c in storage.FetchLogSegment(fetch, timeout=120))
+            def recopy() -> None:
+                """Copying again drops the agent's cached chunks and chunk index: the next read is cold."""
+                storage.CopyLogSegmentData(request, timeout=300)
+
+            def stream_through_agent() -> None:
+                fetch = pb.FetchSegmentRequest(metadata=stored_msg, start_position=0)
+                received = sum(len(c.data) for c in storage.FetchLogSegment(fetch, timeout=300))
                 assert received == size
 
-            with RemoteStorageManager(config) as rsm:
+            def files_through_agent(max_bytes: int = window) -> None:
+                # As the JVM adapter does: per window, open every file, release the lease, read the ranges.
+                position = received = 0
+                while position < size:
+                    answer = storage.FetchLogSegmentFiles(
+                        pb.FetchSegmentFilesRequest(
+                            metadata=stored_msg, start_position=position, max_bytes=max_bytes
+                        ),
+                        timeout=300,
+                    )
+                    assert not answer.stream_instead, answer.stream_instead
+                    descriptors = [os.open(r.path, os.O_RDONLY) for r in answer.ranges]
+                    storage.ReleaseSegmentFiles(pb.SegmentFilesLease(lease_id=answer.lease_id), timeout=30)
+                    for fd, piece in zip(descriptors, answer.ranges, strict=True):
+                        offset, end = piece.offset, piece.offset + piece.length
+                        while offset < end:
+                            received += len(os.pread(fd, min(READ_BYTES, end - offset), offset))
+                            offset += READ_BYTES
+                        os.close(fd)
+                    position = answer.end_position + 1
+                assert received == size
 
-                def direct() -> None:
+            def cold_gets(read: Callable[[], None], rsm: Any, before: Callable[[], None]) -> int:
+                before()
+                gets = _gets(rsm)
+                read()
+                return _gets(rsm) - gets
+
+            results: dict[str, Any] = {}
+
+            def direct(rsm: RemoteStorageManager) -> Callable[[], None]:
+                def read() -> None:
+                    received = 0
                     with rsm.fetch_log_segment(stored, 0) as stream:
-                        received = 0
-                        while chunk := stream.read(256 * 1024):
+                        while chunk := stream.read(READ_BYTES):
                             received += len(chunk)
                     assert received == size
 
-                direct_times = _timed(direct, args.repeat)
-            agent_times = _timed(through_agent, args.repeat)
-            index = pb.FetchIndexRequest(metadata=messages.segment_metadata_msg(stored), index_type=pb.OFFSET)
+                return read
+
+            with RemoteStorageManager(backend) as uncached:
+                # The rsm's own read, no cache: every read is as cold as the store.
+                results["direct_rsm_uncached"] = _timed(direct(uncached), args.repeat)
+                results["gets_per_cold_read_direct_uncached_after_index_fetch"] = cold_gets(
+                    direct(uncached), uncached, lambda: uncached.fetch_index(stored, IndexType.OFFSET).close()
+                )
+            direct_cache = base / "direct-cache"
+            holder: dict[str, RemoteStorageManager] = {}
+
+            def fresh_direct_cached() -> None:
+                if "rsm" in holder:
+                    holder["rsm"].close()
+                shutil.rmtree(direct_cache, ignore_errors=True)
+                holder["rsm"] = RemoteStorageManager({**backend, **cached, "fetch.chunk.cache.path": str(direct_cache)})
+
+            def direct_cached() -> None:
+                direct(holder["rsm"])()
+
+            results["direct_rsm_cached_cold"] = _timed(direct_cached, args.repeat, before=fresh_direct_cached)
+            results["direct_rsm_cached_warm"] = _timed(direct_cached, args.repeat)
+            holder["rsm"].close()
+            results["agent_stream_cold"] = _timed(stream_through_agent, args.repeat, before=recopy)
+            results["agent_stream_warm"] = _timed(stream_through_agent, args.repeat)
+            results["agent_files_cold"] = _timed(files_through_agent, args.repeat, before=recopy)
+            results["agent_files_warm"] = _timed(files_through_agent, args.repeat)
+            gets_stream = cold_gets(stream_through_agent, agent_rsm, recopy)
+            gets_files = cold_gets(files_through_agent, agent_rsm, recopy)
+            # One call for the whole segment (max_bytes 0: the agent's choice, here the whole segment).
+            gets_files_one_call = cold_gets(lambda: files_through_agent(0), agent_rsm, recopy)
+            prefetched = agent_rsm.metrics()["counters"].get("chunk_cache.prefetched_chunks", 0)
+            index = pb.FetchIndexRequest(metadata=stored_msg, index_type=pb.OFFSET)
             index_times = _timed(lambda: list(storage.FetchIndex(index, timeout=30)), max(args.repeat, 20))
         finally:
             channel.close()
             server.stop(grace=1)
-    mib = size / (1024 * 1024)
+
+    def rate(name: str) -> float:
+        return round(size / MIB / statistics.median(results[name]), 1)
+
+    rates = {name: rate(name) for name, value in results.items() if isinstance(value, list)}
+    baseline = rates["direct_rsm_uncached"]
     print(
         json.dumps(
             {
                 "benchmark": "agent_stream",
+                "backend": args.backend,
                 "segment_mib": args.segment_mib,
+                "chunk_mib": 4,
+                "files_window_mib": args.window_mib,
+                "prefetch_mib": args.prefetch_mib if args.prefetch_mib is not None else "rsm default (8)",
                 "repeat": args.repeat,
-                "fetch_mib_per_s_through_agent": round(mib / statistics.median(agent_times), 1),
-                "fetch_mib_per_s_direct_rsm": round(mib / statistics.median(direct_times), 1),
+                "whole_segment_read_mib_per_s_median": rates,
+                "ratio_to_direct_rsm_uncached": {k: round(v / baseline, 3) for k, v in rates.items()},
+                "gets_per_cold_segment_read": {
+                    # The broker fetches the offset index first; that GET brings the chunk index along.
+                    "direct_rsm_after_index_fetch": results["gets_per_cold_read_direct_uncached_after_index_fetch"],
+                    "agent_stream_including_chunk_index": gets_stream,
+                    f"agent_files_{args.window_mib}mib_windows_including_chunk_index": gets_files,
+                    "agent_files_one_call_including_chunk_index": gets_files_one_call,
+                },
+                "agent_prefetched_chunks_total": prefetched,
                 "copy_call_ms_median": round(1000 * statistics.median(copy_times), 1),
                 "fetch_index_call_ms_median": round(1000 * statistics.median(index_times), 2),
                 "index_type": IndexType.OFFSET.name,
