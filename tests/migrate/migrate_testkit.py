@@ -24,7 +24,7 @@ from support.reference_model import ReferenceModel
 
 from rlmm import state
 from rlmm.errors import RemoteStorageError
-from rlmm.kafka_format import encode, metadata_partition
+from rlmm.kafka_format import KafkaMetadata, RemoteLogSegmentMetadataSnapshot, encode, metadata_partition
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
@@ -84,6 +84,34 @@ def produce_raw(bootstrap: str, topic: str, partition: int, values: Sequence[byt
     for value in values:
         producer.produce(topic, value=value, partition=partition)
     assert producer.flush(30) == 0
+
+
+def _epochs_text(epochs: dict[int, int]) -> str:
+    return ",".join(f"{e}:{o}" for e, o in epochs.items())
+
+
+def _custom_text(custom: bytes | None) -> str:
+    return "-" if custom is None else custom.hex()
+
+
+def probe_request(record: KafkaMetadata) -> str:
+    """The probe's line for `record` (see KafkaSerdeProbe.java)."""
+    if isinstance(record, RemoteLogSegmentMetadataSnapshot):
+        return (f"N {record.segment_id} {record.start_offset} {record.end_offset} {record.max_timestamp_ms} "
+                f"{record.broker_id} {record.event_timestamp_ms} {record.segment_size_in_bytes} "
+                f"{_epochs_text(dict(record.segment_leader_epochs))} {_custom_text(record.custom_metadata)} "
+                f"{record.state.value} {int(record.txn_idx_empty)}")
+    tp = record.topic_id_partition
+    head = f"{tp.topic_id} {tp.topic} {tp.partition}"
+    if isinstance(record, RemoteLogSegmentMetadata):
+        return (f"S {head} {record.remote_log_segment_id.id} {record.start_offset} {record.end_offset} "
+                f"{record.max_timestamp_ms} {record.broker_id} {record.event_timestamp_ms} "
+                f"{record.segment_size_in_bytes} {_epochs_text(dict(record.segment_leader_epochs))} "
+                f"{_custom_text(record.custom_metadata)} {record.state.value} {int(record.txn_idx_empty)}")
+    if isinstance(record, RemoteLogSegmentMetadataUpdate):
+        return (f"U {head} {record.remote_log_segment_id.id} {record.event_timestamp_ms} "
+                f"{_custom_text(record.custom_metadata)} {record.state.value} {record.broker_id}")
+    return f"D {head} {record.state.value} {record.event_timestamp_ms} {record.broker_id}"
 
 
 def tierlog_options(bootstrap: str, target_topic: str, state_dir: Path) -> list[str]:

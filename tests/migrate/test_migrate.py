@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +16,7 @@ from migrate_testkit import (
     assert_answers_as_kafka,
     kafka_histories,
     kafka_model,
+    probe_request,
     produce_history,
     produce_raw,
     run_tierlog,
@@ -155,4 +156,22 @@ def test_undecodable_and_misplaced_records_are_reported_with_their_offsets(
     assert set(problems) == {(source, elsewhere, ends[elsewhere] - 1), (source, elsewhere, ends[elsewhere])}
     assert "unknown apiKey 9" in problems[(source, elsewhere, ends[elsewhere] - 1)]
     assert f"puts in partition {home}" in problems[(source, elsewhere, ends[elsewhere])]
+    _assert_view_answers_as_kafka(tmp_path, history)
+
+
+def test_a_history_kafkas_own_serde_and_partitioner_wrote_migrates(
+        kafka_bootstrap: str, create_topic: Callable[..., str], unique_topic: str, tmp_path: Path,
+        kafka_probe: Callable[[Sequence[str]], list[str]]) -> None:
+    """The source records are the bytes Kafka's RemoteLogMetadataSerde writes, in the partitions Kafka's
+    RemoteLogMetadataTopicPartitioner picks (through the Java probe), not this project's encoder."""
+    history = workload_history(seed=9)
+    values = [bytes.fromhex(v) for v in kafka_probe([probe_request(call) for call in history])]
+    placed = kafka_probe([f"P {call.topic_id_partition.topic_id} {call.topic_id_partition.partition} "
+                          f"{SOURCE_PARTITIONS}" for call in history])
+    source = create_topic(partitions=SOURCE_PARTITIONS)
+    for partition in range(SOURCE_PARTITIONS):
+        produce_raw(kafka_bootstrap, source, partition,
+                    [value for value, p in zip(values, placed, strict=True) if int(p) == partition])
+    code, report = _migrate(kafka_bootstrap, source, unique_topic, tmp_path)
+    assert code == 0 and report["problems"] == [], report
     _assert_view_answers_as_kafka(tmp_path, history)
