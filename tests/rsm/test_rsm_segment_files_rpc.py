@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import prometheus_client
 import pytest
 from support.agent_segments import copy_segment
 
@@ -30,9 +31,9 @@ SEGMENT = 200_000
 class Agent:
     """An in-process agent on a Unix socket, its rsm on the filesystem backend, and the adapter's stubs."""
 
-    def __init__(self, tmp_path: Path, **rsm_config: Any) -> None:
+    def __init__(self, tmp_path: Path, metrics_port: int | None = None, **rsm_config: Any) -> None:
         socket = tmp_path / f"agent-{uuid.uuid4().hex[:6]}.sock"
-        self.server = AgentServer({}, socket).start()
+        self.server = AgentServer({}, socket, metrics_port).start()
         self.channel = grpc.insecure_channel(f"unix:{socket}")
         self.storage = pb_grpc.RemoteStorageStub(self.channel)
         config = {"storage.backend": "filesystem", "filesystem.root": str(tmp_path / "remote"),
@@ -161,3 +162,15 @@ def test_a_request_naming_the_next_segment_prefetches_its_first_chunks(agent: Ag
     rsm = agent.server.components.get(ComponentName.REMOTE_STORAGE_MANAGER, 5)
     assert rsm.prefetch_idle(30)
     assert (tmp_path / "cache" / str(second_md.remote_log_segment_id.id) / "0").read_bytes() == second[:CHUNK]
+
+
+def test_the_agent_exports_the_chunk_cache_metrics(tmp_path: Path) -> None:
+    agent = Agent(tmp_path, 0, **{"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache"})
+    try:
+        metadata = agent.copy(random.Random(8).randbytes(SEGMENT))
+        agent.read_like_the_adapter(metadata, 0, 0)
+        text = prometheus_client.generate_latest(agent.server.metrics.registry).decode()
+    finally:
+        agent.close()
+    assert f"tierlog_rsm_chunk_cache_bytes {float(SEGMENT)}" in text
+    assert 'tierlog_rsm_events_total{counter="chunk_cache.hits"}' in text

@@ -101,6 +101,10 @@ class _RsmCollector(Collector):
         size = GaugeMetricFamily("tierlog_rsm_index_cache_bytes", "bytes held by the packed-index cache")
         size.add_metric([], snap.get("index_cache", {}).get("bytes", 0))
         yield size
+        if "chunk_cache" in snap:  # its counters are tierlog_rsm_events{counter="chunk_cache.*"}
+            chunks = GaugeMetricFamily("tierlog_rsm_chunk_cache_bytes", "bytes held by the segment chunk cache")
+            chunks.add_metric([], snap["chunk_cache"]["bytes"])
+            yield chunks
 
 
 class _ReadinessCollector(Collector):
