@@ -4,6 +4,7 @@ the command run in this process with the settings a broker's config would give i
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +12,13 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from rlmm_testkit import drive, register, workload
 
 from dev.env import state_dir
 from dev.process import wait_until
+from rlmm import RemoteLogMetadataManager, TopicIdPartition
 from rsm.backend import StorageBackend
+from tierlog.audit.archiver import Archiver, ArchiverSettings
 from tierlog.cli.main import main
 from tierlog.pipeline.locations import open_store
 from tierlog.pipeline.session import S3Settings
@@ -78,6 +82,21 @@ class Cluster:
     def topic_exists(self) -> bool:
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         return self.metadata_topic in admin.list_topics(timeout=10).topics
+
+
+def archive(cluster: Cluster) -> None:
+    """Archive every record of the cluster's metadata topic into its bucket, as the agents do."""
+    Archiver(cluster.store(), ArchiverSettings(cluster.bootstrap, cluster.metadata_topic)).run_until_caught_up(60)
+
+
+def write_history(writer: RemoteLogMetadataManager, tps: list[TopicIdPartition], seed: int,
+                  delete_last: bool = False) -> None:
+    """A broker's writes on `tps` through the manager: uploads over leader epochs, re-uploads, retention, and with
+    `delete_last` the last partition's deletion."""
+    register(writer, *tps)
+    drive(writer, {tp: workload(random.Random(seed + i), tp, uploads=6,
+                                delete_partition=delete_last and i == len(tps) - 1) for i, tp in enumerate(tps)})
+    writer.wait_caught_up(30)
 
 
 def broker_log_dir(bootstrap: str) -> Path:

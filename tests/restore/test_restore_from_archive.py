@@ -4,17 +4,18 @@ refused."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from typing import Any
 
-from restore_testkit import Cluster
-from rlmm_testkit import drive, make_tp, register, workload
+from restore_testkit import Cluster, archive, write_history
+from rlmm_testkit import make_tp, register
+from support.topics import create_topic
 
 from rlmm import RemoteLogMetadataManager, TopicIdPartition
 from rlmm.errors import RemoteStorageError
-from tierlog.audit.archiver import Archiver, ArchiverSettings, list_archive_files
+from tierlog.audit.archiver import list_archive_files
 from tierlog.audit.assignment import MetadataTopicDescriber
+from tierlog.audit.restore import RestoreMarker, read_marker, retired_topic_name, write_marker
 from tierlog.audit.snapshots import SnapshotSettings, write_snapshot_now
 
 EPOCHS = range(6)
@@ -49,18 +50,6 @@ def answers(manager: RemoteLogMetadataManager, tps: list[TopicIdPartition]) -> d
 def relative(key: str) -> str:
     """An archive file's key below its topic's directory: `<metadata partition>/<first>-<last>.avro`."""
     return "/".join(key.split("/")[-2:])
-
-
-def archive(cluster: Cluster) -> None:
-    Archiver(cluster.store(), ArchiverSettings(cluster.bootstrap, cluster.metadata_topic)).run_until_caught_up(60)
-
-
-def write_history(writer: RemoteLogMetadataManager, tps: list[TopicIdPartition], seed: int,
-                  delete_last: bool = False) -> None:
-    register(writer, *tps)
-    drive(writer, {tp: workload(random.Random(seed + i), tp, uploads=10,
-                                delete_partition=delete_last and i == len(tps) - 1) for i, tp in enumerate(tps)})
-    writer.wait_caught_up(30)
 
 
 def test_a_deleted_metadata_topic_is_restored_from_the_snapshot_and_the_archive_after_it(
@@ -127,3 +116,31 @@ def test_a_metadata_topic_that_holds_records_is_refused(
     assert run.exit_code == 1
     assert f"metadata topic {cluster.metadata_topic} holds" in run.stderr and "delete it first" in run.stderr
     assert topic.end_offsets() == ends
+
+
+def test_a_topic_of_the_wrong_kind_is_refused_with_the_advice_to_delete_it(cluster: Cluster) -> None:
+    create_topic(cluster.bootstrap, cluster.metadata_topic)  # as a broker's auto.create.topics.enable makes it
+
+    run = cluster.restore()
+
+    assert run.exit_code == 1
+    assert "metadata.topic.num.partitions" in run.stderr and "delete it and run the restore again" in run.stderr
+
+
+def test_a_restore_cut_short_while_moving_the_archive_finishes_the_move_when_run_again(
+    cluster: Cluster, manager_on: Callable[..., RemoteLogMetadataManager],
+) -> None:
+    writer = manager_on()
+    write_history(writer, [make_tp("orders", 0)], seed=5)
+    archive(cluster)
+    store = cluster.store()
+    files = {relative(f.key) for f in list_archive_files(store, cluster.metadata_topic)}
+    retired = retired_topic_name(cluster.metadata_topic, 1)
+    write_marker(store, cluster.metadata_topic, RestoreMarker("moving", retired, 1))
+
+    run = cluster.restore()
+
+    assert run.exit_code == 0, run.stderr
+    assert list_archive_files(store, cluster.metadata_topic) == []
+    assert {relative(f.key) for f in list_archive_files(store, retired)} == files
+    assert read_marker(store, cluster.metadata_topic) is None

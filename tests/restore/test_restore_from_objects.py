@@ -11,11 +11,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from restore_testkit import Cluster, broker_log_dir
-from rlmm_testkit import register
+from restore_testkit import Cluster, archive, broker_log_dir, write_history
+from rlmm_testkit import make_tp, register
 from support.topics import create_topic, unique_topic_name
 
 from dev.process import wait_until
@@ -76,6 +77,12 @@ def copy(rsm: RemoteStorageManager, directory: Path, work: Path, tp: TopicIdPart
     return dataclasses.replace(metadata, custom_metadata=custom, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
 
 
+def rsm_config(cluster: Cluster) -> dict[str, Any]:
+    """The storage manager of the brokers: the cluster's bucket, keys without a hash prefix."""
+    return {"storage.backend": "s3", "s3.bucket": cluster.bucket, "s3.endpoint.url": cluster.s3.endpoint,
+            "s3.access.key.id": cluster.s3.access_key, "s3.secret.access.key": cluster.s3.secret_key}
+
+
 def test_segments_are_restored_from_their_objects_and_the_report_names_what_the_bucket_cannot_say(
     cluster: Cluster, manager_on: Callable[..., RemoteLogMetadataManager], tmp_path: Path,
 ) -> None:
@@ -83,10 +90,7 @@ def test_segments_are_restored_from_their_objects_and_the_report_names_what_the_
     directory, bases = rolled_segments(cluster.bootstrap, topic)
     tp = TopicIdPartition(uuid.uuid4(), topic, 0)
     epochs = [(0, 0), (NEW_EPOCH, bases[1] + NEW_EPOCH_AFTER)]
-    rsm = RemoteStorageManager({"storage.backend": "s3", "s3.bucket": cluster.bucket,
-                                "s3.endpoint.url": cluster.s3.endpoint, "s3.access.key.id": cluster.s3.access_key,
-                                "s3.secret.access.key": cluster.s3.secret_key})
-    with rsm:
+    with RemoteStorageManager(rsm_config(cluster)) as rsm:
         copied = [copy(rsm, directory, tmp_path, tp, base, next_base, epochs)
                   for base, next_base in itertools.pairwise(bases)]
         unfinished = copy(rsm, directory, tmp_path, tp, bases[0], bases[1], epochs)
@@ -137,3 +141,31 @@ def test_a_segments_leader_epochs_are_cut_from_the_checkpoint_as_kafka_cuts_them
     from tierlog.audit.restore import leader_epochs
 
     assert leader_epochs(checkpoint, start) == expected
+
+
+def test_a_segment_copied_after_the_archives_newest_record_is_restored_from_its_objects(
+    cluster: Cluster, manager_on: Callable[..., RemoteLogMetadataManager], tmp_path: Path,
+) -> None:
+    writer = manager_on()
+    write_history(writer, [make_tp("orders", 0)], seed=6)
+    archive(cluster)
+    topic = unique_topic_name("restore-tail")
+    directory, bases = rolled_segments(cluster.bootstrap, topic)
+    tp = TopicIdPartition(uuid.uuid4(), topic, 0)
+    with RemoteStorageManager(rsm_config(cluster)) as rsm:  # its metadata went with the topic, unarchived
+        copied = copy(rsm, directory, tmp_path, tp, bases[0], bases[1], [(0, 0)])
+    writer.close()
+    cluster.delete_metadata_topic()
+
+    run = cluster.restore()
+
+    assert run.exit_code == 0, run.stderr
+    assert "audit archive" in run.report["source"]
+    assert any("written after the archive's newest record" in note for note in run.report["notes"])
+    assert run.report["unknown"] == {partition_name(tp): {name: OBJECTS_UNKNOWN[name]
+                                                          for name in ("broker_id", "event_timestamp_ms")}}
+    node = manager_on()
+    node.wait_caught_up(30)
+    register(node, tp)
+    assert [dataclasses.replace(md, broker_id=3, event_timestamp_ms=0) for md in node.list_remote_log_segments(tp)] \
+        == [dataclasses.replace(copied, event_timestamp_ms=0)]

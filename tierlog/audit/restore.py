@@ -27,8 +27,8 @@ from confluent_kafka.admin import AdminClient
 from rlmm import codec, state
 from rlmm.archive import ARCHIVE_ROOT, parse_archive_key
 from rlmm.bootstrap import LOCATION_KEY, list_snapshots, snapshot_prefix
-from rlmm.errors import RemoteStorageError
-from rlmm.event_log import EventProducer, OffsetReader
+from rlmm.errors import ConfigError, RemoteStorageError
+from rlmm.event_log import EventProducer, OffsetReader, check_topic
 from rlmm.events import EpochCheckpoint, RecordKey, key_of, metadata_partition_for
 from rlmm.manager import RemoteLogMetadataManager
 from rlmm.snapshot import apply_archived
@@ -549,9 +549,12 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
 
 # --- the new topic -----------------------------------------------------------------------------------------------
 
-def topic_end_offsets(client: Mapping[str, Any], metadata_topic: str, timeout_s: float) -> dict[int, int] | None:
-    """The end offset of each partition of the metadata topic, or None when it does not exist. Lists every topic
-    rather than asking for this one, which a broker with auto.create.topics.enable would create."""
+def topic_end_offsets(client: Mapping[str, Any], metadata_topic: str, partitions: int, timeout_s: float
+                      ) -> dict[int, int] | None:
+    """The end offset of each partition of the metadata topic, or None when it does not exist. RestoreError for a
+    topic that is not one tierlog would create (a broker's auto.create.topics.enable makes one of the broker's
+    defaults when a write comes after the loss). Lists every topic rather than asking for this one, which such a
+    broker would create."""
     admin = AdminClient(dict(client))
     try:
         found = admin.list_topics(timeout=timeout_s).topics.get(metadata_topic)
@@ -559,6 +562,11 @@ def topic_end_offsets(client: Mapping[str, Any], metadata_topic: str, timeout_s:
         raise RestoreError(f"cannot list the topics at {client.get('bootstrap.servers')}: {exc}") from exc
     if found is None or found.error is not None:
         return None
+    try:
+        check_topic(admin, metadata_topic, partitions, timeout_s)
+    except ConfigError as exc:
+        raise RestoreError(f"{exc}. If this is not the topic tierlog created (a broker with auto.create.topics.enable "
+                           "made it when a write came after the loss), delete it and run the restore again") from exc
     return OffsetReader(metadata_topic, client, admin).end_offsets(sorted(found.partitions), timeout_s)
 
 

@@ -81,7 +81,7 @@ def cmd_restore(args: argparse.Namespace, settings: Settings) -> int:
         archive_store = open_location(settings.archive_location(None), settings)
         segment_store = open_location(settings.bucket_location(None), settings)
         marker = restore.read_marker(archive_store, topic)
-        ends = restore.topic_end_offsets(settings.kafka_client(), topic, settings.timeout_s)
+        ends = _end_offsets(settings, node)
         held = sum((ends or {}).values())
         if marker is not None and marker.stage == "moving":
             return _finish_move(args, archive_store, topic, marker)
@@ -103,6 +103,16 @@ def cmd_restore(args: argparse.Namespace, settings: Settings) -> int:
             return _restore(args, settings, node, state, archive_store, ends or {}, work)
         finally:
             state.close()
+
+
+def _end_offsets(settings: Settings, node: NodeSettings) -> dict[int, int] | None:
+    from tierlog.audit import restore
+
+    try:
+        return restore.topic_end_offsets(settings.kafka_client(), node.metadata_topic, node.partitions,
+                                         settings.timeout_s)
+    except restore.RestoreError as exc:
+        raise CommandError(str(exc), EXIT_PROBLEM) from exc
 
 
 def _offsets(ends: dict[int, int] | None) -> str:
@@ -161,6 +171,11 @@ def _restore(args: argparse.Namespace, settings: Settings, node: NodeSettings, s
     _say(f"creating {topic} if missing and writing {count} records")
     deadline = time.monotonic() + args.wait
     with restore.open_node(node.config, work / "check") as check:
+        now = _end_offsets(settings, node) or {}
+        if any(end > ends.get(partition, 0) for partition, end in now.items()):
+            raise CommandError(
+                f"records arrived in {topic} before the restore wrote any ({_offsets(now)}): a broker's agent is "
+                f"writing to it. Stop the agents, delete the topic and run the restore again", EXIT_PROBLEM)
         with ProgressBar("writing records", count) as bar:
             restore.write_records(settings.kafka_client(), topic, records, args.wait,
                                   lambda done, total: bar.update(done))
