@@ -47,8 +47,10 @@ class IndexCache:
     def _cost(entry: CachedIndex) -> int:
         return ENTRY_OVERHEAD_BYTES + (len(entry.data) if entry.data is not None else 0)
 
-    def get(self, segment: uuid.UUID, index_type: SectionType) -> CachedIndex | None:
-        """The cached entry, or None on a miss (never cached, evicted, or older than the TTL)."""
+    def get(self, segment: uuid.UUID, index_type: SectionType, counted: bool = True) -> CachedIndex | None:
+        """The cached entry, or None on a miss (never cached, evicted, or older than the TTL). `counted`: in the
+        hit and miss counters, which tell how the broker's index calls are served (a segment read's chunk-index
+        lookup is not one)."""
         key = (segment, index_type)
         with self._lock:
             found = self._entries.get(key)
@@ -57,10 +59,12 @@ class IndexCache:
                 self._metrics.increment("index_cache.expirations")
                 found = None
             if found is None:
-                self._metrics.increment("index_cache.misses")
+                if counted:
+                    self._metrics.increment("index_cache.misses")
                 return None
             self._entries.move_to_end(key)
-            self._metrics.increment("index_cache.hits")
+            if counted:
+                self._metrics.increment("index_cache.hits")
             return found[0]
 
     def put(self, segment: uuid.UUID, indexes: Mapping[SectionType, bytes | None]) -> None:

@@ -324,11 +324,11 @@ class RemoteStorageManager:
     def _fetch_group(
         self, metadata: RemoteLogSegmentMetadata, group: Iterable[SectionType]
     ) -> dict[SectionType, bytes]:
-        """Fetch a read group into the index cache. The broker's group brings the chunk index along (it is the
-        next section), so a broker's index read and segment read cost one GET each, as before chunks."""
+        """Fetch sections into the index cache. The broker's read group brings the chunk index along (it is the
+        next section), so a broker's index read then segment read cost one GET each, as before chunks."""
         wanted = set(group)
-        if wanted & BROKER_READ_GROUP or SegmentSection.CHUNK_INDEX in wanted:
-            wanted |= BROKER_READ_GROUP | {SegmentSection.CHUNK_INDEX}
+        if wanted & BROKER_READ_GROUP:
+            wanted.add(SegmentSection.CHUNK_INDEX)
         found = self._fetch_sections(metadata, wanted)
         # Absent members are cached too, so the broker's TRANSACTION call after OFFSET costs nothing.
         self._cache.put(metadata.remote_log_segment_id.id, {t: found.get(t) for t in wanted})
@@ -339,7 +339,7 @@ class RemoteStorageManager:
         keys, layout = self._segment_layout(metadata)
         if layout is not None and layout.get(SegmentSection.CHUNK_INDEX) is None:
             return None
-        hit = self._cache.get(metadata.remote_log_segment_id.id, SegmentSection.CHUNK_INDEX)
+        hit = self._cache.get(metadata.remote_log_segment_id.id, SegmentSection.CHUNK_INDEX, counted=False)
         data = hit.data if hit is not None else self._fetch_group(metadata, {SegmentSection.CHUNK_INDEX}).get(
             SegmentSection.CHUNK_INDEX
         )
