@@ -15,6 +15,7 @@ from e2e_testkit import agent_pid, describe, finished, remote_segments, wait_for
 
 from dev.demo import S3Location, consume, create_topic, produce, wait_for, wait_until_tiered
 from dev.kafka import KafkaCluster
+from rlmm import RemoteLogSegmentMetadata
 from tierlog.audit.archiver import Archiver, ArchiverSettings
 from tierlog.cli.main import main
 from tierlog.pipeline.locations import open_store
@@ -24,13 +25,13 @@ RECORDS = 25_000
 METADATA_TOPIC = "__tierlog_metadata"
 
 
-def tiering_settled(cluster: KafkaCluster, socket_dir: Path, topic: str) -> list[object]:
+def tiering_settled(cluster: KafkaCluster, socket_dir: Path, topic: str) -> list[RemoteLogSegmentMetadata]:
     """The finished remote segments once every rolled segment is in remote storage (no copy, so no metadata write,
     is left to come)."""
     tp, _ = describe(cluster.bootstrap, topic)
     active = max(int(p.stem) for p in (cluster.log_dir(0) / f"{topic}-0").glob("*.log"))
 
-    def settled() -> list[object] | None:
+    def settled() -> list[RemoteLogSegmentMetadata] | None:
         segments = finished(remote_segments(socket_dir, 0, tp))
         return segments if segments and max(s.end_offset for s in segments) + 1 == active else None
 
