@@ -11,7 +11,6 @@ checksum covers a chunk's stored bytes, so damage is found before any transform 
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import struct
 from dataclasses import dataclass, field
@@ -91,9 +90,6 @@ class ChunkIndex:
     def chunk_of(self, position: int) -> int:
         """The chunk holding original byte `position` (which must lie inside the segment)."""
         return min(position // self.chunk_size, self.count - 1)
-
-    def chunk_at_stored(self, stored_position: int) -> int:
-        return bisect.bisect_right(self._stored_starts, stored_position) - 1
 
 
 def build(path: Path, chunk_size: int) -> ChunkIndex:

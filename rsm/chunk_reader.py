@@ -310,7 +310,8 @@ class ChunkReader:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            # Queued prefetches are dropped; running ones (a few chunks each) finish before the backend closes.
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _SegmentBody:

@@ -407,7 +407,7 @@ class RemoteStorageManager:
         if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end < start):
             raise InvalidArgumentError(f"end position must be None or an int >= start ({start}), got {end!r}")
         with self._metrics.time("rsm.fetch_log_segment_files") as timer:
-            if self._chunk_cache is None or not isinstance(self._chunk_cache, DiskChunkCache):
+            if self._chunk_cache is None:
                 return None
             chunked = self._chunked_segment(metadata)
             if chunked is None:

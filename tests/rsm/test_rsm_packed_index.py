@@ -14,6 +14,7 @@ from rsm.packed_index import (
     READ_GROUPS,
     SECTION_ORDER,
     PackedIndexCorruptError,
+    SectionType,
     SegmentSection,
     extract,
     pack,
@@ -131,7 +132,9 @@ def test_with_a_chunk_index_pack_writes_version_2_and_every_section_round_trips(
     packed, layout = pack(FIVE, chunk_index=b"chunk index bytes")
     assert int.from_bytes(packed[4:6], "big") == CHUNKED_FORMAT_VERSION
     assert parse_header(packed[:MAX_HEADER_SIZE], "t") == layout
-    assert extract(packed, 0, layout.sections, "t") == {**FIVE, SegmentSection.CHUNK_INDEX: b"chunk index bytes"}
+    expected: dict[SectionType, bytes] = {t: body for t, body in FIVE.items()}
+    expected[SegmentSection.CHUNK_INDEX] = b"chunk index bytes"
+    assert extract(packed, 0, layout.sections, "t") == expected
 
 
 def test_the_chunk_index_directly_follows_the_brokers_read_group_so_one_range_covers_both() -> None:

@@ -31,13 +31,15 @@ SEGMENT = 200_000
 class Agent:
     """An in-process agent on a Unix socket, its rsm on the filesystem backend, and the adapter's stubs."""
 
-    def __init__(self, tmp_path: Path, metrics_port: int | None = None, **rsm_config: Any) -> None:
+    def __init__(
+        self, tmp_path: Path, rsm_config: dict[str, Any] | None = None, metrics_port: int | None = None
+    ) -> None:
         socket = tmp_path / f"agent-{uuid.uuid4().hex[:6]}.sock"
         self.server = AgentServer({}, socket, metrics_port).start()
         self.channel = grpc.insecure_channel(f"unix:{socket}")
         self.storage = pb_grpc.RemoteStorageStub(self.channel)
         config = {"storage.backend": "filesystem", "filesystem.root": str(tmp_path / "remote"),
-                  "chunk.size": str(CHUNK), **{k: str(v) for k, v in rsm_config.items()}}
+                  "chunk.size": str(CHUNK), **{k: str(v) for k, v in (rsm_config or {}).items()}}
         pb_grpc.AgentStub(self.channel).Configure(
             pb.ConfigureRequest(component=pb.REMOTE_STORAGE_MANAGER, config=config), timeout=30
         )
@@ -80,7 +82,7 @@ class Agent:
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Agent]:
-    running = Agent(tmp_path, **{"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache"})
+    running = Agent(tmp_path, {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache"})
     yield running
     running.close()
 
@@ -111,8 +113,8 @@ def test_an_end_position_bounds_the_answer(agent: Agent) -> None:
 
 def test_leased_files_survive_eviction_until_released_and_open_ones_stay_readable(tmp_path: Path) -> None:
     # A cache of four chunks: reading another segment evicts everything that is not pinned.
-    agent = Agent(tmp_path, **{"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache",
-                               "fetch.chunk.cache.size": 4 * CHUNK, "fetch.chunk.cache.prefetch.max.size": 0})
+    agent = Agent(tmp_path, {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache",
+                             "fetch.chunk.cache.size": 4 * CHUNK, "fetch.chunk.cache.prefetch.max.size": 0})
     try:
         data, other = random.Random(3).randbytes(SEGMENT), random.Random(4).randbytes(SEGMENT)
         metadata, other_metadata = agent.copy(data), agent.copy(other)
@@ -165,7 +167,7 @@ def test_a_request_naming_the_next_segment_prefetches_its_first_chunks(agent: Ag
 
 
 def test_the_agent_exports_the_chunk_cache_metrics(tmp_path: Path) -> None:
-    agent = Agent(tmp_path, 0, **{"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache"})
+    agent = Agent(tmp_path, {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache"}, 0)
     try:
         metadata = agent.copy(random.Random(8).randbytes(SEGMENT))
         agent.read_like_the_adapter(metadata, 0, 0)
