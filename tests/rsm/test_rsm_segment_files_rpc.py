@@ -176,3 +176,22 @@ def test_the_agent_exports_the_chunk_cache_metrics(tmp_path: Path) -> None:
         agent.close()
     assert f"tierlog_rsm_chunk_cache_bytes {float(SEGMENT)}" in text
     assert 'tierlog_rsm_events_total{counter="chunk_cache.hits"}' in text
+
+
+def test_a_restarted_agent_answers_from_its_warm_cache(tmp_path: Path) -> None:
+    config: dict[str, Any] = {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache"}
+    data = random.Random(9).randbytes(SEGMENT)
+    before = Agent(tmp_path, config)
+    try:
+        metadata = before.copy(data)
+        assert before.read_like_the_adapter(metadata, 0, 0) == data
+    finally:
+        before.close()
+    after = Agent(tmp_path, config)
+    try:
+        assert after.read_like_the_adapter(metadata, 0, 0) == data
+        rsm = after.server.components.get(ComponentName.REMOTE_STORAGE_MANAGER, 5)
+        counters = rsm.metrics()["counters"]
+        assert "chunk_cache.misses" not in counters and counters["chunk_cache.hits"] == -(-SEGMENT // CHUNK)
+    finally:
+        after.close()
