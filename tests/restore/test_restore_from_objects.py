@@ -57,9 +57,17 @@ def epoch_checkpoint(entries: list[tuple[int, int]], next_base: int) -> bytes:
     return f"0\n{len(kept)}\n".encode() + b"".join(f"{e} {s}\n".encode() for e, s in kept)
 
 
-def copy(rsm: RemoteStorageManager, directory: Path, work: Path, tp: TopicIdPartition, base: int, next_base: int,
-         epochs: list[tuple[int, int]]) -> RemoteLogSegmentMetadata:
-    """Copy one rolled segment as Kafka's RemoteLogManager does; the metadata it writes once the copy finished."""
+@dataclasses.dataclass(frozen=True)
+class RolledSegment:
+    """A rolled segment's files as the broker hands them to the RSM, and the metadata Kafka's RemoteLogManager adds
+    for it (COPY_SEGMENT_STARTED) before copying."""
+
+    metadata: RemoteLogSegmentMetadata
+    data: LogSegmentData
+
+
+def rolled(directory: Path, work: Path, tp: TopicIdPartition, base: int, next_base: int,
+           epochs: list[tuple[int, int]]) -> RolledSegment:
     def take(name: str) -> Path:
         target = work / f"{uuid.uuid4().hex}-{name}"
         shutil.copyfile(directory / name, target)
@@ -73,8 +81,14 @@ def copy(rsm: RemoteStorageManager, directory: Path, work: Path, tp: TopicIdPart
         RemoteLogSegmentId(tp, uuid.uuid4()), base, next_base - 1,
         max(timestamp(i) for i in range(base, next_base)), 3, int(time.time() * 1000),
         data.log_segment.stat().st_size, segment_epochs, txn_idx_empty=True)  # no transactions: no .txnindex
-    custom = rsm.copy_log_segment_data(metadata, data)
-    return dataclasses.replace(metadata, custom_metadata=custom, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+    return RolledSegment(metadata, data)
+
+
+def copy(rsm: RemoteStorageManager, segment: RolledSegment) -> RemoteLogSegmentMetadata:
+    """Copy a rolled segment as Kafka's RemoteLogManager does; the metadata it writes once the copy finished."""
+    custom = rsm.copy_log_segment_data(segment.metadata, segment.data)
+    return dataclasses.replace(segment.metadata, custom_metadata=custom,
+                               state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
 
 
 def rsm_config(cluster: Cluster) -> dict[str, Any]:
@@ -91,10 +105,10 @@ def test_segments_are_restored_from_their_objects_and_the_report_names_what_the_
     tp = TopicIdPartition(uuid.uuid4(), topic, 0)
     epochs = [(0, 0), (NEW_EPOCH, bases[1] + NEW_EPOCH_AFTER)]
     with RemoteStorageManager(rsm_config(cluster)) as rsm:
-        copied = [copy(rsm, directory, tmp_path, tp, base, next_base, epochs)
+        copied = [copy(rsm, rolled(directory, tmp_path, tp, base, next_base, epochs))
                   for base, next_base in itertools.pairwise(bases)]
-        unfinished = copy(rsm, directory, tmp_path, tp, bases[0], bases[1], epochs)
-        corrupt = copy(rsm, directory, tmp_path, tp, bases[0], bases[1], epochs)
+        unfinished = copy(rsm, rolled(directory, tmp_path, tp, bases[0], bases[1], epochs))
+        corrupt = copy(rsm, rolled(directory, tmp_path, tp, bases[0], bases[1], epochs))
     store = cluster.store()
     unfinished_keys = segment_keys(unfinished.remote_log_segment_id, bases[0], hashed=False)
     store.delete([unfinished_keys.indexes])
@@ -143,17 +157,22 @@ def test_a_segments_leader_epochs_are_cut_from_the_checkpoint_as_kafka_cuts_them
     assert leader_epochs(checkpoint, start) == expected
 
 
-def test_a_segment_copied_after_the_archives_newest_record_is_restored_from_its_objects(
+def test_copies_that_finished_after_the_archives_newest_record_are_restored_from_their_objects(
     cluster: Cluster, manager_on: Callable[..., RemoteLogMetadataManager], tmp_path: Path,
 ) -> None:
     writer = manager_on()
     write_history(writer, [make_tp("orders", 0)], seed=6)
-    archive(cluster)
     topic = unique_topic_name("restore-tail")
     directory, bases = rolled_segments(cluster.bootstrap, topic)
     tp = TopicIdPartition(uuid.uuid4(), topic, 0)
-    with RemoteStorageManager(rsm_config(cluster)) as rsm:  # its metadata went with the topic, unarchived
-        copied = copy(rsm, directory, tmp_path, tp, bases[0], bases[1], [(0, 0)])
+    started = rolled(directory, tmp_path, tp, bases[1], bases[2], [(0, 0)])
+    register(writer, tp)
+    writer.add_remote_log_segment_metadata(started.metadata).result(30)
+    archive(cluster)
+    # Both copies end after the archive's newest record: their records went with the topic, unarchived.
+    with RemoteStorageManager(rsm_config(cluster)) as rsm:
+        unknown = copy(rsm, rolled(directory, tmp_path, tp, bases[0], bases[1], [(0, 0)]))
+        finished = copy(rsm, started)
     writer.close()
     cluster.delete_metadata_topic()
 
@@ -162,10 +181,11 @@ def test_a_segment_copied_after_the_archives_newest_record_is_restored_from_its_
     assert run.exit_code == 0, run.stderr
     assert "audit archive" in run.report["source"]
     assert any("written after the archive's newest record" in note for note in run.report["notes"])
+    assert any("restored as COPY_SEGMENT_FINISHED" in note for note in run.report["notes"])
     assert run.report["unknown"] == {partition_name(tp): {name: OBJECTS_UNKNOWN[name]
                                                           for name in ("broker_id", "event_timestamp_ms")}}
     node = manager_on()
     node.wait_caught_up(30)
     register(node, tp)
     assert [dataclasses.replace(md, broker_id=3, event_timestamp_ms=0) for md in node.list_remote_log_segments(tp)] \
-        == [dataclasses.replace(copied, event_timestamp_ms=0)]
+        == [dataclasses.replace(md, event_timestamp_ms=0) for md in (unknown, finished)]

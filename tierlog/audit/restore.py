@@ -9,6 +9,7 @@ delete state, which a scratch view replays to the same view digest before anythi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -398,25 +399,44 @@ def _apply_segments(view: MetadataView, segments: list[RemoteLogSegmentMetadata]
             apply_records(view, "restore", batch, dict(offsets))
             batch = []
     apply_records(view, "restore", batch, dict(offsets))
-def add_lost_tail(restored: RestoredState, store: StorageBackend, newest_archived_ms: int, broker_id: int
-                  ) -> list[RemoteLogSegmentMetadata]:
-    """Add the complete segments in the bucket that the restored state does not know and whose .indexes object was
-    written after the newest archived record: copies whose metadata went with the topic before the archiver read
-    it. Older unknown segments are orphans (copies whose metadata never finished), reported, not added."""
+def compare_with_objects(restored: RestoredState, store: StorageBackend, newest_archived_ms: int, broker_id: int
+                         ) -> list[RemoteLogSegmentMetadata]:
+    """Hold the state from the archive against the segment objects in the bucket; the segments added.
+
+    Complete segments the state does not know whose .indexes object was written after the newest archived record are
+    copies whose metadata went with the topic before the archiver read it: added from their objects. Older unknown
+    ones are orphans (copies whose metadata never finished), reported. Finished segments without objects are noted:
+    deleted after the archive's newest record (the broker's retention deletes their metadata again), or lost from
+    the bucket."""
     view = restored.view
     tail: list[SegmentObjects] = []
     old: list[SegmentObjects] = []
-    for objects in segment_objects(store.list("")):
+    unfinished: list[SegmentObjects] = []
+    listed = segment_objects(store.list(""))
+    for objects in listed:
         tp = objects.key.topic_id_partition
-        if view.segment(objects.id) is not None or state.is_deleted(view, tp):
-            continue
+        known = view.segment(objects.id)
         written = (objects.indexes or objects.first).last_modified_ms or 0
-        (tail if objects.indexes is not None and written > newest_archived_ms else old).append(objects)
+        after = objects.indexes is not None and written > newest_archived_ms
+        if known is not None and known.state is RemoteLogSegmentState.COPY_SEGMENT_STARTED and after:
+            unfinished.append(objects)
+        if known is not None or state.is_deleted(view, tp):
+            continue
+        (tail if after else old).append(objects)
     for objects in old:
         reason = ("a .log without its .indexes: an unfinished copy" if objects.indexes is None else
                   "a complete segment the metadata never knew, written before the archive's newest record: a copy "
                   "whose metadata never finished (`tierlog reconcile` deletes such orphans)")
         restored.orphans.append(SkippedObject(objects.first.key, reason))
+    stored = {objects.key.segment_id for objects in listed if objects.log is not None}
+    missing = [md for md in view.segments() if md.state is _FINISHED and md.remote_log_segment_id.id not in stored]
+    if missing:
+        restored.notes.append(
+            f"{len(missing)} finished segments of the restored metadata have no .log object in the bucket (for "
+            f"example {missing[0].remote_log_segment_id}): deleted after the archive's newest record, and then "
+            "the brokers' retention deletes their metadata again; or lost from the bucket (`tierlog verify bucket` "
+            "lists them)")
+    finish_copies(restored, store, unfinished, broker_id)
     added = add_from_objects(restored, store, tail, broker_id,
                              {name: OBJECTS_UNKNOWN[name] for name in ("broker_id", "event_timestamp_ms")})
     if added:
@@ -424,6 +444,28 @@ def add_lost_tail(restored: RestoredState, store: StorageBackend, newest_archive
             f"{len(added)} complete segments in the bucket were written after the archive's newest record and were "
             "unknown to it: restored from their objects as finished copies (see the partitions' unknown fields)")
     return added
+
+
+def finish_copies(restored: RestoredState, store: StorageBackend, copies: list[SegmentObjects], broker_id: int) -> None:
+    """Mark finished the segments the state holds as COPY_SEGMENT_STARTED whose copy completed (both objects) after
+    the archive's newest record: their COPY_SEGMENT_FINISHED went with the topic, and the broker may have deleted
+    the local segment since. The custom metadata comes from the packed index, as the copy returned it."""
+    finished = []
+    for objects in copies:
+        known = restored.view.segment(objects.id)
+        assert known is not None
+        try:
+            found, _timestamped = read_segment(store, objects, broker_id)
+        except UnreadableSegment as exc:
+            restored.skipped.append(SkippedObject(objects.first.key, str(exc)))
+            continue
+        finished.append(dataclasses.replace(known, state=_FINISHED, custom_metadata=found.custom_metadata,
+                                            event_timestamp_ms=found.event_timestamp_ms))
+    _apply_segments(restored.view, finished)
+    if finished:
+        restored.notes.append(
+            f"{len(finished)} segments the archive holds as COPY_SEGMENT_STARTED were copied completely after its "
+            "newest record: restored as COPY_SEGMENT_FINISHED, with the custom metadata of their packed index")
 
 
 # --- the records that make the state -----------------------------------------------------------------------------

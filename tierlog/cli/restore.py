@@ -134,7 +134,7 @@ def _recover(args: argparse.Namespace, node: NodeSettings, archive_store: Any, s
                                f"{node.snapshot_location or '(unset)'} and no archive file under audit/{topic}/: "
                                "use --from objects", EXIT_PROBLEM)
         if state is not None:
-            added = restore.add_lost_tail(state, segment_store, state.newest_record_ms, node.broker_id)
+            added = restore.compare_with_objects(state, segment_store, state.newest_record_ms, node.broker_id)
             if added:
                 _say(f"{len(added)} segments in the bucket are newer than the archive: restored from objects")
     if state is None:
