@@ -211,15 +211,15 @@ def test_archive_then_snapshot_then_rebuild_from_it_reaches_the_topic_digest(
     assert loaded["digest"] == fold(metadata_topic.records).digest()
 
 
-def test_reconcile_of_an_empty_bucket_treats_topics_the_cluster_lacks_as_deleted_not_missing(
+def test_reconcile_of_an_empty_bucket_reports_topics_the_cluster_does_not_list_and_deletes_nothing(
     metadata_topic: MetadataTopic,
     rebuilt_node: tuple[Path, Run],
     spark: SparkSession,
     s3_endpoint: S3Endpoint,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # The generated history's topics never existed in the cluster: to reconcile they are deleted topics,
-    # whose segments are garbage, not missing data (tests/cli/test_reconcile_safety.py covers missing objects).
+    # The generated history's topics never existed in the cluster: a listing is no proof of deletion, so they are
+    # reported as not listed, their segments' objects as missing (tests/cli/test_reconcile_safety.py: issue 24).
     state_dir, _ = rebuilt_node
     bucket = f"s3://{s3_endpoint.bucket}/cli-empty-{uuid.uuid4().hex[:8]}"
     code = main(["reconcile", "--state-dir", str(state_dir), "--bucket", bucket, "--json",
@@ -228,10 +228,11 @@ def test_reconcile_of_an_empty_bucket_treats_topics_the_cluster_lacks_as_deleted
     folded = fold(metadata_topic.records)
     topics = {str(tp.topic_id): tp.topic for tp in folded.user_partitions()
               if any(True for _ in folded.segments_of(tp))}
-    assert code == 0
-    assert report["deleted_topics"] == topics
-    assert report["missing_count"] == 0
-    assert report["orphan_count"] == 0
+    assert code == 1
+    assert {t["topic_id"]: t["topic"] for t in report["unlisted_topics"]} == topics
+    assert report["missing_count"] == 2 * sum(1 for tp in folded.user_partitions() for md in folded.segments_of(tp)
+                                              if md.state.name == "COPY_SEGMENT_FINISHED")
+    assert report["orphan_count"] == 0 and report["deleted"] == []
 
 
 def test_replay_of_the_archive_against_the_rebuilt_view_matches_and_lists_its_partitions(
@@ -298,19 +299,20 @@ def test_spark_submit_runs_the_replay_job_unchanged(
     assert report["archived_records"] == len(metadata_topic.records)
 
 
-def test_verify_against_an_empty_bucket_counts_nothing_missing_for_topics_the_cluster_lacks(
+def test_verify_against_an_empty_bucket_reports_missing_objects_of_topics_the_cluster_does_not_list(
     metadata_topic: MetadataTopic,
     rebuilt_node: tuple[Path, Run],
     spark: SparkSession,
     s3_endpoint: S3Endpoint,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # The generated history's topics never existed in the cluster, so their segments are not missing data;
-    # tests/cli/test_reconcile_safety.py checks a bucket that lost a live topic's object.
+    # The generated history's topics never existed in the cluster; a listing is no proof of deletion (issue 24),
+    # so their segments' objects are missing and the advice names the topics the cluster does not list.
     state_dir, _ = rebuilt_node
     bucket = f"s3://{s3_endpoint.bucket}/cli-verify-{uuid.uuid4().hex[:8]}"
     code = main(["verify", "bucket", "--state-dir", str(state_dir), "--bucket", bucket,
                  *metadata_topic.options()])
     out = capsys.readouterr().out
-    assert code == 0
-    assert "view against bucket  yes" in out and "0 missing" in out
+    assert code == 1
+    assert "view against bucket  no" in out and "the BUCKET lost data" in out
+    assert "not listed by the cluster" in out and "--deleted-topic-id" in out

@@ -313,7 +313,7 @@ def spark_session(settings: Settings, args: argparse.Namespace, *locations: str)
 
 @contextmanager
 def archive_errors() -> Iterator[None]:
-    from tierlog.pipeline.archive import ArchiveNotFoundError
+    from tierlog.pipeline.archive_files import ArchiveNotFoundError
 
     try:
         yield

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from tierlog.cli.common import EXIT_OK, CommandError, Settings
+from tierlog.cli.common import EXIT_OK, EXIT_UNAVAILABLE, CommandError, Settings
 from tierlog.cli.output import emit, format_id, human_bytes, print_table
 
 
@@ -31,18 +31,23 @@ def opened_view(state_dir: Path) -> Iterator[Any]:
         view.close()
 
 
-def topic_states(settings: Settings) -> Any:
-    """A function (topic, topic id or None) -> "live" | "deleted" | "unknown": whether the cluster still has
-    the topic. Kafka never sends a partition delete for a topic whose partitions it no longer hosts, so the
-    metadata alone cannot tell; when Kafka does not answer within the timeout, the state is unknown."""
+def topic_states(settings: Settings) -> tuple[Callable[..., str], str | None]:
+    """A function (topic, topic id or None) -> "live" | "not listed" | "unknown": whether the cluster lists the
+    topic (Kafka never sends a partition delete for a topic whose partitions it no longer hosts, so the metadata
+    alone cannot tell), and why the cluster could not be asked (None when it was, or when no Kafka is configured).
+
+    A dead bootstrap address fails within about a second, a silent one within the timeout."""
     from tierlog.pipeline.cluster_topics import ClusterUnavailableError, cluster_topics
 
     try:
+        settings.bootstrap_setting()
+    except CommandError:  # no Kafka configured: the view alone is described
+        return (lambda topic, topic_id=None: "unknown"), None
+    try:
         found = cluster_topics(settings.kafka_client(), settings.timeout_s)
-    except (CommandError, ClusterUnavailableError) as exc:
-        unknown = f"unknown ({exc})"
-        return lambda topic, topic_id=None: unknown
-    return found.state_of
+    except ClusterUnavailableError as exc:
+        return (lambda topic, topic_id=None: "unknown"), f"cannot tell which topics the cluster still has: {exc}"
+    return found.state_of, None
 
 
 def segment_row(md: Any, uuid_format: str) -> dict[str, Any]:
@@ -79,7 +84,10 @@ def matching_partitions(view: Any, topic: str | None, partition: int | None) -> 
 
 
 def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
+    """The view's partitions of a topic; when Kafka does not answer, still the table (topic state unknown), then the
+    error once and exit 3."""
     from rlmm.types import RemoteLogSegmentState as S
+    from tierlog.pipeline.cluster_topics import TOPIC_NOT_LISTED
 
     with opened_view(settings.state_dir(args.state_dir)) as view:
         partitions = matching_partitions(view, args.topic, args.partition)
@@ -89,7 +97,7 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
                 f"the view holds no remote metadata for {where}; list what it has with `tierlog segments`", 1
             )
         described = []
-        in_cluster = topic_states(settings)
+        in_cluster, unreachable = topic_states(settings)
         for tp in partitions:
             segments = sorted(view.segments(tp), key=lambda md: md.start_offset)
             delete = view.partition_delete(tp)
@@ -123,9 +131,10 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
             ["topic", "partition", "topic_id", "topic_state", "segments", "remote", "start_offset", "end_offset",
              "delete_state", "epochs", "states"],
         )
-        if any(d["topic_state"] == "deleted" for d in described):
-            print("\ndeleted: the topic is gone from the cluster but its metadata remains (Kafka sent no partition "
-                  "delete); `tierlog reconcile` offers its objects once they are older than the grace period")
+        if any(d["topic_state"] == TOPIC_NOT_LISTED for d in described):
+            print(f"\n{TOPIC_NOT_LISTED}: the cluster does not list the topic but its metadata remains. If it was "
+                  "deleted (Kafka sent no partition delete), `tierlog reconcile --deleted-topic-id ID --delete` "
+                  "removes its objects; a listing alone is no proof (this principal may not see the topic)")
         for d in described:
             if d["segment_list"] is None:
                 continue
@@ -140,6 +149,8 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
             )
 
     emit(args, described, human)
+    if unreachable is not None:
+        raise CommandError(unreachable, EXIT_UNAVAILABLE)
     return EXIT_OK
 
 

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 from tierlog.cli.common import (
     EXIT_OK,
     EXIT_PROBLEM,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CommandError,
     Settings,
@@ -22,13 +25,17 @@ from tierlog.cli.common import (
 )
 from tierlog.cli.inspect import topic_states
 from tierlog.cli.output import ProgressBar, emit, format_id, human_bytes, print_table
+from tierlog.pipeline.reconcile import DEFAULT_MAX_DELETE_SHARE, DeleteLimit
+
+# check_delete_allowed has passed the plan before anything is deleted.
+_NO_LIMIT = DeleteLimit(allow_large=True)
 
 
 def _small_archive(args: argparse.Namespace, settings: Settings, location: str) -> Any:
     """The archive's store and files when the job should run in this process (a small archive and no
     --spark / --master), else None: Spark it is."""
     from tierlog.cli.common import open_location
-    from tierlog.pipeline.replay import SMALL_ARCHIVE_BYTES, archive_files
+    from tierlog.pipeline.archive_files import SMALL_ARCHIVE_BYTES, archive_files
 
     if args.spark or args.master:
         return None
@@ -43,7 +50,7 @@ def _small_archive(args: argparse.Namespace, settings: Settings, location: str) 
 
 
 def _read_small_archive(store: Any, files: list[Any]) -> list[dict[str, Any]]:
-    from tierlog.pipeline.replay import read_archive_datums
+    from tierlog.pipeline.archive_files import read_archive_datums
 
     with ProgressBar("reading archive", sum(f.size for f in files)) as bar:
         datums = read_archive_datums(store, files, bar.update)
@@ -90,54 +97,144 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_PROBLEM if report.matches is False else EXIT_OK
 
 
+def add_reconcile_options(parser: argparse.ArgumentParser) -> None:
+    """What `reconcile` may delete, and the checks before it does."""
+    parser.add_argument("--delete", action="store_true",
+                        help="delete the delete plan: orphans, and the objects of segments whose deletion started "
+                             "and never finished (then recorded DELETE_SEGMENT_FINISHED); refused while the metadata "
+                             "source is behind, or when the plan is more than --max-delete-share of the live bytes")
+    parser.add_argument("--deleted-topic-id", action="append", default=[], metavar="ID",
+                        help="a topic deleted from the cluster whose metadata lingers (repeatable; Kafka or hex "
+                             "form): with --delete its objects go and its partitions get Kafka's partition-delete "
+                             "records. Checked: the metadata names it, the cluster does not list it, and the cluster "
+                             "is the one the metadata belongs to. A topic merely missing from a listing is never "
+                             "deleted")
+    parser.add_argument("--max-delete-share", type=_percent, default=DEFAULT_MAX_DELETE_SHARE * 100,
+                        metavar="PERCENT",
+                        help="refuse a plan removing more than this share of the bytes the metadata holds live "
+                             f"(default {DEFAULT_MAX_DELETE_SHARE * 100:g})")
+    parser.add_argument("--allow-large-delete", action="store_true",
+                        help="delete a plan above --max-delete-share (check it first with --report-dir)")
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage between 0 and 100, got {text!r}")
+    return value
+
+
+def _topic_ids(given: list[str]) -> frozenset[str]:
+    from rlmm.errors import InvalidArgumentError
+    from rlmm.types import parse_uuid
+
+    try:
+        return frozenset(str(parse_uuid(text)) for text in given)
+    except InvalidArgumentError as exc:
+        raise CommandError(f"--deleted-topic-id: {exc}", EXIT_USAGE) from exc
+
+
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
     from tierlog.cli.bucket import TopicReader, check_bucket
     from tierlog.cli.verify import _end_offsets, fold_topic
-    from tierlog.pipeline.reconcile import MetadataBehindError, delete_orphans_of, write_report
+    from tierlog.pipeline.reconcile import (
+        DeleteLimit,
+        LargeDeleteError,
+        MetadataBehindError,
+        check_delete_allowed,
+        write_report,
+    )
 
     if args.state_dir and args.archive:
         raise CommandError("pass --state-dir or --archive, not both: they are two metadata sources", EXIT_USAGE)
+    confirmed = _topic_ids(args.deleted_topic_id)
     checked = check_bucket(args, settings, TopicReader(_end_offsets, fold_topic),
-                           state_dir=Path(args.state_dir) if args.state_dir else None, archive=args.archive)
+                           state_dir=Path(args.state_dir) if args.state_dir else None, archive=args.archive,
+                           confirmed=confirmed, deleting=args.delete)
     report, source, bucket = checked.report, checked.freshness.source, checked.bucket
     if args.delete:
         try:
-            report = delete_orphans_of(report, checked.store, checked.freshness)
-        except MetadataBehindError as exc:
+            check_delete_allowed(report, checked.freshness, DeleteLimit(args.max_delete_share / 100,
+                                                                        args.allow_large_delete))
+        except (MetadataBehindError, LargeDeleteError) as exc:
+            if args.report_dir:
+                write_report(report, Path(args.report_dir))
             raise CommandError(str(exc), EXIT_PROBLEM) from exc
+        report = _execute(settings, checked)
     paths = write_report(report, Path(args.report_dir)) if args.report_dir else None
 
     def human() -> None:
         print(f"metadata from {source}; bucket {bucket}")
         print_table([{"objects": report.objects, "live_segments": report.live_segments,
+                      "live": human_bytes(report.live_bytes), "deletion_pending": len(report.deletion_pending),
                       "orphans": len(report.orphans), "missing": len(report.missing),
                       "size_mismatches": len(report.size_mismatches), "too_young": len(report.too_young),
-                      "deleted": len(report.deleted)}],
-                    ["objects", "live_segments", "orphans", "missing", "size_mismatches", "too_young", "deleted"])
+                      "deleted": len(report.deleted), "finished": len(report.finished)}],
+                    ["objects", "live_segments", "live", "deletion_pending", "orphans", "missing", "size_mismatches",
+                     "too_young", "deleted", "finished"])
         for title, rows, columns in (
             ("orphans (the delete plan)", report.orphans, ["key", "size", "reason"]),
+            ("deletion pending (DELETE_SEGMENT_STARTED)", report.deletion_pending,
+             ["topic", "partition", "segment_id", "size", "age_s", "finishable"]),
             ("missing objects", report.missing, ["key", "segment_id"]),
             ("size mismatches", report.size_mismatches, ["key", "size", "expected_size"]),
         ):
             if rows:
                 print(f"\n{title}:")
                 print_table(list(rows), columns)
-        if checked.deleted_topics:
-            print("\ntopics gone from the cluster: " + ", ".join(
-                f"{name} ({topic_id})" for topic_id, name in checked.deleted_topics.items()))
         for line in checked.advice():
             print(f"\n{line}")
         if paths:
             print(f"\nreport: {paths[0]}\ndelete plan: {paths[1]}")
-        if report.orphans and not args.delete:
-            print("\norphans were NOT deleted; rerun with --delete to delete exactly the delete plan")
+        if report.delete_plan() and not args.delete:
+            print(f"\nnothing was deleted; rerun with --delete to delete exactly the delete plan "
+                  f"({human_bytes(report.plan_bytes)})")
 
     payload = {**report.as_json(), "delete_plan": report.delete_plan(), "bucket": bucket, "source": source,
-               "freshness": checked.freshness.as_json(), "deleted_topics": checked.deleted_topics,
+               "freshness": checked.freshness.as_json(),
+               "unlisted_topics": [dataclasses.asdict(t) for t in checked.unlisted],
+               "confirmed_deleted_partitions": [str(tp) for tp in checked.confirmed_partitions],
                "advice": checked.advice()}
     emit(args, payload, human)
-    return EXIT_OK if report.clean or (args.delete and not report.missing and not report.size_mismatches) \
-        else EXIT_PROBLEM
+    settled = not report.missing and not report.size_mismatches and not checked.unlisted
+    return EXIT_OK if settled and (report.clean or args.delete) else EXIT_PROBLEM
+
+
+def _execute(settings: Settings, checked: Any) -> Any:
+    """Carry out an allowed delete plan. Writes to the metadata (DELETE_SEGMENT_FINISHED for pending deletions,
+    Kafka's partition-delete records for confirmed deleted topics) go through a manager on a scratch state dir,
+    caught up with the topic first, so each is checked against the whole metadata as a broker's would be."""
+    from tierlog.cli.verify import caught_up_node
+    from tierlog.pipeline.reconcile import delete_orphans_of, finish_pending_deletions
+
+    report, store = checked.report, checked.store
+    if not report.pending_to_finish and not checked.confirmed_partitions:
+        return delete_orphans_of(report, store, checked.freshness, _NO_LIMIT)
+    with tempfile.TemporaryDirectory(prefix="tierlog-reconcile-") as scratch, \
+            caught_up_node(settings, Path(scratch), "reading the metadata to write to it", None,
+                           writes=True) as (manager, _):
+        _advance_partition_deletes(manager, checked.confirmed_partitions, "DELETE_PARTITION_STARTED", settings)
+        report = delete_orphans_of(report, store, checked.freshness, _NO_LIMIT)
+        report = finish_pending_deletions(report, store, manager.update_remote_log_segment_metadata,
+                                          manager.broker_id, settings.timeout_s)
+        _advance_partition_deletes(manager, checked.confirmed_partitions, "DELETE_PARTITION_FINISHED", settings)
+    return report
+
+
+def _advance_partition_deletes(manager: Any, partitions: Any, target: str, settings: Settings) -> None:
+    """Move each partition's delete state through Kafka's sequence (MARKED, STARTED, FINISHED) up to `target`."""
+    from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState
+
+    order = list(RemotePartitionDeleteState)
+    for tp in partitions:
+        current = manager.view.partition_delete(tp)
+        start = 0 if current is None else order.index(current.state) + 1
+        for state in order[start:order.index(RemotePartitionDeleteState[target]) + 1]:
+            manager.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
+                tp, state, int(time.time() * 1000), manager.broker_id)).result(settings.timeout_s)
 
 
 def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
@@ -154,7 +251,7 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
             table = usage_over_time(spark_session(settings, args, location), location, topic,
                                     bucket_ms=bucket_ms).collected()
     csv_path, png_path = write_usage(table, Path(args.out))
-    in_cluster = topic_states(settings)
+    in_cluster, unreachable = topic_states(settings)
     last: list[dict[str, Any]] = [{"topic": name, "remote_bytes": series[-1][1], "segments": series[-1][2],
                                    "topic_state": in_cluster(name)}
             for name, series in topic_totals(table).items()]
@@ -166,6 +263,8 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
 
     emit(args, {"table": str(csv_path), "chart": str(png_path), "buckets": table.buckets,
                 "latest_per_topic": last}, human)
+    if unreachable is not None:
+        raise CommandError(unreachable, EXIT_UNAVAILABLE)
     return EXIT_OK
 
 

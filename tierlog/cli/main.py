@@ -30,7 +30,7 @@ from tierlog.cli.common import (
 from tierlog.cli.explain import cmd_config
 from tierlog.cli.export import add_parser as add_export_parser
 from tierlog.cli.inspect import cmd_describe, cmd_segments
-from tierlog.cli.jobs import cmd_reconcile, cmd_replay, cmd_snapshot, cmd_usage
+from tierlog.cli.jobs import add_reconcile_options, cmd_reconcile, cmd_replay, cmd_snapshot, cmd_usage
 from tierlog.cli.migrate import add_parser as add_migrate_parser
 from tierlog.cli.plugin import cmd_plugin_path
 from tierlog.cli.restore import add_parser as add_restore_parser
@@ -109,10 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_migration_options(p)
     p.set_defaults(run=cmd_verify)
 
-    p = sub.add_parser("rebuild", parents=[common], help="build a node's view from the topic or a snapshot")
+    p = sub.add_parser("rebuild", parents=[common],
+                       help="build a node's view from the metadata topic (needs Kafka) or a snapshot",
+                       description="Build a node's view into an empty state dir, with the node stopped. It reads the "
+                                   "metadata topic from Kafka (after loading --snapshot, from the snapshot's offsets "
+                                   "on); only --snapshot FILE --no-catch-up works without Kafka, and the node then "
+                                   "reads the rest of the topic when it starts.")
     p.add_argument("--state-dir", help="an empty state dir to build into")
     p.add_argument("--snapshot", help="a snapshot file from `tierlog snapshot` (default: the topic)")
-    p.add_argument("--no-catch-up", action="store_true", help="after a snapshot, do not read the topic")
+    p.add_argument("--no-catch-up", action="store_true",
+                   help="after a snapshot, do not read the topic (no Kafka needed)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when stderr is a terminal)")
     p.set_defaults(run=cmd_rebuild)
@@ -131,8 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="orphans, missing objects and size mismatches between bucket and metadata")
     p.add_argument("--state-dir", help="take the live metadata from this view (default: the metadata topic)")
     p.add_argument("--report-dir", help="write report.json and delete-plan.txt here")
-    p.add_argument("--delete", action="store_true",
-                   help="delete the orphans (the delete plan); refused when the metadata source is behind")
+    add_reconcile_options(p)
     add_bucket_check_options(p)
     p.set_defaults(run=cmd_reconcile)
 
@@ -215,6 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:
         print(f"tierlog {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "pyspark":
+            raise
+        # Only what runs on Spark imports pyspark: small inputs run in this process without it.
+        print(f"tierlog {args.command}: this needs Spark, which is not installed: pip install 'tierlog[spark]'",
+              file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -7,7 +7,8 @@ import argparse
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from tierlog.cli.inspect import opened_view
 from tierlog.cli.output import ProgressBar, emit, print_table
 
 if TYPE_CHECKING:
+    from rlmm import RemoteLogMetadataManager
     from rlmm.archive import SnapshotHeader
 
 
@@ -146,6 +148,8 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
         results.append({
             "check": "view against bucket", "ok": report.clean and not checked.freshness.behind,
             "detail": f"{report.objects} objects, {report.live_segments} live segments, "
+                      f"{len(report.deletion_pending)} deletion pending "
+                      f"({sum(p['size'] for p in report.deletion_pending)} bytes), "
                       f"{len(report.orphans)} orphans, {len(report.missing)} missing, "
                       f"{len(report.size_mismatches)} size mismatches, {len(report.too_young)} within the grace "
                       f"period, view behind the topic by {sum(checked.freshness.behind.values())} records",
@@ -187,30 +191,51 @@ def _end_offsets(settings: Settings, topic: str) -> dict[int, int]:
         raise CommandError(f"cannot read the end offsets of {topic}: {exc}") from exc
 
 
-def _catch_up(settings: Settings, state_dir: Path, label: str, show: bool | None) -> dict[str, Any]:
+# How often a catch-up without a progress bar (stderr not a terminal) says how far it got.
+PROGRESS_LINE_S = 10.0
+
+
+@contextmanager
+def caught_up_node(
+    settings: Settings, state_dir: Path, label: str, show: bool | None, writes: bool = False
+) -> Iterator[tuple[RemoteLogMetadataManager, dict[str, Any]]]:
+    """A manager on `state_dir` that has applied the metadata topic up to its end offsets as they were at the
+    start, with what it did (digest, applied offsets, seconds). Says on stderr when it starts and ends, and (without
+    a progress bar) how far it got every PROGRESS_LINE_S; fails once nothing is applied for the settings' timeout.
+    A manager that `writes` signs its records with the configured broker.id, else 0 (Kafka's records need one)."""
     from rlmm import RemoteLogMetadataManager
 
     config = settings.node_config(state_dir)
-    ends = _end_offsets(settings, config["metadata.topic.name"])
+    if writes and int(config["broker.id"]) < 0:
+        config["broker.id"] = "0"
+    topic = config["metadata.topic.name"]
+    ends = _end_offsets(settings, topic)
     config.setdefault("metadata.topic.num.partitions", str(len(ends)))
     config["metadata.topic.create"] = "false"
     total = sum(ends.values())
     started = time.monotonic()
+    print(f"{label}: reading {total} records of {topic} ({len(ends)} partitions) at {settings.bootstrap()} into "
+          f"{state_dir}", file=sys.stderr)
     with ProgressBar(label, total, show) as bar, RemoteLogMetadataManager(config) as manager:
         done, last_progress, stalled_after = -1, 0, time.monotonic() + settings.timeout_s
+        next_line = time.monotonic() + PROGRESS_LINE_S
         while True:
             applied = manager.applied_offsets()
             done = sum(min(applied.get(p, 0), end) for p, end in ends.items())
             bar.update(done)
             if done >= total or manager.metadata_errors():
                 break
+            now = time.monotonic()
             if done > last_progress:
-                last_progress, stalled_after = done, time.monotonic() + settings.timeout_s
-            elif time.monotonic() > stalled_after:
+                last_progress, stalled_after = done, now + settings.timeout_s
+            elif now > stalled_after:
                 raise CommandError(
-                    f"rebuilding stalled: nothing applied for {settings.timeout_s:g} s at {done} of {total} "
+                    f"{label} stalled: nothing applied for {settings.timeout_s:g} s at {done} of {total} "
                     "records; is the broker healthy? (raise --timeout to wait longer)"
                 )
+            if not bar.enabled and now >= next_line:
+                print(f"{label}: {done} of {total} records applied ({now - started:.0f} s)", file=sys.stderr)
+                next_line = now + PROGRESS_LINE_S
             time.sleep(0.1)
         bar.finish(done)
         errors = manager.metadata_errors()
@@ -219,8 +244,16 @@ def _catch_up(settings: Settings, state_dir: Path, label: str, show: bool | None
                 "the view stopped at a record it cannot apply: "
                 + "; ".join(str(e) for e in errors.values()), EXIT_PROBLEM
             )
-        return {"digest": manager.view_digest(), "applied_offsets": manager.applied_offsets(),
-                "seconds": round(time.monotonic() - started, 3)}
+        seconds = time.monotonic() - started
+        print(f"{label}: done, {done} records applied in {seconds:.1f} s; the view holds "
+              f"{len(manager.view.user_partitions())} user partitions", file=sys.stderr)
+        yield manager, {"digest": manager.view_digest(), "applied_offsets": manager.applied_offsets(),
+                        "seconds": round(seconds, 3)}
+
+
+def _catch_up(settings: Settings, state_dir: Path, label: str, show: bool | None) -> dict[str, Any]:
+    with caught_up_node(settings, state_dir, label, show) as (_manager, result):
+        return result
 
 
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:

@@ -14,15 +14,11 @@ from pyspark.sql import functions as F
 
 from rlmm.archive import archived_event_schema, from_archived
 from rlmm.events import KEY_FIELDS, KEY_SEPARATOR, MetadataEvent, RecordKey
-from tierlog.errors import TierlogError
+from tierlog.pipeline.archive_files import ArchiveNotFoundError
 from tierlog.pipeline.session import spark_path
 
 EVENT_COLUMNS = ("segment", "partition_delete", "epoch_checkpoint")
 ARCHIVE_COLUMNS = ("metadata_topic", "metadata_partition", "offset", "timestamp_ms", "key", *EVENT_COLUMNS)
-
-
-class ArchiveNotFoundError(TierlogError):
-    """There is no archive where a job was told to look."""
 
 
 def archive_path(location: str, metadata_topic: str) -> str:

@@ -2,7 +2,8 @@
 
 A segment counts from the record that finished its copy until the record that started its deletion;
 Spark turns those into per-bucket deltas and a running sum per partition, filled for every bucket.
-`usage_in_process` applies the same rule to archive datums without Spark, for small archives.
+`usage_in_process` applies the same rule to archive datums without Spark, for small archives; pyspark is
+imported only by the Spark functions.
 """
 
 from __future__ import annotations
@@ -11,12 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
-from pyspark.sql import functions as F
-
-from tierlog.pipeline.archive import read_archive
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 HOUR_MS = 3_600_000
 USAGE_COLUMNS = ("topic", "partition", "bucket_start_ms", "remote_bytes", "segments")
@@ -57,6 +56,8 @@ class UsageResult:
 
 def segment_lifetimes(archive: DataFrame) -> DataFrame:
     """Per segment: when its copy finished and when its deletion started (null while it is live)."""
+    from pyspark.sql import functions as F
+
     segments = archive.where(F.col("segment").isNotNull()).select(
         F.col("segment.topic").alias("topic"),
         F.col("segment.partition").alias("partition"),
@@ -81,6 +82,11 @@ def segment_lifetimes(archive: DataFrame) -> DataFrame:
 def usage_over_time(
     spark: SparkSession, archive_location: str, metadata_topic: str, bucket_ms: int = HOUR_MS
 ) -> UsageResult:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from tierlog.pipeline.archive import read_archive
+
     archive = read_archive(spark, archive_location, metadata_topic)
     lifetimes = segment_lifetimes(archive).cache()
     bucket = lambda column: (F.floor(F.col(column) / bucket_ms) * bucket_ms).cast("long")  # noqa: E731
