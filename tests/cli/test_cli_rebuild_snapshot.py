@@ -4,6 +4,7 @@ from the topic instead."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,3 +89,17 @@ def test_a_foreign_stale_or_unlabelled_snapshot_is_refused_naming_why_and_the_to
     assert why in result["snapshot_refused"]
     assert f"snapshot {snapshot} is not used: it " in run.stderr and why in run.stderr
     assert result["digest"] == fold(metadata_topic.records).digest()
+
+
+def test_a_snapshot_loads_without_kafka_when_told_not_to_catch_up(
+    metadata_topic: MetadataTopic, topic_info: TopicInfo, source_view: Path, tierlog: Tierlog, tmp_path: Path,
+) -> None:
+    snapshot = _snapshot(tmp_path / "s.avro", source_view, metadata_topic.name, topic_info.topic_id,
+                         int(time.time() * 1000))
+    with socket.socket() as probe:  # a port nobody listens on: no Kafka at all
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    run = tierlog("rebuild", "--snapshot", str(snapshot), "--no-catch-up", "--state-dir", str(tmp_path / "node"),
+                  "--json", "-o", f"bootstrap.servers=127.0.0.1:{closed}")
+    assert run.returncode == 0, run.stderr
+    assert run.json()["digest"] == fold(metadata_topic.records).digest()  # type: ignore[index]
