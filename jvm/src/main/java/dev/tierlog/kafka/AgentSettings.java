@@ -39,12 +39,14 @@ public final class AgentSettings {
     public static final String HUNG_CHECKS = "agent.hung.checks";
     public static final String RESTART_BACKOFF_MS = "agent.restart.backoff.ms";
     public static final String RESTART_BACKOFF_MAX_MS = "agent.restart.backoff.max.ms";
+    public static final String FETCH_FILES_ENABLE = "agent.fetch.files.enable";
+    public static final String FETCH_FILES_WINDOW_BYTES = "agent.fetch.files.window.bytes";
 
     /** Every key this class understands; the docker test checks the compose file against this set. */
     public static final Set<String> KEYS = Set.of(
         SOCKET_PATH, START, COMMAND, PYTHON, LOG_FILE, METRICS_PORT, METRICS_ADDRESS,
         CALL_TIMEOUT_MS, COPY_TIMEOUT_MS, FETCH_TIMEOUT_MS, STARTUP_TIMEOUT_MS, LOOKUP_TIMEOUT_MS, HUNG_CHECKS,
-        RESTART_BACKOFF_MS, RESTART_BACKOFF_MAX_MS);
+        RESTART_BACKOFF_MS, RESTART_BACKOFF_MAX_MS, FETCH_FILES_ENABLE, FETCH_FILES_WINDOW_BYTES);
 
     /** The console script the tierlog wheel installs beside its `tierlog` command. */
     static final String AGENT_SCRIPT = "tierlog-agent";
@@ -70,6 +72,10 @@ public final class AgentSettings {
     /** The wait before restarting an agent that was started recently; it doubles per quick restart up to the max. */
     public final long restartBackoffMs;
     public final long restartBackoffMaxMs;
+    /** Whether fetched segment bytes are read from the agent's chunk cache files (else always streamed). */
+    public final boolean fetchFiles;
+    /** The most bytes one FetchLogSegmentFiles answer covers: best a multiple of the rsm's chunk size. */
+    public final int fetchFilesWindowBytes;
     /** The configure() map without the agent.* keys, as strings: what the agent's component receives. */
     public final Map<String, String> forwarded;
 
@@ -115,6 +121,8 @@ public final class AgentSettings {
             throw new ConfigException(RESTART_BACKOFF_MAX_MS, String.valueOf(restartBackoffMaxMs),
                 "must not be below " + RESTART_BACKOFF_MS + " (" + restartBackoffMs + ")");
         }
+        this.fetchFiles = parseBool(own, FETCH_FILES_ENABLE, true);
+        this.fetchFilesWindowBytes = (int) parseLong(own, FETCH_FILES_WINDOW_BYTES, 8L << 20, 1, Integer.MAX_VALUE);
         this.forwarded = Collections.unmodifiableMap(rest);
         this.command = start ? command(own, pluginJar) : List.of();
     }

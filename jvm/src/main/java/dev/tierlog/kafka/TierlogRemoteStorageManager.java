@@ -1,12 +1,19 @@
 /*
  * Kafka's RemoteStorageManager, served by the tierlog agent's packed-index object store.
- * Copies pass file paths (the agent runs on the broker's host); fetches stream bytes back with flow control.
+ * Copies pass file paths (the agent runs on the broker's host); fetched segment bytes are read from the files of
+ * the agent's chunk cache (FetchLogSegmentFiles, rsm/README.md "Segment bytes as files"), or streamed back with
+ * flow control when the agent has no files to offer; indexes are streamed.
  */
 package dev.tierlog.kafka;
 
 import java.io.IOException;
 import java.io.InputStream;
+import java.nio.channels.FileChannel;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.util.ArrayList;
 import java.util.Iterator;
+import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.concurrent.ScheduledFuture;
@@ -21,6 +28,7 @@ import io.grpc.Deadline;
 import io.grpc.ManagedChannel;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
+import io.grpc.stub.StreamObserver;
 
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
@@ -34,9 +42,14 @@ import dev.tierlog.kafka.proto.Chunk;
 import dev.tierlog.kafka.proto.Component;
 import dev.tierlog.kafka.proto.CopyRequest;
 import dev.tierlog.kafka.proto.CopyResponse;
+import dev.tierlog.kafka.proto.Empty;
 import dev.tierlog.kafka.proto.FetchIndexRequest;
+import dev.tierlog.kafka.proto.FetchSegmentFilesRequest;
 import dev.tierlog.kafka.proto.FetchSegmentRequest;
 import dev.tierlog.kafka.proto.RemoteStorageGrpc;
+import dev.tierlog.kafka.proto.SegmentFileRange;
+import dev.tierlog.kafka.proto.SegmentFiles;
+import dev.tierlog.kafka.proto.SegmentFilesLease;
 
 /**
  * Configure it with {@code remote.log.storage.manager.class.name=dev.tierlog.kafka.TierlogRemoteStorageManager};
@@ -46,6 +59,8 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
     private static final Logger LOG = LoggerFactory.getLogger(TierlogRemoteStorageManager.class);
 
     private volatile AgentClient agent;
+    // Set once the agent answered FetchLogSegmentFiles UNIMPLEMENTED (an older agent): then only streams.
+    private final AtomicBoolean filesUnimplemented = new AtomicBoolean();
 
     @Override
     public void configure(Map<String, ?> configs) {
@@ -136,20 +151,157 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
     @Override
     public InputStream fetchLogSegment(RemoteLogSegmentMetadata metadata, int startPosition)
             throws RemoteStorageException {
-        FetchSegmentRequest request = FetchSegmentRequest.newBuilder()
-            .setMetadata(ProtoMapping.toProto(metadata)).setStartPosition(startPosition).build();
-        return stream("fetchLogSegment(" + metadata.remoteLogSegmentId() + ", " + startPosition + ")",
-            stub -> stub.fetchLogSegment(request));
+        return fetchSegment(metadata, startPosition, null);
     }
 
     @Override
     public InputStream fetchLogSegment(RemoteLogSegmentMetadata metadata, int startPosition, int endPosition)
             throws RemoteStorageException {
-        FetchSegmentRequest request = FetchSegmentRequest.newBuilder()
-            .setMetadata(ProtoMapping.toProto(metadata)).setStartPosition(startPosition)
-            .setEndPosition(endPosition).build();
-        return stream("fetchLogSegment(" + metadata.remoteLogSegmentId() + ", " + startPosition + ", "
-            + endPosition + ")", stub -> stub.fetchLogSegment(request));
+        return fetchSegment(metadata, startPosition, endPosition);
+    }
+
+    /**
+     * The segment's bytes from {@code start} to {@code end} (inclusive; null: to the end): read from the agent's
+     * chunk cache files a window at a time, the next window asked for when the reader gets there; streamed when
+     * the file path is off or the agent cannot answer with files.
+     */
+    private InputStream fetchSegment(RemoteLogSegmentMetadata metadata, int start, Integer end)
+            throws RemoteStorageException {
+        String what = "fetchLogSegment(" + metadata.remoteLogSegmentId() + ", " + start
+            + (end == null ? "" : ", " + end) + ")";
+        if (!agent().settings().fetchFiles || filesUnimplemented.get()) {
+            return streamSegment(what, metadata, start, end);
+        }
+        long last = metadata.segmentSizeInBytes() - 1L;
+        if (end != null) {
+            last = Math.min(last, end);
+        }
+        return new SegmentFilesInputStream(what, window(what, metadata, start, end), last, position -> {
+            try {
+                return window(what, metadata, position, end);
+            } catch (RemoteStorageException e) {
+                throw new IOException(what + " failed at position " + position + ": " + e.getMessage(), e);
+            }
+        });
+    }
+
+    private InputStream streamSegment(String what, RemoteLogSegmentMetadata metadata, long start, Integer end)
+            throws RemoteStorageException {
+        FetchSegmentRequest.Builder request = FetchSegmentRequest.newBuilder()
+            .setMetadata(ProtoMapping.toProto(metadata)).setStartPosition(Math.toIntExact(start));
+        if (end != null) {
+            request.setEndPosition(end);
+        }
+        return stream(what, stub -> stub.fetchLogSegment(request.build()));
+    }
+
+    /** One FetchLogSegmentFiles answer: its files, opened, or why the range must be streamed instead. */
+    private record FilesAnswer(SegmentFilesInputStream.Files files, String streamInstead, IOException unopened) {
+    }
+
+    /**
+     * The window from {@code position}: the files of one FetchLogSegmentFiles answer, opened and their lease
+     * released; a file that cannot be opened (its lease ran out) gets the call once more. Otherwise, and when
+     * the agent says so, a stream of the rest of the range.
+     */
+    private SegmentFilesInputStream.Window window(String what, RemoteLogSegmentMetadata metadata, long position,
+            Integer end) throws RemoteStorageException {
+        FetchSegmentFilesRequest.Builder request = FetchSegmentFilesRequest.newBuilder()
+            .setMetadata(ProtoMapping.toProto(metadata)).setStartPosition(Math.toIntExact(position))
+            .setMaxBytes(agent().settings().fetchFilesWindowBytes);
+        if (end != null) {
+            request.setEndPosition(end);
+        }
+        String call = what + " files from " + position;
+        for (int attempt = 1; attempt <= 2; attempt++) {
+            FilesAnswer answer = agent().call(call, agent().settings().lookupTimeoutMs,
+                (ch, dl) -> openFiles(ch, dl, request.build(), position));
+            if (answer.files() != null) {
+                return answer.files();
+            }
+            if (answer.streamInstead() != null) {
+                LOG.debug("{}: streamed, the agent has no files ({})", call, answer.streamInstead());
+                break;
+            }
+            if (attempt == 2) {
+                LOG.warn("{}: a chunk cache file could not be opened twice ({}); streaming the range instead", call,
+                    answer.unopened().toString());
+            }
+        }
+        return new SegmentFilesInputStream.Streamed(streamSegment(what, metadata, position, end));
+    }
+
+    /** Asks for the files of a range, opens them all, then releases their lease (open files stay readable). */
+    private FilesAnswer openFiles(ManagedChannel ch, Deadline deadline, FetchSegmentFilesRequest request,
+            long position) {
+        SegmentFiles answer;
+        try {
+            answer = RemoteStorageGrpc.newBlockingStub(ch).withDeadline(deadline).fetchLogSegmentFiles(request);
+        } catch (StatusRuntimeException e) {
+            if (e.getStatus().getCode() != Status.Code.UNIMPLEMENTED) {
+                throw e;
+            }
+            if (filesUnimplemented.compareAndSet(false, true)) {
+                LOG.info("The tierlog agent at {} does not serve segment files (an older agent); fetched segments "
+                    + "are streamed", agent().settings().socketPath);
+            }
+            return new FilesAnswer(null, "the agent does not implement FetchLogSegmentFiles", null);
+        }
+        if (!answer.getStreamInstead().isEmpty()) {
+            return new FilesAnswer(null, answer.getStreamInstead(), null);
+        }
+        List<SegmentFilesInputStream.OpenRange> opened = new ArrayList<>();
+        try {
+            long covered = 0;
+            for (SegmentFileRange range : answer.getRangesList()) {
+                covered += range.getLength();
+            }
+            if (answer.getEndPosition() < position || covered != answer.getEndPosition() - position + 1) {
+                throw Status.INTERNAL.withDescription("FetchLogSegmentFiles answered ranges of " + covered
+                    + " bytes for positions " + position + ".." + answer.getEndPosition()).asRuntimeException();
+            }
+            for (SegmentFileRange range : answer.getRangesList()) {
+                opened.add(new SegmentFilesInputStream.OpenRange(
+                    FileChannel.open(Path.of(range.getPath()), StandardOpenOption.READ), range.getPath(),
+                    range.getOffset(), range.getLength()));
+            }
+            return new FilesAnswer(new SegmentFilesInputStream.Files(List.copyOf(opened), answer.getEndPosition()),
+                null, null);
+        } catch (IOException | RuntimeException e) {
+            for (SegmentFilesInputStream.OpenRange range : opened) {
+                try {
+                    range.channel().close();
+                } catch (IOException closing) {
+                    e.addSuppressed(closing);
+                }
+            }
+            if (e instanceof IOException unopened) {
+                return new FilesAnswer(null, null, unopened);
+            }
+            throw (RuntimeException) e;
+        } finally {
+            release(ch, answer.getLeaseId());
+        }
+    }
+
+    /** Unpins a lease's files without waiting: an unknown or expired lease is not an error, nor is a lost one. */
+    private void release(ManagedChannel ch, String leaseId) {
+        RemoteStorageGrpc.newStub(ch).withDeadlineAfter(agent().settings().callTimeoutMs, TimeUnit.MILLISECONDS)
+            .releaseSegmentFiles(SegmentFilesLease.newBuilder().setLeaseId(leaseId).build(),
+                new StreamObserver<Empty>() {
+                    @Override
+                    public void onNext(Empty value) {
+                    }
+
+                    @Override
+                    public void onError(Throwable t) {
+                        LOG.debug("Releasing segment files lease {} failed: {}", leaseId, Status.fromThrowable(t));
+                    }
+
+                    @Override
+                    public void onCompleted() {
+                    }
+                });
     }
 
     @Override

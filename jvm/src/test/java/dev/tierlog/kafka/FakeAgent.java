@@ -1,9 +1,11 @@
 /*
  * A stand-in for the Python agent, run as a process of its own by the supervision tests: it answers the RPCs
  * those tests make, and a test stops it (SIGSTOP) to produce the fault a real agent cannot on demand, a hang.
+ * serve() runs one in the test's JVM with a storage service of the test's (the segment files tests).
  */
 package dev.tierlog.kafka;
 
+import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
@@ -11,6 +13,7 @@ import java.util.concurrent.TimeUnit;
 
 import com.google.protobuf.ByteString;
 
+import io.grpc.BindableService;
 import io.grpc.Server;
 import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
@@ -57,6 +60,20 @@ public final class FakeAgent {
             ProcessHandle.of(Long.parseLong(argv.get(parent + 1)))
                 .ifPresent(p -> p.onExit().thenRun(() -> Runtime.getRuntime().halt(0)));
         }
+        serve(socket, new Storage(socket)).server().awaitTermination();
+    }
+
+    /** A fake agent serving on a socket; closing it stops the server and its event loop. */
+    record Running(Server server, EpollEventLoopGroup loop) implements AutoCloseable {
+        @Override
+        public void close() throws InterruptedException {
+            server.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
+            loop.shutdownGracefully(0, 1, TimeUnit.SECONDS);
+        }
+    }
+
+    /** A started fake agent on {@code socket} whose RemoteStorage service is {@code storage}. */
+    static Running serve(Path socket, BindableService storage) throws IOException {
         Files.deleteIfExists(socket);
         EpollEventLoopGroup loop = new EpollEventLoopGroup(1);
         Server server = NettyServerBuilder.forAddress(new DomainSocketAddress(socket.toFile()))
@@ -65,10 +82,10 @@ public final class FakeAgent {
             .channelType(EpollServerDomainSocketChannel.class)
             .addService(new Lifecycle())
             .addService(new Metadata())
-            .addService(new Storage(socket))
+            .addService(storage)
             .build()
             .start();
-        server.awaitTermination();
+        return new Running(server, loop);
     }
 
     private static <T> void answer(StreamObserver<T> observer, T value) {
