@@ -103,6 +103,24 @@ def test_a_metadata_command_reads_the_dev_kafka(
     assert json.loads(out)["source"] == "topic", out
 
 
+def test_bucket_checks_run_in_process_without_the_spark_extra(
+    installed: tuple[Path, Path, dict[str, str]], kafka_bootstrap: str, create_topic: Callable[..., str]
+) -> None:
+    venv, work, env = installed
+    assert _run([str(venv / "bin" / "python"), "-c", "import importlib.util as u; print(u.find_spec('pyspark'))"],
+                work, env).strip() == "None"
+    topic = create_topic("tl-install-nospark", partitions=3, config={"cleanup.policy": "compact"})
+    options = ["-o", f"bootstrap.servers={kafka_bootstrap}", "-o", f"metadata.topic.name={topic}"]
+    tierlog, state_dir, bucket = str(venv / "bin" / "tierlog"), work / "nospark-node", work / "nospark-bucket"
+    bucket.mkdir()
+    _run([tierlog, "rebuild", "--state-dir", str(state_dir), *options], work, env)
+    reconciled = json.loads(_run([tierlog, "reconcile", "--json", "--bucket", str(bucket), *options], work, env))
+    assert (reconciled["objects"], reconciled["live_segments"]) == (0, 0)
+    verified = json.loads(_run([tierlog, "verify", "bucket", "--json", "--state-dir", str(state_dir), "--bucket",
+                                str(bucket), *options], work, env))
+    assert verified["ok"] is True
+
+
 def test_a_broker_runs_the_installed_jar_and_agent(
     installed: tuple[Path, Path, dict[str, str]], s3_endpoint: S3Endpoint
 ) -> None:
