@@ -1,5 +1,6 @@
 """Tiering on one broker with tierlog's RLMM and RSM: retention by time and by size, topic deletion, and
-transactions read back with read_committed from remote segments."""
+transactions read back with read_committed from remote segments, whose bytes the broker reads from the files of
+its agent's chunk cache."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ from dev.demo import (
     consume,
     create_topic,
     produce,
+    prometheus_samples,
     record_key,
     record_value,
+    sum_samples,
     wait_for,
     wait_until_tiered,
 )
@@ -36,18 +39,30 @@ RECORDS = 25_000  # 200-byte values: about five 1 MiB segments
 
 
 @pytest.fixture
-def cluster(shared_tiered_cluster: tuple[KafkaCluster, S3Location, Path]) -> KafkaCluster:
+def cluster(shared_tiered_cluster: tuple[KafkaCluster, S3Location, Path, int]) -> KafkaCluster:
     return shared_tiered_cluster[0]
 
 
 @pytest.fixture
-def s3(shared_tiered_cluster: tuple[KafkaCluster, S3Location, Path]) -> S3Location:
+def s3(shared_tiered_cluster: tuple[KafkaCluster, S3Location, Path, int]) -> S3Location:
     return shared_tiered_cluster[1]
 
 
 @pytest.fixture
-def sockets(shared_tiered_cluster: tuple[KafkaCluster, S3Location, Path]) -> Path:
+def sockets(shared_tiered_cluster: tuple[KafkaCluster, S3Location, Path, int]) -> Path:
     return shared_tiered_cluster[2]
+
+
+@pytest.fixture
+def agent_metrics_port(shared_tiered_cluster: tuple[KafkaCluster, S3Location, Path, int]) -> int:
+    return shared_tiered_cluster[3]
+
+
+def _fetch_calls(metrics_port: int, method: str) -> float:
+    """Successful calls of a RemoteStorage method the broker's agent served."""
+    return sum_samples(
+        prometheus_samples(metrics_port), "tierlog_agent_calls_total", (f'method="{method}"', 'code="OK"')
+    )
 
 
 def _tiered_topic(cluster: KafkaCluster, name: str) -> str:
@@ -119,7 +134,7 @@ def test_topic_deletion_removes_the_topics_remote_objects_and_metadata(
 
 
 def test_read_committed_from_remote_segments_returns_exactly_the_committed_records(
-    cluster: KafkaCluster,
+    cluster: KafkaCluster, agent_metrics_port: int
 ) -> None:
     topic = f"transactions-{uuid.uuid4().hex[:6]}"
     create_topic(cluster.bootstrap, topic)
@@ -145,7 +160,13 @@ def test_read_committed_from_remote_segments_returns_exactly_the_committed_recor
             committed.extend(range(start, start + batch))
     wait_until_tiered(cluster.log_dir(0), topic, min_local_start=RECORDS // 2)
 
+    files_before = _fetch_calls(agent_metrics_port, "FetchLogSegmentFiles")
+    streams_before = _fetch_calls(agent_metrics_port, "FetchLogSegment")
+
     read = consume(cluster.bootstrap, topic, len(committed), isolation="read_committed", timeout=90)
 
     assert read.indexes == committed
     assert not read.mismatched
+    # The remote segments' bytes came from the chunk cache's files, none through the gRPC stream.
+    assert _fetch_calls(agent_metrics_port, "FetchLogSegmentFiles") > files_before
+    assert _fetch_calls(agent_metrics_port, "FetchLogSegment") == streams_before
