@@ -37,6 +37,7 @@ from rlmm.types import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
@@ -388,17 +389,33 @@ def _overlapping(segments: list[RemoteLogSegmentMetadata]) -> list[RemoteLogSegm
 
 
 def _apply_segments(view: MetadataView, segments: list[RemoteLogSegmentMetadata]) -> None:
-    """Apply finished segments' records to an empty view, each partition's in the order given."""
-    offsets: dict[int, int] = defaultdict(int)
+    """Apply each segment's history (`segment_history`) to the view, in the order given, as a node reading them."""
+    offset = 0
     batch: list[ConsumedRecord] = []
     for md in segments:
-        offset = offsets[0]
-        offsets[0] += 1
-        batch.append(ConsumedRecord(0, offset, key_of(md), md))
+        for event in segment_history(md, view.segment(md.remote_log_segment_id)):
+            batch.append(ConsumedRecord(0, offset, key_of(event), event))
+            offset += 1
         if len(batch) >= _BATCH:
-            apply_records(view, "restore", batch, dict(offsets))
+            apply_records(view, "restore", batch, {0: offset})
             batch = []
-    apply_records(view, "restore", batch, dict(offsets))
+    apply_records(view, "restore", batch, {0: offset})
+
+
+def segment_history(md: RemoteLogSegmentMetadata, held: RemoteLogSegmentMetadata | None = None
+                    ) -> list[RemoteLogSegmentMetadata]:
+    """The records that bring a segment to its state `md` under Kafka's rules, where a reader applying every record
+    ignores an update of a segment it does not hold: its add (COPY_SEGMENT_STARTED, without the custom metadata
+    the copy returns), unless `held` already, then its state. Compaction later keeps only the second."""
+    if md.state is RemoteLogSegmentState.COPY_SEGMENT_STARTED or held is not None:
+        return [md]
+    return [dataclasses.replace(md, state=RemoteLogSegmentState.COPY_SEGMENT_STARTED, custom_metadata=None), md]
+
+
+def partition_delete_history(delete: RemotePartitionDeleteMetadata) -> list[RemotePartitionDeleteMetadata]:
+    """The delete states a partition went through to reach `delete`, each a valid transition from the one before."""
+    return [dataclasses.replace(delete, state=step) for step in RemotePartitionDeleteState
+            if step.value <= delete.state.value]
 def compare_with_objects(restored: RestoredState, store: StorageBackend, newest_archived_ms: int, broker_id: int
                          ) -> list[RemoteLogSegmentMetadata]:
     """Hold the state from the archive against the segment objects in the bucket; the segments added.
@@ -483,11 +500,11 @@ def _segment_order(md: RemoteLogSegmentMetadata, displaced: set[uuid.UUID]) -> t
 
 def restore_records(view: MetadataView, num_partitions: int, broker_id: int, now_ms: int,
                     base_offsets: Mapping[int, int] | None = None) -> list[list[Record]]:
-    """Per metadata partition, in order, the records of a new topic that replays to `view`'s content: each user
-    partition's segments with their full state, one checkpoint per leader epoch of its lineage (stamped with the
-    offset its partition's last segment record gets, after `base_offsets`, so every node takes it as describing the
-    lineage), then its delete state. A partition whose delete FINISHED holds only that record, as the writer leaves
-    it."""
+    """Per metadata partition, in order, the records of a new topic that replays to `view`'s content, a history
+    Kafka's rules accept record by record: each user partition's segments (`segment_history`: the last record of each
+    carries its full state), one checkpoint per leader epoch of its lineage (stamped with the offset its partition's
+    last segment record gets, after `base_offsets`, so every node takes it as describing the lineage), then the delete
+    states it went through. A partition whose delete FINISHED has only those, as its writer leaves it."""
     base = base_offsets or {}
     out: list[list[Record]] = [[] for _ in range(num_partitions)]
     for tp in sorted(view.user_partitions(), key=lambda t: (t.topic, str(t.topic_id), t.partition)):
@@ -498,29 +515,26 @@ def restore_records(view: MetadataView, num_partitions: int, broker_id: int, now
             lineages = list(view.lineages_of(tp))
             displaced = {s for lineage in lineages for s in lineage.displaced_segment_ids}
             segments = sorted(view.segments_of(tp), key=lambda md: _segment_order(md, displaced))
-            records += [(key_of(md).encode(), codec.encode(md)) for md in segments]
+            records += [(key_of(event).encode(), codec.encode(event)) for md in segments
+                        for event in segment_history(md)]
             reflects = base.get(metadata_partition, 0) + len(records) - 1 if segments else None
             for lineage in lineages:
                 checkpoint = EpochCheckpoint(tp, (lineage,), now_ms, broker_id, reflects, whole_partition=False)
                 records.append((key_of(checkpoint).encode(), codec.encode(checkpoint)))
-        if delete is not None:
-            records.append((key_of(delete).encode(), codec.encode(delete)))
+        for step in [] if delete is None else partition_delete_history(delete):
+            records.append((key_of(step).encode(), codec.encode(step)))
     return out
 
 
-def replayed_digest(records: list[list[Record]], work: Path) -> str:
-    """The view digest a node reaches by applying `records` as a new topic holding them (the rules of rlmm.state,
-    record by record), computed in a scratch view under `work`."""
-    view = MetadataView(work / "replay")
-    try:
-        for partition, partition_records in enumerate(records):
-            for start in range(0, len(partition_records), _BATCH):
-                batch = [ConsumedRecord(partition, offset, RecordKey.decode(key), codec.decode(value))
-                         for offset, (key, value) in enumerate(partition_records[start:start + _BATCH], start)]
-                apply_records(view, "restore", batch, {partition: start + len(batch)})
-        return view.digest()
-    finally:
-        view.close()
+def replayed_digest(records: list[list[Record]]) -> str:
+    """The view digest a node reaches by applying `records` as a new topic holding them: the rules of rlmm.state,
+    record by record at the offsets they get, over its in-memory store (whose digest is the view's)."""
+    replayed = state.InMemoryState()
+    for partition_records in records:
+        for offset, (key, value) in enumerate(partition_records):
+            # As a node that reads the new topic from its start: every record before this one applied.
+            state.apply_record(replayed, RecordKey.decode(key), codec.decode(value), offset, skipped_before=False)
+    return replayed.digest()
 
 
 # --- the archive of the lost topic --------------------------------------------------------------------------------
