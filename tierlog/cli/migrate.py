@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_DIR = "migration"
 # Decoded records held while their partitions' earlier writes are in flight; past this the reader waits.
-MAX_BUFFERED = 200_000
+MAX_BUFFERED = 50_000
 SYNC_EVERY_S = 5.0
 REPORT_EVERY_S = 10.0
 # Past its own write timeout the manager fails a write's future; this only guards against a future never settling.
@@ -380,6 +380,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
         state_dir = settings.state_dir(args.state_dir)
         config = settings.node_config(state_dir)
+        if int(config["broker.id"]) < 0:  # unset: the records' checkpoints need a broker id, and -1 is none
+            config["broker.id"] = "0"
         with RemoteLogMetadataManager(config) as manager:
             manager.wait_caught_up(settings.timeout_s)
             target = describe_topic(settings, manager.metadata_topic)
