@@ -15,7 +15,13 @@ from rlmm import RemoteLogMetadataManager, TopicIdPartition
 from rlmm.errors import RemoteStorageError
 from tierlog.audit.archiver import list_archive_files
 from tierlog.audit.assignment import MetadataTopicDescriber
-from tierlog.audit.restore import RestoreMarker, read_marker, retired_topic_name, write_marker
+from tierlog.audit.restore import (
+    RestoreMarker,
+    read_marker,
+    retired_topic_name,
+    snapshot_topic_ids,
+    write_marker,
+)
 from tierlog.audit.snapshots import SnapshotSettings, write_snapshot_now
 
 EPOCHS = range(6)
@@ -75,6 +81,9 @@ def test_a_deleted_metadata_topic_is_restored_from_the_snapshot_and_the_archive_
     assert "snapshot of topic id" in run.report["source"] and "audit archive" in run.report["source"]
     assert run.report["view_digest"] == run.report["written_digest"] == digest
     assert run.report["skipped"] == run.report["orphans"] == [] and run.report["unknown"] == {}
+    retired = run.report["archive_moved_to"].split("/")[1]  # with the lost topic's snapshots: no later restore's base
+    assert snapshot_topic_ids(cluster.store(), "snapshots", cluster.metadata_topic) == []
+    assert len(snapshot_topic_ids(cluster.store(), "snapshots", retired)) == 1
     node = manager_on(broker_id=1)
     node.wait_caught_up(30)
     assert node.view_digest() == digest

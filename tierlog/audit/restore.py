@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import re
 import struct
 import time
@@ -52,9 +51,6 @@ from rsm.types import IndexType
 from tierlog.audit.archiver import list_archive_files
 from tierlog.audit.snapshots import SnapshotSettings, archived_records, materialize_newest
 
-log = logging.getLogger(__name__)
-
-SOURCES = ("auto", "snapshot", "objects")
 _BATCH = 5000
 _FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 
@@ -540,8 +536,9 @@ def replayed_digest(records: list[list[Record]]) -> str:
 # --- the archive of the lost topic --------------------------------------------------------------------------------
 # Archive files are named by metadata partition and offset, not by topic id: the new topic's records start again at
 # offset 0, so the archiver would take the lost topic's files for its own and skip the new records. A restore moves
-# them to `audit/<topic>.lost-<restore ms>/` (still readable, ignored by the archiver), recording where in a marker
-# object first, so that a restore cut short while moving finishes the move when run again.
+# them to `audit/<topic>.lost-<restore ms>/` (still readable, ignored by the archiver), and the lost incarnations'
+# snapshots likewise to `<snapshot.location>/<topic>.lost-<restore ms>/`, recording where in a marker object first, so
+# that a restore cut short while moving finishes the move when run again.
 
 def marker_key(metadata_topic: str) -> str:
     return f"{ARCHIVE_ROOT}/{metadata_topic}.restore.json"
@@ -576,31 +573,46 @@ def clear_marker(store: StorageBackend, metadata_topic: str) -> None:
 
 def retire_archive(store: StorageBackend, metadata_topic: str, retired_topic: str,
                    progress: Callable[[int, int], None] | None = None) -> int:
-    """Move the archive files of `metadata_topic` under `retired_topic`, each copied before it is deleted, so a move
-    cut short and run again loses nothing; the number of files moved."""
-    files = list_archive_files(store, metadata_topic)
-    for count, archive_file in enumerate(files, 1):
+    """Move the archive files of `metadata_topic` under `retired_topic`; the number of files moved."""
+    moves = []
+    for archive_file in list_archive_files(store, metadata_topic):
         retired = archive_file.key.replace(f"{ARCHIVE_ROOT}/{metadata_topic}/", f"{ARCHIVE_ROOT}/{retired_topic}/", 1)
         if parse_archive_key(retired) is None:
             raise RestoreError(f"cannot move archive file {archive_file.key}: {retired} is not an archive key")
-        store.put(retired, read_all(store.get_range(archive_file.key, 0)))
-        store.delete([archive_file.key])
+        moves.append((archive_file.key, retired))
+    return _move_objects(store, moves, progress)
+
+
+def retire_snapshots(store: StorageBackend, location: str, metadata_topic: str, retired_topic: str,
+                     topic_id: str) -> int:
+    """Move the snapshots of every incarnation of `metadata_topic` but `topic_id` (the restored topic's) under
+    `retired_topic`, so that no later restore takes a lost incarnation's snapshot for the base of another's archive;
+    the number moved."""
+    if not location.strip("/"):
+        return 0
+    root = snapshot_prefix(location, metadata_topic, "")[:-1]
+    keep = snapshot_prefix(location, metadata_topic, topic_id)
+    retired_root = snapshot_prefix(location, retired_topic, "")[:-1]
+    moves = [(info.key, retired_root + info.key[len(root):]) for info in store.list(root)
+             if not info.key.startswith(keep)]
+    return _move_objects(store, moves)
+
+
+def _move_objects(store: StorageBackend, moves: list[tuple[str, str]],
+                  progress: Callable[[int, int], None] | None = None) -> int:
+    """Move objects (key, new key), each copied before it is deleted, so that a move cut short and run again loses
+    nothing; the number moved."""
+    for count, (key, target) in enumerate(moves, 1):
+        store.put(target, read_all(store.get_range(key, 0)))
+        store.delete([key])
         if progress:
-            progress(count, len(files))
-    return len(files)
+            progress(count, len(moves))
+    return len(moves)
 
 
 def retired_topic_name(metadata_topic: str, started_ms: int) -> str:
     return f"{metadata_topic}.lost-{started_ms}"
 
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `condition` until true, or RestoreError naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RestoreError(f"{what} did not happen within {timeout_s:.0f} s")
-        time.sleep(0.1)
 
 
 # --- the new topic -----------------------------------------------------------------------------------------------

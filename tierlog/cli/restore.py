@@ -84,7 +84,7 @@ def cmd_restore(args: argparse.Namespace, settings: Settings) -> int:
         ends = _end_offsets(settings, node)
         held = sum((ends or {}).values())
         if marker is not None and marker.stage == "moving":
-            return _finish_move(args, archive_store, topic, marker)
+            return _finish_move(args, settings, archive_store, node, marker)
         if held and marker is not None:
             raise CommandError(
                 f"metadata topic {topic} holds {held} records and a restore started at {marker.started_ms} ms "
@@ -155,7 +155,7 @@ def _restore(args: argparse.Namespace, settings: Settings, node: NodeSettings, s
     records = restore.restore_records(state.view, node.partitions, node.broker_id, int(time.time() * 1000), ends)
     count = sum(map(len, records))
     _say(f"state built from {state.source}; replaying its {count} records in a scratch view")
-    replayed = restore.replayed_digest(records, work)
+    replayed = restore.replayed_digest(records)
     report = _report(state, topic, count, expected, args.dry_run)
     if replayed != expected:
         report["problems"].append(f"the records replay to view digest {replayed}, not the state's {expected}: "
@@ -182,6 +182,8 @@ def _restore(args: argparse.Namespace, settings: Settings, node: NodeSettings, s
         _say("reading the topic back with a new node")
         check.wait_caught_up(max(1.0, deadline - time.monotonic()))
         digest = check.view_digest()
+        source = check.view.source(topic)
+    assert source is not None  # a manager records the topic it follows when it opens its view
     report["written_digest"] = digest
     if digest != expected:
         report["problems"].append(f"a new node reading {topic} reaches view digest {digest}, not {expected}: another "
@@ -190,32 +192,40 @@ def _restore(args: argparse.Namespace, settings: Settings, node: NodeSettings, s
         _print(args, report)
         return EXIT_PROBLEM
     restore.write_marker(archive_store, topic, restore.RestoreMarker("moving", retired, started))
-    report["archive_moved_to"] = _move(args, archive_store, topic, retired)
+    report["archive_moved_to"] = _move(archive_store, node, retired, source[0])
     restore.clear_marker(archive_store, topic)
     _print(args, report)
     return EXIT_PROBLEM if report["problems"] else EXIT_OK
 
 
-def _move(args: argparse.Namespace, store: Any, topic: str, retired: str) -> str | None:
+def _move(store: Any, node: NodeSettings, retired: str, topic_id: str) -> str | None:
+    """Move the lost topic's archive and its snapshots aside (restore.retire_archive, retire_snapshots)."""
     from tierlog.audit import restore
 
+    topic = node.metadata_topic
     with ProgressBar("moving the lost topic's archive", None) as bar:
         moved = restore.retire_archive(store, topic, retired, lambda done, total: bar.update(done))
+    snapshots = restore.retire_snapshots(store, node.snapshot_location, topic, retired, topic_id)
+    if snapshots:
+        _say(f"moved {snapshots} snapshots of the lost topic under {node.snapshot_location}/{retired}/")
     if not moved:
         return None
-    _say(f"moved the lost topic's {moved} archive files to audit/{retired}/ (the archiver starts the new "
-               f"topic's archive under audit/{topic}/)")
+    _say(f"moved the lost topic's {moved} archive files to audit/{retired}/ (the archiver starts the new topic's "
+         f"archive under audit/{topic}/)")
     return f"audit/{retired}/"
 
 
-def _finish_move(args: argparse.Namespace, store: Any, topic: str, marker: Any) -> int:
+def _finish_move(args: argparse.Namespace, settings: Settings, store: Any, node: NodeSettings, marker: Any) -> int:
     from tierlog.audit import restore
+    from tierlog.audit.snapshots import metadata_topic_now
 
+    topic = node.metadata_topic
     _say(f"a restore started at {marker.started_ms} ms wrote and checked {topic} but stopped while moving the "
-               f"lost topic's archive to audit/{marker.retired_topic}/: finishing that")
+         f"lost topic's archive to audit/{marker.retired_topic}/: finishing that")
     if args.dry_run:
         return EXIT_OK
-    moved = _move(args, store, topic, marker.retired_topic)
+    topic_id, _ends = metadata_topic_now(settings.kafka_client(), topic, settings.timeout_s)
+    moved = _move(store, node, marker.retired_topic, topic_id)
     restore.clear_marker(store, topic)
     emit(args, {"finished_archive_move": moved}, lambda: print(f"restore of {topic} finished"))
     return EXIT_OK
