@@ -13,10 +13,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, Settings, open_location
 from tierlog.cli.output import ProgressBar, emit
+
+if TYPE_CHECKING:
+    from tierlog.audit.restore import RestoredState, RestoreMarker
 
 DEFAULT_WAIT_S = 600.0
 
@@ -97,7 +100,7 @@ def cmd_restore(args: argparse.Namespace, settings: Settings) -> int:
                 "--delete); --force writes anyway, mixing the records", EXIT_PROBLEM)
         if held:
             _say(f"WARNING: --force: writing into {topic}, which holds {held} records ({_offsets(ends)}); "
-                       "they stay and mix with the restored ones")
+                 "they stay and mix with the restored ones")
         state = _recover(args, node, archive_store, segment_store, work)
         try:
             return _restore(args, settings, node, state, archive_store, ends or {}, work)
@@ -120,14 +123,14 @@ def _offsets(ends: dict[int, int] | None) -> str:
 
 
 def _recover(args: argparse.Namespace, node: NodeSettings, archive_store: Any, segment_store: Any, work: Path
-             ) -> Any:
+             ) -> RestoredState:
     from tierlog.audit import restore
 
     topic = node.metadata_topic
     state = None
     if args.source in ("auto", "snapshot"):
         _say(f"reading the newest snapshot of {topic} (snapshot.location={node.snapshot_location or '(unset)'})"
-                   " and the audit archive after it")
+             " and the audit archive after it")
         state = restore.recover_from_archive(archive_store, topic, node.snapshot_location, work)
         if state is None and args.source == "snapshot":
             raise CommandError(f"the bucket holds no snapshot of {topic} under snapshot.location="
@@ -146,7 +149,7 @@ def _recover(args: argparse.Namespace, node: NodeSettings, archive_store: Any, s
     return state
 
 
-def _restore(args: argparse.Namespace, settings: Settings, node: NodeSettings, state: Any, archive_store: Any,
+def _restore(args: argparse.Namespace, settings: Settings, node: NodeSettings, state: RestoredState, archive_store: Any,
              ends: dict[int, int], work: Path) -> int:
     from tierlog.audit import restore
 
@@ -154,7 +157,7 @@ def _restore(args: argparse.Namespace, settings: Settings, node: NodeSettings, s
     expected = state.view.digest()
     records = restore.restore_records(state.view, node.partitions, node.broker_id, int(time.time() * 1000), ends)
     count = sum(map(len, records))
-    _say(f"state built from {state.source}; replaying its {count} records in a scratch view")
+    _say(f"state built from {state.source}; replaying its {count} records as a new node would")
     replayed = restore.replayed_digest(records)
     report = _report(state, topic, count, expected, args.dry_run)
     if replayed != expected:
@@ -215,7 +218,8 @@ def _move(store: Any, node: NodeSettings, retired: str, topic_id: str) -> str | 
     return f"audit/{retired}/"
 
 
-def _finish_move(args: argparse.Namespace, settings: Settings, store: Any, node: NodeSettings, marker: Any) -> int:
+def _finish_move(args: argparse.Namespace, settings: Settings, store: Any, node: NodeSettings,
+                 marker: RestoreMarker) -> int:
     from tierlog.audit import restore
     from tierlog.audit.snapshots import metadata_topic_now
 
@@ -231,7 +235,7 @@ def _finish_move(args: argparse.Namespace, settings: Settings, store: Any, node:
     return EXIT_OK
 
 
-def _report(state: Any, topic: str, records: int, digest: str, dry_run: bool) -> dict[str, Any]:
+def _report(state: RestoredState, topic: str, records: int, digest: str, dry_run: bool) -> dict[str, Any]:
     view = state.view
     partitions = view.user_partitions()
     return {
