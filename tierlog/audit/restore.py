@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ from tierlog.audit.archiver import list_archive_files
 from tierlog.audit.snapshots import SnapshotSettings, archived_records, materialize_newest
 
 _BATCH = 5000
+# Segments whose objects are read at once: each costs two small requests, and a bucket holds up to millions.
+READERS = 16
 _FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 
 # What the segment objects cannot say, for every partition restored from them alone (`RestoredState.unknown`).
@@ -330,6 +333,20 @@ def recover_from_objects(store: StorageBackend, work: Path, broker_id: int,
     return restored
 
 
+def _read_complete(store: StorageBackend, objects: SegmentObjects, broker_id: int
+                   ) -> tuple[RemoteLogSegmentMetadata, bool] | SkippedObject:
+    """`read_segment` of a complete segment; for any other, or one unreadable, what the report says of it."""
+    if objects.log is None:
+        return SkippedObject(objects.first.key, "a .indexes object without its .log: the segment's data is gone")
+    if objects.indexes is None:
+        return SkippedObject(objects.log.key, "a .log without its .indexes: an unfinished copy (the .indexes object "
+                                              "is written last)")
+    try:
+        return read_segment(store, objects, broker_id)
+    except UnreadableSegment as exc:
+        return SkippedObject(objects.log.key, str(exc))
+
+
 def add_from_objects(restored: RestoredState, store: StorageBackend, segments: list[SegmentObjects], broker_id: int,
                      unknown: Mapping[str, str] = OBJECTS_UNKNOWN, progress: Callable[[int, int], None] | None = None
                      ) -> list[RemoteLogSegmentMetadata]:
@@ -337,21 +354,16 @@ def add_from_objects(restored: RestoredState, store: StorageBackend, segments: l
     the objects could not say) for each partition they add to; the segments added."""
     found: list[RemoteLogSegmentMetadata] = []
     untimed: list[RemoteLogSegmentMetadata] = []
-    for count, objects in enumerate(segments, 1):
-        if progress:
-            progress(count, len(segments))
-        if objects.log is None:
-            restored.skipped.append(SkippedObject(objects.first.key, "a .indexes object without its .log: the "
-                                                                     "segment's data is gone"))
-        elif objects.indexes is None:
-            restored.orphans.append(SkippedObject(objects.log.key, "a .log without its .indexes: an unfinished "
-                                                                   "copy (the .indexes object is written last)"))
-        else:
-            try:
-                md, timestamped = read_segment(store, objects, broker_id)
-            except UnreadableSegment as exc:
-                restored.skipped.append(SkippedObject(objects.log.key, str(exc)))
+    with ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="tierlog-restore") as pool:
+        # Two requests per segment (its packed index, its .log's tail), READERS at a time; answers in listing order.
+        read = pool.map(lambda objects: _read_complete(store, objects, broker_id), segments)
+        for count, (objects, result) in enumerate(zip(segments, read, strict=True), 1):
+            if progress:
+                progress(count, len(segments))
+            if isinstance(result, SkippedObject):
+                (restored.orphans if objects.indexes is None else restored.skipped).append(result)
                 continue
+            md, timestamped = result
             found.append(md)
             if not timestamped:
                 untimed.append(md)
