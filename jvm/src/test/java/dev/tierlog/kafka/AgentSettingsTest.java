@@ -77,6 +77,20 @@ class AgentSettingsTest {
     }
 
     @Test
+    void segmentFilesAreOnByDefaultWithAnEightMebibyteWindow() {
+        AgentSettings defaults = AgentSettings.parse(Map.of("agent.start", "false"));
+        assertTrue(defaults.fetchFiles);
+        assertEquals(8 << 20, defaults.fetchFilesWindowBytes);
+        AgentSettings off = AgentSettings.parse(Map.of("agent.start", "false", "agent.fetch.files.enable", "false",
+            "agent.fetch.files.window.bytes", "4194304"));
+        assertFalse(off.fetchFiles);
+        assertEquals(4 << 20, off.fetchFilesWindowBytes);
+        ConfigException e = assertThrows(ConfigException.class, () -> AgentSettings.parse(Map.of(
+            "agent.start", "false", "agent.fetch.files.window.bytes", "0")));
+        assertTrue(e.getMessage().contains("agent.fetch.files.window.bytes"), e.getMessage());
+    }
+
+    @Test
     void defaultSocketIsInAStateDirNotTheTempDir() {
         AgentSettings s = AgentSettings.parse(Map.of("node.id", 7, "agent.start", "false"));
         assertFalse(s.socketPath.startsWith(System.getProperty("java.io.tmpdir")), s.socketPath.toString());
