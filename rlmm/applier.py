@@ -160,7 +160,7 @@ class CompactedWindow:
             before = self._newest.get(key)
             if before is not None and before[3] is None:
                 self._superseded_tombstones.append(before)
-            self._newest[key] = (partition, offset, key, value, request, before is not None or after_cleaning)
+            self._newest[key] = (partition, offset, key, value, request, skipped_since(before, after_cleaning))
 
     def plain_tables(self) -> tuple[dict[bytes, _Entry], list[_Entry], Callable[[bytes], bool]] | None:
         """What `keep`'s plain path (no record of this node's writes) changes, for a reader that inlines it; None
@@ -184,6 +184,16 @@ class CompactedWindow:
 
 
 _Entry = tuple[int, int, bytes, bytes | None, str | None, bool]
+
+
+def skipped_since(before: _Entry | None, after_cleaning: bool) -> bool:
+    """Whether a record that supersedes `before` (the newest record of its key the window held, if any) may stand for
+    records of its key the window does not replay: `before` and whatever it stood for, unless `before` is a tombstone,
+    which is replayed (nothing of the key comes between the two); with nothing before it, whatever the log cleaner
+    removed."""
+    if before is None:
+        return after_cleaning
+    return before[3] is not None
 
 
 class MetadataApplier:
@@ -214,7 +224,9 @@ class MetadataApplier:
         # Per metadata partition, the offset the next record read should have. A record past it follows records
         # Kafka's log cleaner removed (superseded ones: a node that was away longer than min.compaction.lag.ms), and
         # until its partition is read to the end, a record read may stand for older records of its key the cleaner
-        # removed, as a window's record does for those the window skipped (state.apply_record's skipped_before).
+        # removed, as a window's record does for those the window skipped (state.apply_record's skipped_before). A
+        # partition whose start is not known (not listed in time) counts as cleaned until read to the end: its first
+        # record may follow removed ones.
         starts = {**self._log_starts(), **self.applied}
         self._next_offsets: dict[int, int] = dict(starts)
         self._after_cleaning: set[int] = set()
@@ -378,7 +390,7 @@ class MetadataApplier:
         """Note a record read at `offset`; whether its partition was read past records the log cleaner removed.
         (`_add` does the same inline, for every record of a backlog.)"""
         self._at_end.discard(partition)
-        if self._next_offsets.get(partition, offset) != offset:
+        if self._next_offsets.get(partition) != offset:
             self._after_cleaning.add(partition)
         self._next_offsets[partition] = offset + 1
         return partition in self._after_cleaning
@@ -407,7 +419,7 @@ class MetadataApplier:
             # _note_position, inline: this runs for every record of a backlog.
             if at_end:
                 at_end.discard(partition)
-            if next_offsets.get(partition, offset) != offset:  # type: ignore[arg-type]
+            if next_offsets.get(partition) != offset:  # type: ignore[arg-type]
                 after_cleaning.add(partition)  # type: ignore[arg-type]
             next_offsets[partition] = offset + 1  # type: ignore[index,operator]
             if partition in halted:
@@ -423,7 +435,7 @@ class MetadataApplier:
                 if before is not None and before[3] is None:
                     superseded_tombstones.append(before)
                 newest[key] = (partition, offset, key, value, None,  # type: ignore[assignment]
-                               before is not None or partition in after_cleaning)
+                               partition in after_cleaning if before is None else before[3] is not None)
 
     def _apply_window(self, window: CompactedWindow) -> tuple[int, str]:
         """Replay the window: into a view that applied nothing yet, loaded at once (`_load_fresh`); else in commits

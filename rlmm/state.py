@@ -144,17 +144,20 @@ class StateStore(StateReader, LineageStore, Protocol):
 
 def apply_record(
     store: StateStore, key: RecordKey, event: MetadataEvent | None, offset: int | None = None,
-    skipped_before: bool = False,
+    skipped_before: bool | None = None,
 ) -> Outcome:
     """Fold one metadata record (None = tombstone) into `store`; invalid records are dropped, not raised.
 
     `offset` is the record's offset in its metadata partition; without it a checkpoint cannot be recognised as
     older than a record already applied (rlmm.lineage), so every reader of the topic passes it. `skipped_before`
-    says older records of the same key may be missing before it (a backlog window replays only the newest of each;
-    Kafka's log cleaner removed superseded ones from a log read past a gap in its offsets).
+    says whether older records of the same key may be missing before it: True when they may (a backlog window
+    replays only the newest of each; Kafka's log cleaner removed superseded ones from a log read past a gap in its
+    offsets), False when the store applied every record before it (Kafka's rules hold as they are), None when the
+    reader cannot tell (a topic read without following its offsets, perhaps compacted): then a segment's update
+    for a segment the store does not hold stands for its add, which compaction may have removed.
     """
     if event is None:
-        return _apply_tombstone(store, key, offset)
+        return _apply_tombstone(store, key)
     if type(event) is RemoteLogSegmentMetadata and is_segment_key_of(key, event):
         return _apply_segment(store, event, offset, skipped_before)
     try:
@@ -179,13 +182,17 @@ def is_segment_key_of(key: RecordKey, md: RemoteLogSegmentMetadata) -> bool:
         key.partition == tp.partition and key.epoch is None
 
 
-def _apply_tombstone(store: StateStore, key: RecordKey, offset: int | None) -> Outcome:
+def _apply_tombstone(store: StateStore, key: RecordKey) -> Outcome:
     if key.kind == "segment":
         assert key.segment_id is not None
         for candidate in _partitions_with(store, key):
             existing = store.segment(RemoteLogSegmentId(candidate, key.segment_id))
             if existing is not None:
-                lineage.unreference(store, existing, offset)
+                # Only a reader that skipped the segment's DELETE_SEGMENT_FINISHED still holds it (its writer appends
+                # the tombstone once its view applied that record), so this does what that record did where a full
+                # replay applied it, earlier: the lineage position stays where the records this reader applied
+                # left it, as in a full replay, where a segment tombstone never moves it.
+                lineage.unreference(store, existing, None)
                 store.remove_segment(existing.remote_log_segment_id)
         return APPLIED
     for tp in _partitions_with(store, key):
@@ -205,12 +212,20 @@ def _partitions_with(store: StateStore, key: RecordKey) -> Iterable[TopicIdParti
 
 
 def _apply_segment(
-    store: StateStore, incoming: RemoteLogSegmentMetadata, offset: int | None, skipped_before: bool
+    store: StateStore, incoming: RemoteLogSegmentMetadata, offset: int | None, skipped_before: bool | None
 ) -> Outcome:
     if is_deleted(store, incoming.topic_id_partition):
         return Outcome.dropped(f"segment {incoming.remote_log_segment_id}: its partition's remote data was deleted")
     existing = store.segment(incoming.remote_log_segment_id)
     target = incoming.state
+    if existing is None and skipped_before is False and target in _UPDATES_THAT_HOLD:
+        # Kafka's cache ignores an update for a segment it does not hold (RemoteResourceNotFound, logged and
+        # skipped): one never added, or one deleted already, whose late update another broker's lagging view
+        # allowed. Applied, it would bring a deleted segment back.
+        return Outcome.dropped(
+            f"segment {incoming.remote_log_segment_id}: no such segment (never added, or deleted already), so its "
+            f"{target.name} update is ignored"
+        )
     if existing is not None and skipped_before and existing.state is S.COPY_SEGMENT_STARTED and \
             target is not S.COPY_SEGMENT_STARTED and _immutable(existing) != _immutable(incoming):
         # Only a re-add (COPY_SEGMENT_STARTED again, with other offsets or epochs) among the skipped records makes
@@ -227,8 +242,8 @@ def _apply_segment(
             return Outcome.dropped(
                 f"segment {incoming.remote_log_segment_id}: an update may not change offsets, size or epochs"
             )
-    # A record for a segment this store never saw is applied as the full state it carries: compaction may
-    # have removed the records that created it.
+    # Otherwise a record for a segment this store does not hold is applied as the full state it carries: compaction
+    # may have removed the records that created it.
     if existing is not None and target is S.COPY_SEGMENT_STARTED:
         lineage.unreference(store, existing, offset)  # a re-add may carry other epochs
     if target is S.COPY_SEGMENT_FINISHED:
@@ -245,13 +260,18 @@ def _apply_segment(
     return APPLIED
 
 
+# The updates that leave a segment held (listed, or served): over nothing, only an add may do that in Kafka's cache.
+# A DELETE_SEGMENT_FINISHED for a segment not held changes nothing either way.
+_UPDATES_THAT_HOLD = frozenset({S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED})
+
+
 def _immutable(md: RemoteLogSegmentMetadata) -> tuple[object, ...]:
     return (md.start_offset, md.end_offset, md.max_timestamp_ms, md.segment_size_in_bytes,
             tuple(md.segment_leader_epochs.items()), md.txn_idx_empty)
 
 
 def _apply_partition_delete(
-    store: StateStore, incoming: RemotePartitionDeleteMetadata, skipped_before: bool
+    store: StateStore, incoming: RemotePartitionDeleteMetadata, skipped_before: bool | None
 ) -> Outcome:
     tp = incoming.topic_id_partition
     existing = store.partition_delete(tp)
@@ -641,7 +661,7 @@ def prepare_partition_delete(store: StateReader, metadata: RemotePartitionDelete
 def corrections_after(
     store: StateReader, event: MetadataEvent, outcome: Outcome, event_timestamp_ms: int, broker_id: int,
     whole_partition_checkpoints: bool = False,
-) -> list[tuple[RecordKey, MetadataEvent]]:
+) -> list[tuple[RecordKey, MetadataEvent | None]]:
     """What the writer of `event` appends once it applied it, when the record left the newest record of its key
     describing something other than the state (racing writers): compaction keeps only that newest record, so a
     rebuild from the compacted topic would otherwise differ from a node that applied every record.
@@ -649,20 +669,25 @@ def corrections_after(
     - A stale checkpoint (computed before a lineage change another writer's record made): a current checkpoint.
     - A dropped segment or partition-delete record (another writer moved the state on first): the key's current
       state, restated; it is a valid same-state transition, so every node applies it and nothing changes.
+    - A dropped update of a segment the store does not hold (deleted already): the segment's tombstone again, so
+      that no rebuild takes the update for the newest state of a segment whose older records compaction removed.
     """
     if outcome.stale and isinstance(event, EpochCheckpoint):
         return list(checkpoint_records(pending_checkpoint(
             store, event.topic_id_partition, event_timestamp_ms, broker_id, whole_partition_checkpoints)))
     if outcome.applied:
         return []
-    current: MetadataEvent | None = None
     if isinstance(event, RemoteLogSegmentMetadata):
         current = store.segment(event.remote_log_segment_id)
-    elif isinstance(event, RemotePartitionDeleteMetadata):
-        current = store.partition_delete(event.topic_id_partition)
-    # Nothing to restate when the key holds no state: a record dropped because its partition was deleted, which
-    # the partition's kept DELETE_PARTITION_FINISHED record refuses in every replay alike.
-    return [] if current is None else [(key_of(current), current)]
+        if current is not None:
+            return [(key_of(current), current)]
+        # Nothing to restate for a record dropped because its partition was deleted: the partition's kept
+        # DELETE_PARTITION_FINISHED record refuses it in every replay alike.
+        return [] if is_deleted(store, event.topic_id_partition) else [(key_of(event), None)]
+    if isinstance(event, RemotePartitionDeleteMetadata):
+        delete = store.partition_delete(event.topic_id_partition)
+        return [] if delete is None else [(key_of(delete), delete)]
+    return []
 
 
 def doomed_keys(store: StateReader, tp: TopicIdPartition) -> list[RecordKey]:

@@ -73,9 +73,10 @@ class ConsumedRecord:
     key: RecordKey
     event: MetadataEvent | None
     raw: bytes | None = None  # the record's value as consumed, when the reader kept it
-    # This record may stand for older records of its key the reader never applied: a backlog window replays only
-    # the newest record of each key, and Kafka's log cleaner removes superseded ones from a log read after a gap.
-    skipped_before: bool = False
+    # Whether this record may stand for older records of its key the reader never applied (a backlog window replays
+    # only the newest record of each key, and Kafka's log cleaner removes superseded ones from a log read after a
+    # gap), or not (the reader applied every record before it); None: not known (rlmm.state.apply_record).
+    skipped_before: bool | None = None
 
 
 class MetadataView:
@@ -684,10 +685,12 @@ class FreshState(state.InMemoryState):
     def apply(self, record: ConsumedRecord) -> Outcome:
         return self.fold(record.key, record.event, record.offset, record.skipped_before, record.raw)
 
-    def fold(self, key: RecordKey, event: MetadataEvent | None, offset: int, skipped_before: bool,
+    def fold(self, key: RecordKey, event: MetadataEvent | None, offset: int, skipped_before: bool | None,
              raw: bytes | None) -> Outcome:
         """`apply` of a record's parts (`raw`: its value as consumed), without building a ConsumedRecord."""
-        if type(event) is RemoteLogSegmentMetadata and event.state is _FINISHED and \
+        # The shortcut takes a segment it does not hold as the full state the record carries, which a record that
+        # skipped nothing (skipped_before False) is not: the rules drop that one.
+        if type(event) is RemoteLogSegmentMetadata and event.state is _FINISHED and skipped_before is not False and \
                 state.is_segment_key_of(key, event) and self._append_finished(event, offset, raw):
             return state.APPLIED
         self._event, self._event_bytes = event, raw

@@ -128,10 +128,10 @@ class MetadataWriter:
                 self._finish_locked(pending, RemoteStorageError(
                     f"metadata write for {pending.tp} was rejected when applied: {outcome.reason}"))
                 return self._restate_locked(view, pending, record, outcome)
-            assert record.event is not None
-            follow_ups = self.register_locked(pending, state.records_after(
-                view, record.key, record.event, pending.doomed, _now_ms(), self._broker_id,
-                self.whole_partition_checkpoints), primary=False)
+            if record.event is not None:  # a restated tombstone (rlmm.state.corrections_after) has no follow-ups
+                follow_ups = self.register_locked(pending, state.records_after(
+                    view, record.key, record.event, pending.doomed, _now_ms(), self._broker_id,
+                    self.whole_partition_checkpoints), primary=False)
         elif outcome.stale and record.event is not None and pending.corrections < MAX_CORRECTIONS:
             # Our checkpoint landed after another writer's lineage change: append a current one before the write
             # completes, so the newest checkpoint on the topic describes the lineage again.

@@ -234,11 +234,17 @@ TopicRecord = tuple[int, RecordKey, MetadataEvent | None]  # (metadata offset, k
 WRITER_TP = PARTITIONS[0]
 
 
-def replay_at_offsets(records: Iterable[TopicRecord], store: InMemoryState | None = None) -> InMemoryState:
-    """A node reading the topic: every record applied with its offset."""
+def replay_at_offsets(records: Iterable[TopicRecord], store: InMemoryState | None = None, start: int = 0
+                      ) -> InMemoryState:
+    """A node reading the topic from `start` (the offset it applied up to, into `store`): every record applied with
+    its offset, and, as rlmm.applier tells, whether older records of its key may be missing (past a gap in the
+    offsets: records the log cleaner removed)."""
     store = store if store is not None else InMemoryState()
+    expected, after_gap = start, False
     for offset, key, event in records:
-        apply_record(store, key, event, offset)
+        after_gap = after_gap or offset != expected
+        apply_record(store, key, event, offset, after_gap)
+        expected = offset + 1
     return store
 
 
@@ -300,7 +306,7 @@ class RacingWriter:
         upto = min(len(self.topic), self.applied + count)
         owed: list[tuple[str, RecordKey, MetadataEvent, Outcome]] = []
         for offset, key, event in self.topic[self.applied:upto]:
-            outcome = apply_record(self.view, key, event, offset)
+            outcome = apply_record(self.view, key, event, offset, False)  # a live view: every record, in order
             role = self.mine.get(offset)
             if role is not None and event is not None:
                 self.outcomes[offset] = outcome

@@ -6,19 +6,23 @@ Scenarios that only need the metadata state run against the pure state and the r
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from rlmm_strategies import kafka_model_of
 from rlmm_testkit import (
     SEGMENT_SIZE,
     ManagerSubject,
     StateSubject,
     Subject,
     call_error,
+    decoded,
     make_tp,
     partition_delete,
+    read_topic,
     register,
     segment,
     update_of,
@@ -498,6 +502,34 @@ def test_a_stopped_partition_is_no_longer_served(make_manager: MakeManager) -> N
     finished(subject, 0, 10, {0: 0})
     subject.manager.on_stop_partitions({TP})
     assert isinstance(call_error(lambda: subject.list_remote_log_segments(TP)), RemoteResourceNotFoundError)
+
+
+# --- a late update (RemoteLogMetadataCache.updateRemoteLogSegmentMetadata, RemotePartitionMetadataStore) ---------
+
+@pytest.mark.parametrize("late_state", [S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED])
+def test_a_late_update_of_a_segment_deleted_and_tombstoned_is_ignored_as_kafkas_cache_ignores_it(
+    make_manager: MakeManager, kafka_bootstrap: str, metadata_topic: str, late_state: S
+) -> None:
+    """Kafka's cache throws RemoteResourceNotFound for an update of a segment it does not hold, which its consumer
+    logs and skips. Here another broker, whose view still held the segment, wrote the update after this node had
+    deleted the segment and tombstoned its key: it must not bring the segment back, here nor on a rebuilt node."""
+    node = make_manager(broker_id=0)
+    md = upload(ManagerSubject(node), segment(TP, 0, 99, {0: 0}), S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED,
+                S.DELETE_SEGMENT_FINISHED)
+    late = dataclasses.replace(md, state=late_state, broker_id=1)
+    produce(kafka_bootstrap, metadata_topic, [(key_of(late).encode(), codec.encode(late))])
+    node.wait_caught_up(60)
+    log = decoded(read_topic(kafka_bootstrap, metadata_topic))
+    assert [event for _, event in log][-2:] == [None, late], "the late update follows the segment's tombstone"
+    kafka = kafka_model_of((offset, key, event) for offset, (key, event) in enumerate(log))
+    assert kafka.list_remote_log_segments(TP) == [] and kafka.remote_log_segment_metadata(TP, 0, 50) is None
+    assert node.list_remote_log_segments(TP) == [] and node.list_remote_log_segments(TP, 0) == []
+    assert node.remote_log_segment_metadata(TP, 0, 50) is None
+    assert node.record_counts()[1] == 1, "the late update is counted as dropped"
+    rebuilt = make_manager(broker_id=1)
+    register(rebuilt, TP)
+    assert rebuilt.list_remote_log_segments(TP) == []
+    assert rebuilt.view_digest() == node.view_digest()
 
 
 # --- restarts (TopicBasedRemoteLogMetadataManagerRestartTest) ----------------------------------------------

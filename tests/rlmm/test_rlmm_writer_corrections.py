@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from rlmm_strategies import replay_at_offsets
+from rlmm_strategies import compacted_at_offsets, replay_at_offsets
 from rlmm_testkit import (
     READY_TIMEOUT_S,
     WRITE_TIMEOUT_S,
@@ -139,6 +139,44 @@ def test_a_write_dropped_because_another_writer_moved_the_segment_on_is_followed
     assert replay_at_offsets(_compacted(log)).digest() == full.digest()
     assert a.view_digest() == full.digest()
     assert _state_of(a, x) is S.DELETE_SEGMENT_STARTED
+
+
+def test_a_late_update_of_a_segment_another_writer_deleted_is_dropped_and_followed_by_the_segments_tombstone(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+) -> None:
+    a = make_manager(broker_id=0)
+    tp = make_tp()
+    register(a, tp)
+    x = segment(tp, 0, 99, {0: 0})
+    _finish(a, x)
+    finished = a.view.segment(x.remote_log_segment_id)
+    assert finished is not None
+    key = segment_key(x.remote_log_segment_id)
+    with _applier_held(a):
+        # Another broker deletes X and tombstones it; A has applied none of that and repeats its copy-finished update.
+        deleting = dataclasses.replace(finished, state=S.DELETE_SEGMENT_STARTED, broker_id=1)
+        deleted = dataclasses.replace(finished, state=S.DELETE_SEGMENT_FINISHED, broker_id=1)
+        produce_to(kafka_bootstrap, metadata_topic, 0, [(key.encode(), value) for value in
+                                                        (codec.encode(deleting), codec.encode(deleted), None)])
+        late = a.update_remote_log_segment_metadata(update_of(x, S.COPY_SEGMENT_FINISHED, broker_id=0))
+    with pytest.raises(RemoteStorageError, match="no such segment"):
+        late.result(WRITE_TIMEOUT_S)
+
+    def tombstoned_again() -> bool:
+        newest = [(offset, event) for offset, k, event in _topic_log(kafka_bootstrap, metadata_topic) if k == key]
+        return len(newest) >= 6 and newest[-1][1] is None
+
+    # Without the tombstone the newest record of X is A's late FINISHED: a node rebuilt once the log cleaner removed
+    # the older ones would take it for X's state and serve a deleted segment.
+    wait_until(tombstoned_again, timeout=WRITE_TIMEOUT_S, description="X's tombstone appended after A's late update")
+    a.wait_caught_up(READY_TIMEOUT_S)
+    log = _topic_log(kafka_bootstrap, metadata_topic)
+    full = replay_at_offsets(log)
+    assert full.segment(x.remote_log_segment_id) is None
+    for keep_tombstones in (True, False):  # False: after delete.retention.ms
+        assert replay_at_offsets(compacted_at_offsets(log, keep_tombstones=keep_tombstones)).digest() == full.digest()
+    assert a.view_digest() == full.digest()
+    assert a.list_remote_log_segments(tp) == []
 
 
 def test_a_checkpoint_that_lands_after_another_writers_lineage_change_is_followed_by_a_current_one(
