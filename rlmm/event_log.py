@@ -159,12 +159,19 @@ class EventProducer:
         self, partition: int, key: bytes, value: bytes | None, headers: list[tuple[str, str | bytes | None]],
         on_delivery: Callable[[KafkaError | None, Message], None], deadline: float,
     ) -> None:
-        """Queue one record; a queue that stays full until `deadline` (monotonic) raises MetadataTimeoutError."""
+        """Queue one record; a queue that stays full until `deadline` (monotonic) raises MetadataTimeoutError, a
+        record the producer refuses (larger than its message.max.bytes) RemoteStorageError."""
         while True:
             try:
                 self._producer.produce(self.topic, value=value, key=key, partition=partition,
                                        headers=headers, on_delivery=on_delivery)
                 return
+            except KafkaException as exc:
+                raise RemoteStorageError(
+                    f"the producer refused a record of {len(value or b'')} bytes for topic {self.topic} "
+                    f"(key {key.decode(errors='replace')}): {exc.args[0].str() if exc.args else exc}; a larger "
+                    f"record needs kafka.message.max.bytes and the topic's max.message.bytes raised"
+                ) from None
             except BufferError:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

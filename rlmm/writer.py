@@ -188,8 +188,12 @@ class MetadataWriter:
     # --- called without the lock ----------------------------------------------------------------------
 
     def produce(self, appends: Sequence[Append]) -> None:
-        """Append the records in order; a write whose records cannot be queued by its deadline fails."""
+        """Append the records in order; a write whose record cannot be queued (by its deadline, or at all) fails at
+        once, and its later records are not appended."""
+        failed: set[int] = set()  # the writes (by id) that failed here
         for append in appends:
+            if id(append.pending) in failed:
+                continue
             value = None if append.event is None else codec.encode(append.event)
 
             def delivered(error: KafkaError | None, message: Message, request: str = append.request) -> None:
@@ -200,9 +204,10 @@ class MetadataWriter:
                                       [(REQUEST_HEADER, append.request.encode())], delivered,
                                       append.pending.deadline)
             except RemoteStorageError as exc:
+                # Failed now, not at its deadline: until then the partition's next write would wait for it.
+                failed.add(id(append.pending))
                 with self._lock:
                     self._finish_locked(append.pending, exc)
-                break
         self.settle()
 
     def settle(self) -> None:
