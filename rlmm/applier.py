@@ -226,10 +226,12 @@ class MetadataApplier:
         # until its partition is read to the end, a record read may stand for older records of its key the cleaner
         # removed, as a window's record does for those the window skipped (state.apply_record's skipped_before). A
         # partition whose start is not known (not listed in time) counts as cleaned until read to the end: its first
-        # record may follow removed ones.
+        # record may follow removed ones. So does a partition resumed from the offsets the view stored: the window
+        # that committed them may have been cut short (a crash between its commits), having skipped records below
+        # them that records above them superseded, and the first of those read stands for them.
         starts = {**self._log_starts(), **self.applied}
         self._next_offsets: dict[int, int] = dict(starts)
-        self._after_cleaning: set[int] = set()
+        self._after_cleaning: set[int] = set(self.applied)
         self._consumer.assign(starts)
         # A new node's fold worker for its first window (rlmm.fresh_load), started before it reads a large backlog.
         self._worker = self._worker_for(starts)
@@ -330,7 +332,7 @@ class MetadataApplier:
             halted = list(self.halted)
         self._at_end.clear()
         self._next_offsets = dict(applied)
-        self._after_cleaning.clear()
+        self._after_cleaning = set(applied)  # as at a start from stored offsets
         self._consumer.assign(applied)
         for partition in halted:
             self._consumer.pause(partition)

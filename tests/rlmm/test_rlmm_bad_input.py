@@ -148,11 +148,12 @@ def test_a_segment_record_written_with_the_v1_schema_is_served_by_the_current_re
 ) -> None:
     manager = make_manager()
     register(manager, TP)
-    old = segment(TP, 0, 10, {0: 0}, state=S.COPY_SEGMENT_FINISHED)
-    produce(kafka_bootstrap, metadata_topic, [(key_of(old).encode(), _v1_segment_bytes(old))])
+    old = segment(TP, 0, 10, {0: 0})
+    finished = old.create_with_update(update_of(old, S.COPY_SEGMENT_FINISHED))
+    produce(kafka_bootstrap, metadata_topic, [(key_of(md).encode(), _v1_segment_bytes(md)) for md in (old, finished)])
     manager.wait_caught_up(30)
     assert manager.metadata_errors() == {}
-    assert manager.list_remote_log_segments(TP) == [old]
+    assert manager.list_remote_log_segments(TP) == [finished]
     assert manager.list_remote_log_segments(TP)[0].txn_idx_empty is False
 
 
