@@ -151,8 +151,10 @@ class EventProducer:
         self._producer = Producer(_client_settings(
             client_config,
             defaults={"linger.ms": 2},
-            # Ordered, durable appends are what the view's correctness rests on.
-            required={"enable.idempotence": True, "acks": "all"},
+            # Ordered, durable appends are what the view's correctness rests on. A metadata topic that is gone
+            # (deleted, lost) must make writes fail, not be re-created by a broker's auto.create.topics.enable
+            # with none of its settings (uncompacted, one partition): only create_topic makes it.
+            required={"enable.idempotence": True, "acks": "all", "allow.auto.create.topics": False},
         ))
 
     def append(
