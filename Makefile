@@ -26,6 +26,7 @@ $(PYTHON):
 
 python-deps: $(STAMPS)/python-deps
 $(STAMPS)/python-deps: $(PYTHON) pyproject.toml setup.py $(wildcard rlmm/*.c)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'setuptools>=77' wheel
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev,spark]'
 	@mkdir -p $(STAMPS) && touch $@
 

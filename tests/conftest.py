@@ -79,16 +79,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _group_for_workers(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's `--dist loadgroup` (`make test`), keep each module on one worker and every module that
-    uses the session's SparkSession on the same one.
-
-    A module's fixtures (a 3-node cluster, a generated history) are then made once, and the run starts one local
-    Spark, not one per worker. Without xdist the marker means nothing.
+    """Under pytest-xdist's `--dist loadgroup` (`make test`), keep the tests that share the session's SparkSession on
+    one worker, and each module whose tests share a module-scoped fixture (a 3-node cluster, a generated history) on
+    one worker; every other test goes to whichever worker is free. Without xdist the marker means nothing.
     """
-    spark_modules = {item.path for item in items if "spark" in getattr(item, "fixturenames", ())}
     for item in items:
-        group = "spark" if item.path in spark_modules else str(item.path.relative_to(REPO_ROOT))
+        if "spark" in getattr(item, "fixturenames", ()):
+            group = "spark"
+        elif _uses_module_fixture(item):
+            group = str(item.path.relative_to(REPO_ROOT))
+        else:
+            continue
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope in ("module", "package", "class") for defs in info.name2fixturedefs.values() for d in defs)
 
 
 # Every MetadataView.close() runs a full garbage collection (RocksDB lets go of its lock only once no column-family

@@ -90,8 +90,10 @@ def remote_segments(
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     return []
-                # ABORTED: registered but still loading (after a restart); UNAVAILABLE: agent restarting.
-                if exc.code() not in (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE) or (
+                # ABORTED: registered but still loading (after a restart); UNAVAILABLE: agent restarting;
+                # FAILED_PRECONDITION: a new agent the broker has not configured yet (it does at its next call).
+                waiting = (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
+                if exc.code() not in waiting or (
                     time.monotonic() > deadline
                 ):
                     raise

@@ -59,7 +59,8 @@ def test_a_lost_metadata_topic_is_restored_and_every_record_is_read_back_from_ti
 
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
-    assert report["written_digest"] == report["view_digest"] and report["segments"] == len(before)
+    # The broker may tier (or start to tier) one more segment between `before` and the topic's loss.
+    assert report["written_digest"] == report["view_digest"] and report["segments"] >= len(before)
     old_agent = agent_pid(socket_dir, 0)
     assert old_agent is not None
     os.kill(old_agent, signal.SIGKILL)  # the broker's adapter starts a new one, which rebuilds from the new topic
