@@ -442,7 +442,10 @@ def compare_with_objects(restored: RestoredState, store: StorageBackend, newest_
         tp = objects.key.topic_id_partition
         known = view.segment(objects.id)
         written = (objects.indexes or objects.first).last_modified_ms or 0
-        after = objects.indexes is not None and written > newest_archived_ms
+        # Object stores give write times in whole seconds: one written in the second of the newest archived record
+        # may have come after it, and counts as after (a copy restored, rather than a finished copy taken for an
+        # orphan).
+        after = objects.indexes is not None and written // 1000 >= newest_archived_ms // 1000
         if known is not None and known.state is RemoteLogSegmentState.COPY_SEGMENT_STARTED and after:
             unfinished.append(objects)
         if known is not None or state.is_deleted(view, tp):
