@@ -7,14 +7,12 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
 from rlmm_testkit import drive, register, workload
 
-from dev.env import state_dir
 from dev.process import wait_until
 from rlmm import RemoteLogMetadataManager, TopicIdPartition
 from rsm.backend import StorageBackend
@@ -99,12 +97,3 @@ def write_history(writer: RemoteLogMetadataManager, tps: list[TopicIdPartition],
     writer.wait_caught_up(30)
 
 
-def broker_log_dir(bootstrap: str) -> Path:
-    """The first of `log.dirs` of the dev broker serving `bootstrap`, read from its server.properties (as
-    tests/rsm's kafka_log_dir fixture finds it)."""
-    for properties in sorted(state_dir().glob("kafka/node-*/server.properties")):
-        settings = dict(line.split("=", 1) for line in properties.read_text(encoding="utf-8").splitlines()
-                        if "=" in line)
-        if bootstrap in settings.get("listeners", ""):
-            return Path(settings["log.dirs"].split(",")[0])
-    raise AssertionError(f"cannot find the log directory of the broker at {bootstrap} under {state_dir()}/kafka")

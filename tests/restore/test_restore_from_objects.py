@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from restore_testkit import Cluster, archive, broker_log_dir, write_history
+from restore_testkit import Cluster, archive, write_history
 from rlmm_testkit import make_tp, register
+from support.services import broker_log_dir
 from support.topics import create_topic, unique_topic_name
 
 from dev.process import wait_until

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from rsm_testkit import S3Server, SegmentFactory, SegmentFixture, metadata_for
 from support.s3_proxy import CountingS3Proxy
+from support.services import broker_log_dir
 
-from dev.env import state_dir
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
 from rsm import LogSegmentData, RemoteStorageManager
 
@@ -108,11 +108,4 @@ def proxied_manager(
 @pytest.fixture(scope="session")
 def kafka_log_dir(kafka_bootstrap: str) -> Path:
     """The `log.dirs` of the broker serving `kafka_bootstrap`, read from its server.properties."""
-    base = state_dir()
-    for properties in sorted(base.glob("kafka/node-*/server.properties")):
-        settings = dict(
-            line.split("=", 1) for line in properties.read_text(encoding="utf-8").splitlines() if "=" in line
-        )
-        if kafka_bootstrap in settings.get("listeners", ""):
-            return Path(settings["log.dirs"].split(",")[0])
-    pytest.fail(f"cannot find the log directory of the broker at {kafka_bootstrap} under {base}/kafka")
+    return broker_log_dir(kafka_bootstrap)

@@ -10,8 +10,9 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from dev.env import REPO_ROOT, env_file, read_env_file
+from dev.env import REPO_ROOT, env_file, read_env_file, state_dir
 from dev.process import port_is_open
 from dev.s3 import DEFAULT_REGION, S3Endpoint
 
@@ -82,3 +83,14 @@ def run_services_command(*args: str) -> None:
             f"`dev/services {' '.join(args)}` failed (exit {result.returncode}):\n"
             f"{result.stdout}{result.stderr}"
         )
+
+
+def broker_log_dir(bootstrap: str) -> Path:
+    """The first of `log.dirs` of the dev-services broker serving `bootstrap`, read from its server.properties."""
+    base = state_dir()
+    for properties in sorted(base.glob("kafka/node-*/server.properties")):
+        settings = dict(line.split("=", 1) for line in properties.read_text(encoding="utf-8").splitlines()
+                        if "=" in line)
+        if bootstrap in settings.get("listeners", ""):
+            return Path(settings["log.dirs"].split(",")[0])
+    raise AssertionError(f"cannot find the log directory of the broker at {bootstrap} under {base}/kafka")
