@@ -104,7 +104,7 @@ _KILLED_RUN = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {repo!r})
     import tierlog.cli.migrate as migrate
-    submitted, real_submit = [0], migrate._submit
+    submitted, real_submit = [0], migrate.start_write
 
     def submit_then_die(manager, metadata):
         # A hard kill (no cleanup, nothing flushed) as the next write is about to start; earlier ones may be in flight.
@@ -113,7 +113,7 @@ _KILLED_RUN = textwrap.dedent("""
             os._exit(9)
         return real_submit(manager, metadata)
 
-    migrate._submit = submit_then_die
+    migrate.start_write = submit_then_die
     from tierlog.cli.main import main
     sys.exit(main(sys.argv[1:]))
 """)

@@ -1,8 +1,9 @@
 """A topic in Kafka's `__remote_log_metadata` format, for `tierlog migrate`, `export` and `verify migration`:
 reading every record of it once, and the store Kafka's rules (rlmm.state) build from those records.
 
-Format from rlmm.kafka_format; a record that does not decode, or that sits in another metadata partition than
-TBRLMM's partitioner picks for its user partition, is a `SourceProblem` naming topic, partition and offset.
+Records decoded by tierlog.migration.records; a record that does not decode, or that sits in another metadata
+partition than TBRLMM's partitioner picks for its user partition, is a `SourceProblem` naming topic, partition and
+offset.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlmm import state
-from rlmm.errors import DecodeError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
+from rlmm.errors import RemoteStorageError
 from rlmm.events import MetadataEvent, key_of
-from rlmm.kafka_format import KafkaMetadata, RemoteLogSegmentMetadataSnapshot, decode, metadata_partition
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
@@ -26,36 +26,17 @@ from rlmm.types import (
 )
 from tierlog.cli.common import EXIT_USAGE, CommandError, Settings
 from tierlog.cli.output import ProgressBar
+from tierlog.migration.records import DEFAULT_SOURCE_TOPIC as DEFAULT_SOURCE_TOPIC  # the commands' default
+from tierlog.migration.records import (
+    SourceProblem,
+    SourceRecord,
+    TopicMetadata,
+    decode_source_record,
+    refusal,
+)
 
-DEFAULT_SOURCE_TOPIC = "__remote_log_metadata"
 # consume() waits this long for a full batch: the last records of a topic come as a partial one.
 POLL_S = 0.1
-TopicMetadata = RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate | RemotePartitionDeleteMetadata
-
-
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """One decoded record of the source topic, with where it was."""
-
-    partition: int
-    offset: int
-    metadata: TopicMetadata
-
-
-@dataclass(frozen=True, slots=True)
-class SourceProblem:
-    """A record the source topic holds but that cannot be migrated: why, and where it is."""
-
-    topic: str
-    partition: int
-    offset: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition} offset {self.offset}: {self.reason}"
-
-    def as_json(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "offset": self.offset, "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,24 +81,6 @@ def end_offsets(settings: Settings, topic: TopicDescription) -> dict[int, int]:
                                                                                settings.timeout_s)
     except RemoteStorageError as exc:
         raise CommandError(f"cannot read the end offsets of {topic.name}: {exc}") from exc
-
-
-def _record_of(topic: TopicDescription, partition: int, offset: int, value: bytes | None
-               ) -> SourceRecord | SourceProblem:
-    try:
-        metadata: KafkaMetadata = decode(value)
-    except DecodeError as exc:
-        return SourceProblem(topic.name, partition, offset, f"undecodable record: {exc}")
-    if isinstance(metadata, RemoteLogSegmentMetadataSnapshot):
-        return SourceProblem(topic.name, partition, offset, "a RemoteLogSegmentMetadataSnapshotRecord names no topic "
-                             f"partition (segment {metadata.segment_id}); TBRLMM never writes one to its topic")
-    tp = metadata.topic_id_partition
-    expected = metadata_partition(tp, topic.partitions)
-    if expected != partition:
-        return SourceProblem(topic.name, partition, offset,
-                             f"a record of {tp} that TBRLMM's partitioner puts in partition {expected}: not written "
-                             "by TBRLMM over this topic's partition count, so its order is unknown")
-    return SourceRecord(partition, offset, metadata)
 
 
 def read_topic(settings: Settings, topic: TopicDescription, ends: Mapping[int, int], batch_size: int = 5000
@@ -168,7 +131,7 @@ def read_source(settings: Settings, topic: TopicDescription, ends: Mapping[int, 
                 ) -> Iterator[list[SourceRecord | SourceProblem]]:
     """Every record of a topic in Kafka's format below `ends`, decoded, in batches (see `read_topic`)."""
     for batch in read_topic(settings, topic, ends):
-        yield [_record_of(topic, m.partition() or 0, m.offset() or 0, m.value()) for m in batch]
+        yield [decode_source_record(topic.name, topic.partitions, m) for m in batch]
 
 
 def fold_tierlog(settings: Settings, show: bool | None) -> state.InMemoryState:
@@ -201,17 +164,6 @@ def fold_tierlog(settings: Settings, show: bool | None) -> state.InMemoryState:
 
 
 # --- Kafka's rules ----------------------------------------------------------------------------------------
-
-def refusal(store: state.StateReader, metadata: TopicMetadata, exc: RemoteStorageError) -> str:
-    """Why Kafka's rules drop a record, in a few words (what the counts are grouped by)."""
-    if state.is_deleted(store, metadata.topic_id_partition):
-        return "partition already deleted"
-    if isinstance(exc, RemoteResourceNotFoundError):
-        return "update of an unknown segment"
-    if isinstance(exc, InvalidArgumentError):
-        return "invalid state transition"
-    return type(exc).__name__
-
 
 def prepare(store: state.StateReader, metadata: TopicMetadata) -> MetadataEvent:
     """The tierlog event a Kafka record becomes under Kafka's rules over `store`; RemoteStorageError when the rules

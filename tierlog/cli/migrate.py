@@ -26,8 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
-from rlmm.state import StateReader
+from rlmm.errors import RemoteStorageError
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
@@ -36,17 +35,14 @@ from rlmm.types import (
 from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, Settings
 from tierlog.cli.kafka_metadata import (
     KafkaRulesReplay,
-    SourceProblem,
-    SourceRecord,
     TopicDescription,
-    TopicMetadata,
     describe_topic,
     end_offsets,
     read_source,
-    refusal,
     require_source,
 )
 from tierlog.cli.output import ProgressBar, emit, print_table
+from tierlog.migration.records import Skipped, SourceProblem, SourceRecord, TopicMetadata, start_write
 
 log = logging.getLogger(__name__)
 
@@ -187,33 +183,11 @@ class ProgressLog:
 
 # --- the writes -------------------------------------------------------------------------------------------
 
-def reflected(view: StateReader, metadata: TopicMetadata) -> bool:
-    """Whether tierlog's view already holds what `metadata` writes (the write in flight when a run was killed)."""
-    if isinstance(metadata, RemoteLogSegmentMetadata):
-        return view.segment(metadata.remote_log_segment_id) == metadata
-    if isinstance(metadata, RemoteLogSegmentMetadataUpdate):
-        current = view.segment(metadata.remote_log_segment_id)
-        return current is not None and (current.state, current.broker_id, current.event_timestamp_ms,
-                                        current.custom_metadata) == (metadata.state, metadata.broker_id,
-                                                                     metadata.event_timestamp_ms,
-                                                                     metadata.custom_metadata)
-    return view.partition_delete(metadata.topic_id_partition) == metadata
-
-
-def _submit(manager: Any, metadata: TopicMetadata) -> Future[None]:
-    if isinstance(metadata, RemoteLogSegmentMetadata):
-        return manager.add_remote_log_segment_metadata(metadata)
-    if isinstance(metadata, RemoteLogSegmentMetadataUpdate):
-        return manager.update_remote_log_segment_metadata(metadata)
-    return manager.put_remote_partition_delete_metadata(metadata)
-
-
 class ManagerWrites:
     """Writes source records through a RemoteLogMetadataManager: one in flight per user partition, in source order."""
 
     def __init__(self, manager: Any, progress: ProgressLog, report: MigrationReport, settle_timeout_s: float) -> None:
         self._manager = manager
-        self._view: StateReader = manager.view
         self._progress = progress
         self._report = report
         self._settle_timeout_s = settle_timeout_s
@@ -238,23 +212,21 @@ class ManagerWrites:
         while waiting:
             record = waiting.popleft()
             self.buffered -= 1
-            metadata = record.metadata
-            if reflected(self._view, metadata):
-                self._report.already += 1
-                self._progress.record(tp, record.offset)
-                continue
-            self._progress.flush()  # every earlier decision of this partition is kept before the write starts
+            self._progress.flush()  # every earlier decision of this partition is kept before a write starts
             try:
-                future = _submit(self._manager, metadata)
-            except (InvalidArgumentError, RemoteResourceNotFoundError) as exc:
-                reason = refusal(self._view, metadata, exc)
-                self._report.dropped[reason] += 1
-                log.info("dropped as Kafka's rules drop it (%s): partition %d offset %d: %s", reason,
-                         record.partition, record.offset, exc)
-                self._progress.record(tp, record.offset)
-                continue
+                outcome = start_write(self._manager, record.metadata)
             except RemoteStorageError as exc:
                 raise _write_failed(record, exc) from exc
+            if isinstance(outcome, Skipped):
+                if outcome.reason is None:
+                    self._report.already += 1
+                else:
+                    self._report.dropped[outcome.reason] += 1
+                    log.info("dropped as Kafka's rules drop it (%s): partition %d offset %d: %s", outcome.reason,
+                             record.partition, record.offset, record.metadata)
+                self._progress.record(tp, record.offset)
+                continue
+            future = outcome
             self._in_flight[tp] = (record, future)
             future.add_done_callback(partial(self._on_settled, tp))
             return

@@ -1,0 +1,403 @@
+"""A tierlog node in migration mode (`migration.mode=dual-write`): during a roll from Kafka's
+TopicBasedRemoteLogMetadataManager (TBRLMM), it keeps both metadata stores whole so each side sees the other's writes.
+
+- Import: the nodes share a consumer group on `__remote_log_metadata`; the owner of each of its partitions writes what
+  TBRLMM brokers append there into tierlog (tierlog.migration.records, as `tierlog migrate` does), one record at a
+  time, committing the group's offset after each write. Records a tierlog node wrote there carry its broker id
+  (records.WRITER_HEADER) and are skipped: tierlog has them already.
+- Dual writes: each add, update and partition delete of this node goes to tierlog's topic and, in Kafka's format, to
+  `__remote_log_metadata` (the partition TBRLMM's partitioner picks); its future completes when both are acknowledged.
+- Readiness: a partition registered here is ready once tierlog's manager says so and, in addition, the import has
+  taken in what `__remote_log_metadata` held for it when first asked, and this view has applied that import.
+- Control: the node announces itself and a heartbeat on the control topic (tierlog.migration.control) and stops
+  importing and dual-writing when `tierlog migrate finalize` appends its record there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from rlmm.client_security import librdkafka_settings
+from rlmm.config import ConfigKey, parse_config, parse_int, parse_str
+from rlmm.errors import ConfigError, MetadataLogError, RemoteStorageError
+from rlmm.event_log import OffsetReader
+from rlmm.events import metadata_partition_for
+from rlmm.kafka_format import encode, metadata_partition
+from rlmm.types import (
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemotePartitionDeleteMetadata,
+    TopicIdPartition,
+)
+from tierlog.migration.control import (
+    DEFAULT_CONTROL_TOPIC,
+    DUAL_WRITE,
+    FINALIZED,
+    Announcement,
+    ensure_control_topic,
+    now_ms,
+    read_control,
+)
+from tierlog.migration.records import (
+    DEFAULT_SOURCE_TOPIC,
+    WRITER_HEADER,
+    Skipped,
+    SourceProblem,
+    TopicMetadata,
+    decode_source_record,
+    start_write,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX = "migration."
+MODES = ("off", DUAL_WRITE)
+CONFIG_KEYS = (
+    ConfigKey("migration.mode", parse_str, "off", check=lambda v: v in MODES, requirement=" or ".join(MODES)),
+    ConfigKey("migration.source.topic", parse_str, DEFAULT_SOURCE_TOPIC),
+    ConfigKey("migration.control.topic", parse_str, DEFAULT_CONTROL_TOPIC),
+    ConfigKey("migration.heartbeat.ms", parse_int, 5000, check=lambda v: v > 0, requirement="> 0"),
+)
+# The manager's own keys this component reads too (rlmm.manager's defaults).
+_WRITE_TIMEOUT_MS, _STARTUP_TIMEOUT_MS, _REPLICATION_FACTOR = 30_000, 60_000, 3
+CLIENT_PREFIX = "kafka."
+POLL_S = 0.2
+RETRY_PAUSE_S = 1.0
+CLOSE_TIMEOUT_S = 10.0
+
+
+def import_group(metadata_topic: str) -> str:
+    """The consumer group whose committed offsets say how far `__remote_log_metadata` is imported into tierlog's
+    `metadata_topic` (also committed by `tierlog migrate` once a bulk import is done)."""
+    return f"tierlog-migration-{metadata_topic}"
+
+
+def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rlmm config without the migration keys, and the migration keys."""
+    rest = {k: v for k, v in config.items() if not k.startswith(PREFIX)}
+    return rest, {k: v for k, v in config.items() if k.startswith(PREFIX)}
+
+
+def wrap(manager: Any, manager_config: Mapping[str, Any], migration_config: Mapping[str, Any]) -> Any:
+    """`manager` itself, or, with `migration.mode=dual-write`, the manager in migration mode. Closes the manager when
+    migration mode cannot start."""
+    parsed = parse_config(migration_config, CONFIG_KEYS, "migration")
+    if parsed["migration.mode"] == "off":
+        return manager
+    try:
+        return MigratingManager(manager, manager_config, parsed)
+    except BaseException:
+        manager.close()
+        raise
+
+
+@dataclass
+class _Gate:
+    """What a partition registered here waits for before it is ready (see the module docstring)."""
+
+    source_partition: int
+    source_end: int | None = None
+    metadata_partition: int | None = None
+    tierlog_end: int | None = None
+
+
+def both(first: Future[None], second: Future[None]) -> Future[None]:
+    """A future that completes once both have, failing with the first one's error if any, else the second's."""
+    done: Future[None] = Future()
+    remaining = [2]
+    lock = threading.Lock()
+
+    def settle(_: Future[None]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        error = first.exception() or second.exception()
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(None)
+
+    first.add_done_callback(settle)
+    second.add_done_callback(settle)
+    return done
+
+
+class MigratingManager:
+    """tierlog's RemoteLogMetadataManager in migration mode: every call not defined here goes to the manager."""
+
+    def __init__(self, manager: Any, manager_config: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+        self._manager = manager
+        self.broker_id: int = manager.broker_id
+        self.source_topic: str = config["migration.source.topic"]
+        self.control_topic: str = config["migration.control.topic"]
+        self._heartbeat_s = config["migration.heartbeat.ms"] / 1000
+        self._write_timeout_s = parse_int(manager_config.get("write.timeout.ms", _WRITE_TIMEOUT_MS)) / 1000
+        startup_s = parse_int(manager_config.get("startup.timeout.ms", _STARTUP_TIMEOUT_MS)) / 1000
+        self._client = librdkafka_settings({
+            "bootstrap.servers": manager_config["bootstrap.servers"],
+            **{k[len(CLIENT_PREFIX):]: v for k, v in manager_config.items() if k.startswith(CLIENT_PREFIX)},
+        })
+        admin = AdminClient(self._client)
+        self.source_partitions = _partition_count(admin, self.source_topic, startup_s)
+        ensure_control_topic(admin, self.control_topic, parse_int(manager_config.get(
+            "metadata.topic.replication.factor", _REPLICATION_FACTOR)), startup_s)
+        control, self._control_offset = read_control(self._client, self.control_topic, startup_s)
+        self._source_offsets = OffsetReader(self.source_topic, self._client, admin)
+        self._tierlog_offsets = OffsetReader(manager.metadata_topic, self._client)
+        self._group = import_group(manager.metadata_topic)
+        self._lock = threading.Lock()
+        self._gates: dict[TopicIdPartition, _Gate] = {}
+        self._stop = threading.Event()
+        self._finalized = threading.Event()
+        if control.finalize is not None:
+            self._finalized.set()
+        self._started_ms = now_ms()
+        self.imported = self.skipped = self.dropped = 0
+        self._producer = Producer({**self._client, "acks": "all", "enable.idempotence": True,
+                                   "message.timeout.ms": int(self._write_timeout_s * 1000)})
+        self._committed = Consumer({**self._client, "group.id": self._group, "enable.auto.commit": False})
+        self._threads = [threading.Thread(target=target, name=f"migration-{name}", daemon=True)
+                         for name, target in (("producer", self._poll_producer), ("control", self._follow_control),
+                                              ("import", self._import_loop))]
+        for thread in self._threads:
+            thread.start()
+        log.info("migration mode %s: importing %s (%d partitions) into %s, control topic %s",
+                 FINALIZED if self.finalized else DUAL_WRITE, self.source_topic, self.source_partitions,
+                 manager.metadata_topic, self.control_topic)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._manager, name)
+
+    def __enter__(self) -> MigratingManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def finalized(self) -> bool:
+        return self._finalized.is_set()
+
+    # --- dual writes ------------------------------------------------------------------------------------------
+
+    def add_remote_log_segment_metadata(self, metadata: RemoteLogSegmentMetadata) -> Future[None]:
+        return self._dual(metadata, self._manager.add_remote_log_segment_metadata)
+
+    def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> Future[None]:
+        return self._dual(update, self._manager.update_remote_log_segment_metadata)
+
+    def put_remote_partition_delete_metadata(self, metadata: RemotePartitionDeleteMetadata) -> Future[None]:
+        return self._dual(metadata, self._manager.put_remote_partition_delete_metadata)
+
+    def _dual(self, metadata: TopicMetadata, write: Any) -> Future[None]:
+        written: Future[None] = write(metadata)  # the manager's checks raise before anything is written anywhere
+        if self.finalized:
+            return written
+        mirrored: Future[None] = Future()
+        tp = metadata.topic_id_partition
+        partition = metadata_partition(tp, self.source_partitions)
+
+        def delivered(error: KafkaError | None, _message: Any) -> None:
+            if error is None:
+                mirrored.set_result(None)
+            else:
+                mirrored.set_exception(MetadataLogError(
+                    f"writing {type(metadata).__name__} of {tp} to {self.source_topic}-{partition} for the brokers "
+                    f"still on TopicBasedRemoteLogMetadataManager failed: {error.str()}"))
+
+        try:
+            self._producer.produce(self.source_topic, value=encode(metadata), partition=partition,
+                                   headers=[(WRITER_HEADER, str(self.broker_id).encode("ascii"))],
+                                   on_delivery=delivered)
+        except (BufferError, KafkaException) as exc:
+            mirrored.set_exception(MetadataLogError(f"cannot write to {self.source_topic}-{partition}: {exc}"))
+        return both(written, mirrored)
+
+    def _poll_producer(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(POLL_S)
+
+    # --- registration and readiness -----------------------------------------------------------------------
+
+    def on_partition_leadership_changes(self, leader_partitions: Iterable[TopicIdPartition],
+                                        follower_partitions: Iterable[TopicIdPartition]) -> None:
+        leaders, followers = list(leader_partitions), list(follower_partitions)
+        self._manager.on_partition_leadership_changes(leaders, followers)
+        with self._lock:
+            for tp in [*leaders, *followers]:
+                self._gates.setdefault(tp, _Gate(metadata_partition(tp, self.source_partitions)))
+
+    def on_stop_partitions(self, partitions: Iterable[TopicIdPartition]) -> None:
+        stopped = list(partitions)
+        self._manager.on_stop_partitions(stopped)
+        with self._lock:
+            for tp in stopped:
+                self._gates.pop(tp, None)
+
+    def is_ready(self, tp: TopicIdPartition) -> bool:
+        if not self._manager.is_ready(tp):
+            return False
+        with self._lock:
+            gate = self._gates.get(tp)
+        if gate is None or self.finalized:
+            return True
+        try:
+            passed = self._gate_passed(tp, gate)
+        except (RemoteStorageError, KafkaException) as exc:
+            log.warning("cannot tell yet whether %s's records on %s are imported: %s", tp, self.source_topic, exc)
+            return False
+        if passed:
+            with self._lock:
+                if self._gates.get(tp) is gate:
+                    del self._gates[tp]
+        return passed
+
+    def _gate_passed(self, tp: TopicIdPartition, gate: _Gate) -> bool:
+        k = gate.source_partition
+        if gate.source_end is None:
+            gate.source_end = self._source_offsets.end_offsets([k], self._write_timeout_s)[k]
+        if gate.tierlog_end is None:
+            found = self._committed.committed([TopicPartition(self.source_topic, k)], timeout=self._write_timeout_s)
+            if max(found[0].offset, 0) < gate.source_end:
+                return False
+            mp = gate.metadata_partition = metadata_partition_for(tp.topic_id, tp.partition,
+                                                                  self._manager.num_partitions)
+            gate.tierlog_end = self._tierlog_offsets.end_offsets([mp], self._write_timeout_s)[mp]
+        assert gate.metadata_partition is not None
+        return bool(self._manager.applied_offsets().get(gate.metadata_partition, 0) >= gate.tierlog_end)
+
+    # --- the import ---------------------------------------------------------------------------------------
+
+    def _import_loop(self) -> None:
+        if self.finalized:
+            return
+        consumer = Consumer({**self._client, "group.id": self._group, "enable.auto.commit": False,
+                             "auto.offset.reset": "earliest"})
+        consumer.subscribe([self.source_topic], on_revoke=_commit_positions)
+        try:
+            while not self._stop.is_set() and not self.finalized:
+                messages = consumer.consume(500, timeout=POLL_S)
+                failed: set[int] = set()
+                for message in messages:
+                    partition = message.partition() or 0
+                    if message.error() is not None or partition in failed:
+                        continue
+                    if not self._import_one(consumer, message):
+                        failed.add(partition)
+                        consumer.seek(TopicPartition(self.source_topic, partition, message.offset() or 0))
+                if messages and not failed:
+                    consumer.commit(asynchronous=False)
+                elif failed:
+                    self._stop.wait(RETRY_PAUSE_S)
+        except Exception:
+            log.exception("importing %s into %s stopped; restart the agent to resume (the group's committed offsets "
+                          "say where)", self.source_topic, self._manager.metadata_topic)
+        finally:
+            consumer.close()  # leaves the group: another node's import takes its partitions
+
+    def _import_one(self, consumer: Consumer, message: Any) -> bool:
+        """Import one record (True), or fail to for now (False: the caller retries it)."""
+        record = decode_source_record(self.source_topic, self.source_partitions, message)
+        if isinstance(record, SourceProblem):
+            log.error("not imported into %s: %s", self._manager.metadata_topic, record)
+            return True
+        if record.tierlog_writer is not None:
+            self.skipped += 1  # a tierlog node's own dual write: tierlog holds it already
+            return True
+        try:
+            for attempt in (1, 2):
+                outcome = start_write(self._manager, record.metadata)
+                if not isinstance(outcome, Skipped):
+                    outcome.result(timeout=self._write_timeout_s + CLOSE_TIMEOUT_S)
+                    self.imported += 1
+                    break
+                if outcome.reason is None:
+                    self.skipped += 1
+                    break
+                if attempt == 1:
+                    # The write this record follows may be another node's, acknowledged but not applied here yet.
+                    self._manager.wait_caught_up(self._write_timeout_s)
+                    continue
+                self.dropped += 1
+                log.info("not imported, as Kafka's rules drop it (%s): %s-%d offset %d: %s", outcome.reason,
+                         self.source_topic, record.partition, record.offset, record.metadata)
+        except (RemoteStorageError, TimeoutError) as exc:
+            log.warning("importing %s-%d offset %d failed (%s); retrying", self.source_topic, record.partition,
+                        record.offset, exc)
+            return False
+        consumer.commit(offsets=[TopicPartition(self.source_topic, record.partition, record.offset + 1)],
+                        asynchronous=False)
+        return True
+
+    # --- control ------------------------------------------------------------------------------------------
+
+    def _follow_control(self) -> None:
+        consumer = Consumer({**self._client, "group.id": f"{self.control_topic}-node-{self.broker_id}",
+                             "enable.auto.commit": False})
+        consumer.assign([TopicPartition(self.control_topic, 0, self._control_offset)])
+        next_heartbeat = 0.0
+        try:
+            while not self._stop.is_set():
+                if time.monotonic() >= next_heartbeat:
+                    self._announce()
+                    next_heartbeat = time.monotonic() + self._heartbeat_s
+                message = consumer.poll(POLL_S)
+                if message is None or message.error() is not None:
+                    continue
+                if message.key() == b"finalize" and message.value() is not None and not self.finalized:
+                    self._finalized.set()
+                    log.info("the migration was finalized: no more imports from or writes to %s", self.source_topic)
+                    next_heartbeat = 0.0
+        except Exception:
+            log.exception("following the migration control topic %s stopped", self.control_topic)
+        finally:
+            consumer.close()
+
+    def _announce(self) -> None:
+        state = FINALIZED if self.finalized else DUAL_WRITE
+        announcement = Announcement(self.broker_id, state, self._started_ms, now_ms())
+        try:
+            self._producer.produce(self.control_topic, key=announcement.key(), value=announcement.value())
+        except (BufferError, KafkaException) as exc:
+            log.warning("cannot announce migration state on %s: %s", self.control_topic, exc)
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._producer.flush(max(0.0, deadline - time.monotonic()))
+        self._committed.close()
+        self._manager.close()
+
+
+def _commit_positions(consumer: Consumer, _partitions: list[TopicPartition]) -> None:
+    """Before a rebalance takes partitions away: what was imported stays imported (every write has completed)."""
+    try:
+        consumer.commit(asynchronous=False)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._NO_OFFSET:
+            log.warning("committing import positions before a rebalance failed: %s", exc)
+
+
+def _partition_count(admin: AdminClient, topic: str, timeout_s: float) -> int:
+    from confluent_kafka import TopicCollection
+
+    try:
+        found = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic].result(timeout_s)
+    except KafkaException as exc:
+        raise ConfigError(f"migration.mode=dual-write needs migration.source.topic {topic} (the topic "
+                          f"TopicBasedRemoteLogMetadataManager writes): {exc}") from exc
+    return len(found.partitions)
