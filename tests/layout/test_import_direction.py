@@ -13,15 +13,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Each layer may import only layers listed before it (and itself).
-LAYERS = ["rlmm", "rsm", "tierlog.audit", "tierlog.agent", "tierlog.pipeline", "tierlog.cli"]
+LAYERS = ["rlmm", "rsm", "tierlog.audit", "tierlog.migration", "tierlog.agent", "tierlog.pipeline", "tierlog.cli"]
 ALLOWED = {
     "tierlog": set(),  # the namespace's own __init__ imports nothing of ours
     "rlmm": {"rlmm"},
     "rsm": {"rlmm", "rsm"},
-    "tierlog.agent": {"rlmm", "rsm", "tierlog.audit", "tierlog.agent"},
+    "tierlog.agent": {"rlmm", "rsm", "tierlog.audit", "tierlog.migration", "tierlog.agent"},
     "tierlog.audit": {"rlmm", "rsm", "tierlog.audit"},
+    "tierlog.migration": {"rlmm", "tierlog.migration"},
     "tierlog.pipeline": {"rlmm", "rsm", "tierlog.pipeline"},
-    "tierlog.cli": {"rlmm", "rsm", "tierlog.agent", "tierlog.audit", "tierlog.pipeline", "tierlog.cli"},
+    "tierlog.cli": {"rlmm", "rsm", "tierlog.agent", "tierlog.audit", "tierlog.migration", "tierlog.pipeline",
+                    "tierlog.cli"},
 }
 OURS = ("rlmm", "rsm", "tierlog", "dev")
 

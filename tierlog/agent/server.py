@@ -145,9 +145,12 @@ _PREFIXES = {"rlmm.": ComponentName.REMOTE_LOG_METADATA_MANAGER, "rsm.": Compone
 
 def _create_rlmm(config: Mapping[str, Any], snapshot_source: Any | None = None) -> Any:
     from rlmm import RemoteLogMetadataManager
+    from tierlog.migration import node as migration
 
     # Without a logger librdkafka writes straight to stderr, unfiltered and unrotated.
-    return RemoteLogMetadataManager({"kafka.logger": client_logger(), **config}, snapshot_source=snapshot_source)
+    own, migration_config = migration.split_config({"kafka.logger": client_logger(), **config})
+    # migration.mode=dual-write: the manager wrapped for a live migration from Kafka's built-in manager (issue 26).
+    return migration.wrap(RemoteLogMetadataManager(own, snapshot_source=snapshot_source), own, migration_config)
 
 
 def _create_rsm(config: Mapping[str, Any]) -> Any:
