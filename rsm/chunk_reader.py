@@ -1,5 +1,6 @@
 """Reading a chunked segment: every chunk checked against its checksum before any of its bytes are served,
 through the chunk cache when there is one, with a sequential reader's next chunks prefetched in the background.
+A transformed segment's chunks are decrypted and decompressed once checked; the cache holds original bytes.
 
 A read of chunks the cache lacks costs one ranged GET from the first missing chunk to the last one wanted,
 consumed chunk by chunk as the caller reads; prefetching continues past a segment's end into the next segment
@@ -23,6 +24,7 @@ from rsm.chunk_cache import ChunkCache, ChunkKey
 from rsm.chunk_index import ChunkCorruptError, ChunkIndex, checksum
 from rsm.failure_log import RepeatedFailureLog
 from rsm.metrics import Metrics
+from rsm.transforms import IDENTITY, ChunkCodec, TransformError
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +38,14 @@ PREFETCH_DROPPED = "chunk_cache.prefetch_dropped"
 
 @dataclass(frozen=True, slots=True)
 class ChunkedSegment:
-    """What reading one chunked segment needs: its id, its `.log` object's key, and its chunk index."""
+    """What reading one chunked segment needs: its id, its `.log` object's key, its chunk index, and how its
+    chunks were transformed."""
 
     segment_id: RemoteLogSegmentId
     key: str
     index: ChunkIndex
     where: str  # the object's location, for messages
+    codec: ChunkCodec = IDENTITY
 
     def cache_key(self, chunk: int) -> ChunkKey:
         return (self.segment_id.id, chunk)
@@ -130,8 +134,7 @@ class ChunkReader:
                     key = segment.cache_key(chunk)
                     if self.cache is not None and not eager:
                         claims.update(self._claim_all([key]))
-                    data = _read_exact(body, index.stored_length(chunk))
-                    self.check(segment, chunk, data)
+                    data = self.decode(segment, chunk, _read_exact(body, index.stored_length(chunk)))
                     if self.cache is not None:
                         self.cache.put(key, data)
                     claim = claims.pop(key, None)
@@ -150,14 +153,21 @@ class ChunkReader:
             fetching = self._inflight.get(key)
         if fetching is not None:
             fetching.wait(self._wait_s)
-        return self.cache.get(key, segment.index.checksums[chunk])
+        return self.cache.get(key, segment.index.plain_checksum(chunk))
 
-    def check(self, segment: ChunkedSegment, chunk: int, data: bytes) -> None:
+    def decode(self, segment: ChunkedSegment, chunk: int, data: bytes) -> bytes:
+        """The chunk's original bytes from its stored bytes, checked first; raises ChunkCorruptError."""
         if len(data) != segment.index.stored_length(chunk):
             raise self._corrupt(segment, chunk, f"it is {len(data)} bytes, its chunk index says "
                                 f"{segment.index.stored_length(chunk)}")
         if checksum(data) != segment.index.checksums[chunk]:
             raise self._corrupt(segment, chunk, "it fails its CRC32C checksum")
+        if segment.codec.identity:
+            return data
+        try:
+            return segment.codec.decode(segment.index, chunk, data)
+        except TransformError as exc:
+            raise self._corrupt(segment, chunk, str(exc)) from None
 
     def _corrupt(self, segment: ChunkedSegment, chunk: int, why: str) -> ChunkCorruptError:
         self._metrics.increment(CHECKSUM_FAILURES)
@@ -178,7 +188,7 @@ class ChunkReader:
             return None
         index = segment.index
         first, last = index.chunk_of(start), index.chunk_of(end)
-        wanted = [(segment.cache_key(n), index.checksums[n]) for n in range(first, last + 1)]
+        wanted = [(segment.cache_key(n), index.plain_checksum(n)) for n in range(first, last + 1)]
         lease = None
         for _ in range(2):  # a second round refetches a file the lease's check found damaged
             if not self._ensure_cached(segment, first, last):

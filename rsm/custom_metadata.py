@@ -3,9 +3,10 @@
 Kafka stores it with the segment and hands it back on every call, so fetches know the byte ranges
 without reading the header. v1: u8 version, u8 flags, u8 count, then per section u8 type code, varint
 position, varint length, u32 CRC-32. v2: the same, for a packed object that also holds the segment's chunk
-index (section type code 6; written only then, so v1 readers never meet a section they do not know). With
-packed objects far below 4 GiB a section takes at most 1 + 5 + 5 + 4 bytes: 3 + 6 * 15 = 93 bytes, under
-Kafka's default cap of 128.
+index (section type code 6; written only then, so v1 readers never meet a section they do not know). v3: for
+an encrypted segment, whose packed object also holds its wrapped data key (type code 7, checksum 0: rewrap
+rewrites it in place). With packed objects far below 4 GiB a section takes at most 1 + 5 + 5 + 4 bytes:
+3 + 7 * 15 = 108 bytes, under Kafka's default cap of 128.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from rlmm.errors import RemoteStorageError
 from rsm.packed_index import (
     CHUNKED_FORMAT_VERSION,
+    ENCRYPTED_FORMAT_VERSION,
+    FORMAT_VERSION,
     TYPE_CODES,
     TYPES_BY_CODE,
     PackedIndexLayout,
@@ -26,7 +29,12 @@ from rsm.packed_index import (
 CUSTOM_METADATA_VERSION = 1
 # The section table of a packed object with a chunk index (packed index format version 2).
 CHUNKED_CUSTOM_METADATA_VERSION = 2
-_VERSIONS = (CUSTOM_METADATA_VERSION, CHUNKED_CUSTOM_METADATA_VERSION)
+# The section table of an encrypted segment's packed object (packed index format version 3).
+ENCRYPTED_CUSTOM_METADATA_VERSION = 3
+_VERSIONS = (CUSTOM_METADATA_VERSION, CHUNKED_CUSTOM_METADATA_VERSION, ENCRYPTED_CUSTOM_METADATA_VERSION)
+# Each custom metadata version describes packed objects of one format version.
+_PACKED_VERSIONS = dict(zip(_VERSIONS, (FORMAT_VERSION, CHUNKED_FORMAT_VERSION, ENCRYPTED_FORMAT_VERSION),
+                            strict=True))
 MAX_CUSTOM_METADATA_BYTES = 128  # remote.log.metadata.custom.metadata.max.bytes default
 _FLAG_HASHED_KEYS = 0x01
 _CRC = struct.Struct(">I")
@@ -72,11 +80,7 @@ def _get_varint(data: bytes, pos: int) -> tuple[int, int]:
 
 def encode(metadata: SegmentCustomMetadata) -> bytes:
     sections = metadata.layout.sections
-    version = (
-        CHUNKED_CUSTOM_METADATA_VERSION
-        if metadata.layout.version == CHUNKED_FORMAT_VERSION
-        else CUSTOM_METADATA_VERSION
-    )
+    version = next(v for v, packed in _PACKED_VERSIONS.items() if packed == metadata.layout.version)
     out = bytearray([version, _FLAG_HASHED_KEYS if metadata.hashed_keys else 0])
     out.append(len(sections))
     for s in sections:
@@ -106,7 +110,7 @@ def decode(data: bytes, segment: str) -> SegmentCustomMetadata | None:
                 raise CustomMetadataError("custom metadata ends before its last section")
             code = data[pos]
             if code not in TYPES_BY_CODE or (
-                version == CUSTOM_METADATA_VERSION and TYPES_BY_CODE[code] is SegmentSection.CHUNK_INDEX
+                isinstance(TYPES_BY_CODE[code], SegmentSection) and version == CUSTOM_METADATA_VERSION
             ):
                 raise CustomMetadataError(f"unknown section type code {code} in version {version}")
             position, pos = _get_varint(data, pos + 1)
@@ -119,8 +123,8 @@ def decode(data: bytes, segment: str) -> SegmentCustomMetadata | None:
         if pos != len(data):
             raise CustomMetadataError(f"{len(data) - pos} unexpected trailing bytes")
         layout = PackedIndexLayout(tuple(sections))
-        if version == CHUNKED_CUSTOM_METADATA_VERSION and layout.version != CHUNKED_FORMAT_VERSION:
-            raise CustomMetadataError("version 2 without a chunk index section")
+        if layout.version != _PACKED_VERSIONS[version]:
+            raise CustomMetadataError(f"version {version} with the sections of packed format {layout.version}")
     except RemoteStorageError as exc:
         raise CustomMetadataError(f"custom metadata of segment {segment} is malformed: {exc}") from None
     return SegmentCustomMetadata(layout=layout, hashed_keys=bool(flags & _FLAG_HASHED_KEYS))
@@ -129,6 +133,7 @@ def decode(data: bytes, segment: str) -> SegmentCustomMetadata | None:
 __all__ = [
     "CHUNKED_CUSTOM_METADATA_VERSION",
     "CUSTOM_METADATA_VERSION",
+    "ENCRYPTED_CUSTOM_METADATA_VERSION",
     "MAX_CUSTOM_METADATA_BYTES",
     "CustomMetadataError",
     "SegmentCustomMetadata",

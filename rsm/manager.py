@@ -1,6 +1,7 @@
 """The RemoteStorageManager facade: Kafka's RSM calls in snake_case over one storage backend.
 
-Each segment is two objects, `.log` and a packed `.indexes`; see DESIGN.md "The storage layout".
+Each segment is two objects, `.log` and a packed `.indexes`; see DESIGN.md "The storage layout". Segments may be
+written compressed and encrypted chunk by chunk (rsm/transforms.py, rsm/keyring.py), each recording how.
 """
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import tempfile
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -17,13 +20,14 @@ from typing import Any, BinaryIO
 from rlmm.config import ConfigKey, parse_bool, parse_config, parse_int, parse_str
 from rlmm.errors import ConfigError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
 from rlmm.types import RemoteLogSegmentMetadata
-from rsm import chunk_index, custom_metadata
+from rsm import chunk_index, custom_metadata, keyring, transforms
 from rsm.backend import RangeStream, StorageBackend, read_all
 from rsm.backends import available_backends
 from rsm.chunk_cache import ChunkCache, DiskChunkCache, MemoryChunkCache
 from rsm.chunk_reader import ChunkedSegment, ChunkReader, SegmentFiles
 from rsm.custom_metadata import SegmentCustomMetadata
 from rsm.index_cache import IndexCache
+from rsm.keyring import DataKeyError, KeyRing, WrappedKey, build_keyring
 from rsm.keys import SegmentKeys, keys_for
 from rsm.metrics import ABSENT_INDEX_COUNTER, Metrics
 from rsm.packed_index import (
@@ -37,6 +41,7 @@ from rsm.packed_index import (
     pack,
     parse_header,
 )
+from rsm.transforms import ChunkCodec, SegmentCipher, batches_compressed, write_transformed
 from rsm.types import IndexType, LogSegmentData
 
 log = logging.getLogger(__name__)
@@ -60,6 +65,15 @@ CHUNK_CACHE_CLASSES = ("none", "disk", "memory")
 _AIVEN_CACHE_CLASSES = {"diskchunkcache": "disk", "memorychunkcache": "memory"}
 # Segments whose successor a caller named (hint_next_segment), remembered for prefetching across the boundary.
 NEXT_SEGMENT_HINTS = 4096
+# Segments whose chunk index (and data key) were decoded, kept so reads do not unwrap the key again (a KMS call).
+DECODED_SEGMENTS = 1024
+# The sections a segment read needs besides the `.log` object; adjacent in the packed object (one range).
+CHUNK_SECTIONS = frozenset({SegmentSection.CHUNK_INDEX, SegmentSection.WRAPPED_KEY})
+# Counters (tierlog_rsm_events{counter=...}): bytes of transformed segments before and after their transforms,
+# and segments the compression heuristic left uncompressed.
+TRANSFORM_ORIGINAL_BYTES = "transform.original_bytes"
+TRANSFORM_STORED_BYTES = "transform.stored_bytes"
+COMPRESSION_SKIPPED = "compression.skipped_segments"
 
 
 def _parse_cache_class(value: Any) -> str:
@@ -100,6 +114,10 @@ CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("fetch.chunk.cache.prefetch.threads", parse_int, 2, check=lambda v: v > 0, requirement="> 0"),
     # How long chunk files handed to another process (fetch_log_segment_files) stay pinned if not released.
     ConfigKey("fetch.chunk.cache.lease.ms", parse_int, 30_000, check=lambda v: v > 0, requirement="> 0"),
+    # Where a compressed or encrypted segment is staged before its upload (empty: the system's temp dir).
+    ConfigKey("transform.temp.dir", parse_str, default=""),
+    *transforms.CONFIG_KEYS,
+    *keyring.CONFIG_KEYS,
 )
 # What Kafka writes at the root of every log directory it formats.
 KAFKA_LOG_DIR_MARKER = "meta.properties"
@@ -112,7 +130,8 @@ def parse_rsm_config(raw: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[
     every_backend_key = tuple(
         dataclasses.replace(key, required=False) for module in backends.values() for key in module.CONFIG_KEYS
     )
-    core = parse_config(raw, CORE_CONFIG_KEYS + every_backend_key, _OWNER)
+    # The key ring's entries (encryption.key.pairs.<id>.*) are checked by keyring.build_keyring.
+    core = parse_config(raw, CORE_CONFIG_KEYS + every_backend_key, _OWNER, ignore_prefixes=(keyring.RING_PREFIX,))
     name = core["storage.backend"]
     if name not in backends:
         raise ConfigError(
@@ -159,6 +178,14 @@ class RemoteStorageManager:
             core["index.cache.max.bytes"], core["index.cache.ttl.ms"] / 1000.0, self._metrics
         )
         self._chunk_size: int = core["chunk.size"]
+        self._keyring: KeyRing | None = build_keyring(core, config)
+        self._encrypt: bool = core["encryption.enabled"]
+        self._compress: bool = core["compression.enabled"]
+        self._compression_heuristic: bool = core["compression.heuristic.enabled"]
+        self._zstd_level: int = core["compression.zstd.level"]
+        self._temp_dir: str | None = core["transform.temp.dir"] or None
+        self._decoded: OrderedDict[uuid.UUID, ChunkedSegment] = OrderedDict()
+        self._decoded_lock = threading.Lock()
         self._lease_s: float = core["fetch.chunk.cache.lease.ms"] / 1000.0
         self._chunk_cache = _chunk_cache(core, self._metrics)
         self._chunk_cache_bytes: int = core["fetch.chunk.cache.size"]
@@ -171,7 +198,8 @@ class RemoteStorageManager:
         self._closed = threading.Event()
 
     def __repr__(self) -> str:
-        return f"RemoteStorageManager(backend={self._backend!r}, hash_prefix={self._hashed})"
+        return (f"RemoteStorageManager(backend={self._backend!r}, hash_prefix={self._hashed}, "
+                f"compression={self._compress}, encryption={self._encrypt})")
 
     def __enter__(self) -> RemoteStorageManager:
         return self
@@ -199,15 +227,55 @@ class RemoteStorageManager:
         with self._metrics.time("rsm.copy_log_segment_data") as timer:
             # Read the indexes first: a missing file fails the copy before anything is uploaded.
             indexes = self._read_indexes(data)
-            chunks = chunk_index.build(data.log_segment, self._chunk_size)
-            packed, layout = pack(indexes, chunk_index=chunk_index.encode(chunks))
-            self._backend.put(keys.log, data.log_segment)
+            codec, wrapped = self._codec_for_copy(metadata, data.log_segment)
+            chunks = self._upload_log(keys.log, data.log_segment, codec)
+            packed, layout = pack(
+                indexes, chunk_index=chunk_index.encode(chunks, codec.seal()),
+                wrapped_key=None if wrapped is None else wrapped.encode(),
+            )
             # Written last: a segment whose .indexes object exists is complete.
             self._backend.put(keys.indexes, packed)
             timer.bytes = metadata.segment_size_in_bytes + len(packed)
         self._forget(metadata)
         log.debug("copied segment %s to %s", metadata.remote_log_segment_id, keys.log)
         return custom_metadata.encode(SegmentCustomMetadata(layout, self._hashed))
+
+    def _codec_for_copy(self, metadata: RemoteLogSegmentMetadata, log_segment: Path) -> tuple[
+        ChunkCodec, WrappedKey | None
+    ]:
+        """How this segment's chunks are written, per the config now, and its wrapped fresh data key."""
+        compress = self._compress
+        if compress and self._compression_heuristic and batches_compressed(log_segment):
+            compress = False  # its batches are compressed already: zstd would only cost time
+            self._metrics.increment(COMPRESSION_SKIPPED)
+        cipher, wrapped = None, None
+        if self._encrypt:
+            assert self._keyring is not None  # build_keyring refuses encryption without an active key
+            segment = metadata.remote_log_segment_id.id
+            data_key, wrapped = self._keyring.new_data_key(segment)
+            cipher = SegmentCipher(data_key, segment)
+        return ChunkCodec(compress, cipher, self._zstd_level), wrapped
+
+    def _upload_log(self, key: str, log_segment: Path, codec: ChunkCodec) -> chunk_index.ChunkIndex:
+        """Upload the `.log` object (transformed into a staging file first if the codec says so); its chunk index."""
+        if codec.identity:
+            chunks = chunk_index.build(log_segment, self._chunk_size)
+            self._backend.put(key, log_segment)
+            return chunks
+        try:
+            with tempfile.TemporaryDirectory(prefix="tierlog-rsm-", dir=self._temp_dir) as staging:
+                staged = Path(staging) / "segment"
+                with open(staged, "wb") as out:
+                    chunks = write_transformed(log_segment, out, self._chunk_size, codec)
+                self._backend.put(key, staged)
+        except OSError as exc:
+            raise RemoteStorageError(
+                f"cannot stage the transformed segment {log_segment} in {self._temp_dir or tempfile.gettempdir()} "
+                f"(config key transform.temp.dir): {exc}"
+            ) from exc
+        self._metrics.increment(TRANSFORM_ORIGINAL_BYTES, chunks.original_size)
+        self._metrics.increment(TRANSFORM_STORED_BYTES, chunks.stored_size)
+        return chunks
 
     def _require_in_log_dirs(self, data: LogSegmentData) -> None:
         if not self._log_dirs and not self._detect_log_dirs:
@@ -327,26 +395,68 @@ class RemoteStorageManager:
         """Fetch sections into the index cache. The broker's read group brings the chunk index along (it is the
         next section), so a broker's index read then segment read cost one GET each, as before chunks."""
         wanted = set(group)
-        if wanted & BROKER_READ_GROUP:
-            wanted.add(SegmentSection.CHUNK_INDEX)
+        if wanted & (BROKER_READ_GROUP | CHUNK_SECTIONS):
+            wanted |= CHUNK_SECTIONS
         found = self._fetch_sections(metadata, wanted)
         # Absent members are cached too, so the broker's TRANSACTION call after OFFSET costs nothing.
         self._cache.put(metadata.remote_log_segment_id.id, {t: found.get(t) for t in wanted})
         return found
 
     def _chunked_segment(self, metadata: RemoteLogSegmentMetadata) -> ChunkedSegment | None:
-        """The segment's chunk index and key; None for a segment written before chunk indexes."""
+        """The segment's chunk index, key and codec; None for a segment written before chunk indexes."""
         keys, layout = self._segment_layout(metadata)
         if layout is not None and layout.get(SegmentSection.CHUNK_INDEX) is None:
             return None
-        hit = self._cache.get(metadata.remote_log_segment_id.id, SegmentSection.CHUNK_INDEX, counted=False)
-        data = hit.data if hit is not None else self._fetch_group(metadata, {SegmentSection.CHUNK_INDEX}).get(
-            SegmentSection.CHUNK_INDEX
-        )
+        segment = metadata.remote_log_segment_id.id
+        with self._decoded_lock:
+            decoded = self._decoded.get(segment)
+            if decoded is not None:
+                self._decoded.move_to_end(segment)
+                return decoded
+        sections = self._chunk_sections(metadata)
+        data = sections.get(SegmentSection.CHUNK_INDEX)
         if data is None:
             return None
         where = self._backend.describe(keys.log)
-        return ChunkedSegment(metadata.remote_log_segment_id, keys.log, chunk_index.decode(data, where), where)
+        slot = sections.get(SegmentSection.WRAPPED_KEY)
+        if layout is not None and layout.get(SegmentSection.WRAPPED_KEY) is not None and slot is None:
+            raise DataKeyError(f"segment {metadata.remote_log_segment_id} is encrypted, but {where}'s packed index "
+                               "has no wrapped data key")
+        cipher = None if slot is None else SegmentCipher(self._data_key(metadata, slot), segment)
+        index = chunk_index.decode(data, where, None if cipher is None else cipher.open_index)
+        if (cipher is not None) != index.encrypted:
+            raise chunk_index.ChunkIndexError(
+                f"the chunk index of segment {metadata.remote_log_segment_id} ({where}) says its chunks are "
+                f"{'' if index.encrypted else 'not '}encrypted, but the segment has "
+                f"{'a' if cipher is not None else 'no'} wrapped data key; its bytes are not served"
+            )
+        decoded = ChunkedSegment(
+            metadata.remote_log_segment_id, keys.log, index, where, ChunkCodec(index.compressed is not None, cipher)
+        )
+        with self._decoded_lock:
+            self._decoded[segment] = decoded
+            while len(self._decoded) > DECODED_SEGMENTS:
+                self._decoded.popitem(last=False)
+        return decoded
+
+    def _chunk_sections(self, metadata: RemoteLogSegmentMetadata) -> dict[SectionType, bytes | None]:
+        """The segment's chunk index and wrapped key sections (None: absent), from the index cache or one GET."""
+        segment = metadata.remote_log_segment_id.id
+        hits = {t: self._cache.get(segment, t, counted=False) for t in CHUNK_SECTIONS}
+        if any(hit is None for hit in hits.values()):
+            found = self._fetch_group(metadata, CHUNK_SECTIONS)
+            return {t: found.get(t) for t in CHUNK_SECTIONS}
+        return {t: hit.data for t, hit in hits.items() if hit is not None}
+
+    def _data_key(self, metadata: RemoteLogSegmentMetadata, slot: bytes) -> bytes:
+        segment_id = metadata.remote_log_segment_id
+        wrapped = WrappedKey.decode(slot, str(segment_id))
+        if self._keyring is None:
+            raise DataKeyError(
+                f"segment {segment_id} is encrypted (its data key is wrapped under key id {wrapped.key_id!r}), but "
+                "no key ring is configured: set encryption.key.pairs and the entry's key file or KMS key"
+            )
+        return self._keyring.unwrap(wrapped, segment_id.id)
 
     def _fetch_sections(
         self, metadata: RemoteLogSegmentMetadata, types: Iterable[SectionType]
@@ -383,6 +493,8 @@ class RemoteStorageManager:
     def _forget(self, metadata: RemoteLogSegmentMetadata) -> None:
         """Drop what is cached of a segment that was copied again or deleted."""
         self._cache.invalidate(metadata.remote_log_segment_id.id)
+        with self._decoded_lock:
+            self._decoded.pop(metadata.remote_log_segment_id.id, None)
         if self._chunk_cache is not None:
             self._chunk_cache.invalidate(metadata.remote_log_segment_id.id)
 

@@ -5,7 +5,11 @@ position, u64 length, u32 CRC-32 of the section), then a u32 CRC-32 of everythin
 sections follow in SECTION_ORDER, so the three the broker reads together are one contiguous range.
 Version 1 holds Kafka's five indexes; version 2 may add the segment's chunk index (type code 6, see
 rsm/chunk_index.py) right after them, so a broker's index read fetches it in the same range. A version 2
-object without a chunk index is never written: pack() writes version 1 then, byte for byte as before.
+object without a chunk index is never written: pack() writes version 1 then, byte for byte as before. Version 3
+(an encrypted segment) adds the segment's wrapped data key (type code 7, rsm/keyring.py) right after the chunk
+index: a fixed-size slot that `tierlog rewrap` rewrites in place under another key-encryption key, so its
+checksum is recorded as 0 in the table (it carries its own, and unwrapping authenticates it) and positions,
+lengths and every other checksum stay what the segment's custom metadata says.
 """
 
 from __future__ import annotations
@@ -23,14 +27,20 @@ MAGIC = b"TLIX"
 FORMAT_VERSION = 1
 # With a CHUNK_INDEX section.
 CHUNKED_FORMAT_VERSION = 2
-READABLE_VERSIONS = (FORMAT_VERSION, CHUNKED_FORMAT_VERSION)
+# With a CHUNK_INDEX and a WRAPPED_KEY section.
+ENCRYPTED_FORMAT_VERSION = 3
+READABLE_VERSIONS = (FORMAT_VERSION, CHUNKED_FORMAT_VERSION, ENCRYPTED_FORMAT_VERSION)
 
 
 class SegmentSection(enum.Enum):
     """A section of the packed object that is not one of Kafka's indexes."""
 
     CHUNK_INDEX = "CHUNK_INDEX"
+    WRAPPED_KEY = "WRAPPED_KEY"
 
+
+# Rewritten in place (same position and length) after the segment is written; no checksum in the table.
+REWRITABLE_SECTIONS: frozenset[SegmentSection] = frozenset({SegmentSection.WRAPPED_KEY})
 
 # What a section holds: one of Kafka's indexes, or tierlog's own chunk index.
 SectionType = IndexType | SegmentSection
@@ -38,12 +48,14 @@ SectionType = IndexType | SegmentSection
 # OFFSET, TIMESTAMP and TRANSACTION first and adjacent: Kafka's RemoteIndexCache asks for exactly these
 # three in a row, so one range covers them; a follower's LEADER_EPOCH and PRODUCER_SNAPSHOT come after,
 # adjacent too.
-# The chunk index follows them: a broker's index read (before it reads the segment) brings it in the same range.
+# The chunk index (and an encrypted segment's wrapped data key) follow them: a broker's index read (before it
+# reads the segment) brings them in the same range.
 SECTION_ORDER: tuple[SectionType, ...] = (
     IndexType.OFFSET,
     IndexType.TIMESTAMP,
     IndexType.TRANSACTION,
     SegmentSection.CHUNK_INDEX,
+    SegmentSection.WRAPPED_KEY,
     IndexType.LEADER_EPOCH,
     IndexType.PRODUCER_SNAPSHOT,
 )
@@ -62,6 +74,7 @@ TYPE_CODES: Mapping[SectionType, int] = {
     IndexType.LEADER_EPOCH: 4,
     IndexType.PRODUCER_SNAPSHOT: 5,
     SegmentSection.CHUNK_INDEX: 6,
+    SegmentSection.WRAPPED_KEY: 7,
 }
 TYPES_BY_CODE: Mapping[int, SectionType] = {code: t for t, code in TYPE_CODES.items()}
 
@@ -122,6 +135,8 @@ class PackedIndexLayout:
     @property
     def version(self) -> int:
         """The format version of the object this table describes."""
+        if self.get(SegmentSection.WRAPPED_KEY):
+            return ENCRYPTED_FORMAT_VERSION
         return CHUNKED_FORMAT_VERSION if self.get(SegmentSection.CHUNK_INDEX) else FORMAT_VERSION
 
     def present(self, types: Iterable[SectionType]) -> tuple[Section, ...]:
@@ -134,19 +149,26 @@ class PackedIndexLayout:
         return min(s.position for s in chosen), max(s.end for s in chosen)
 
 
-def pack(indexes: Mapping[IndexType, bytes], chunk_index: bytes | None = None) -> tuple[bytes, PackedIndexLayout]:
+def pack(
+    indexes: Mapping[IndexType, bytes], chunk_index: bytes | None = None, wrapped_key: bytes | None = None
+) -> tuple[bytes, PackedIndexLayout]:
     """Build the packed object from the indexes present (a missing TRANSACTION index is left out), and the
-    segment's encoded chunk index if given (format version 2)."""
+    segment's encoded chunk index if given (format version 2) and its wrapped data key slot (version 3)."""
+    if wrapped_key is not None and chunk_index is None:
+        raise ValueError("a wrapped data key goes with a chunk index")
     sources: dict[SectionType, bytes] = {t: body for t, body in indexes.items()}
     if chunk_index is not None:
         sources[SegmentSection.CHUNK_INDEX] = chunk_index
+    if wrapped_key is not None:
+        sources[SegmentSection.WRAPPED_KEY] = wrapped_key
     present = [t for t in SECTION_ORDER if t in sources]
     header_size = _PRELUDE.size + len(present) * _ENTRY.size + _HEADER_CRC.size
     sections: list[Section] = []
     position = header_size
     for index_type in present:
         body = sources[index_type]
-        sections.append(Section(index_type, position, len(body), checksum(body)))
+        crc = 0 if index_type in REWRITABLE_SECTIONS else checksum(body)
+        sections.append(Section(index_type, position, len(body), crc))
         position += len(body)
     layout = PackedIndexLayout(tuple(sections))
     header = bytearray(_PRELUDE.pack(MAGIC, layout.version, len(sections)))
@@ -204,7 +226,7 @@ def extract(
                 f"packed index {where} is shorter than its section table says "
                 f"({section.index_type.name} at {section.position}+{section.length})"
             )
-        if checksum(body) != section.crc32:
+        if section.index_type not in REWRITABLE_SECTIONS and checksum(body) != section.crc32:
             raise PackedIndexCorruptError(
                 f"packed index {where} section {section.index_type.name} fails its checksum; "
                 f"the object is corrupt: copy the segment again or delete it"
@@ -216,11 +238,13 @@ def extract(
 __all__ = [
     "BROKER_READ_GROUP",
     "CHUNKED_FORMAT_VERSION",
+    "ENCRYPTED_FORMAT_VERSION",
     "FOLLOWER_READ_GROUP",
     "FORMAT_VERSION",
     "MAX_HEADER_SIZE",
     "READABLE_VERSIONS",
     "READ_GROUPS",
+    "REWRITABLE_SECTIONS",
     "SECTION_ORDER",
     "PackedIndexCorruptError",
     "PackedIndexLayout",
