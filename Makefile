@@ -11,9 +11,9 @@ STAMPS := .dev/stamps
 # The JVM adapter is rebuilt only when its sources or the shared protocol change.
 JVM_SOURCES := $(wildcard jvm/pom.xml) $(shell find jvm/src -type f 2>/dev/null) $(wildcard schemas/*.proto)
 
-.PHONY: setup venv python-deps kafka-jars jvm jvm-test dist services-up services-down services-status demo test lint bench bench-kafka
+.PHONY: setup venv python-deps kafka-jars azurite jvm jvm-test dist services-up services-down services-status demo test lint bench bench-kafka
 
-setup: python-deps kafka-jars jvm
+setup: python-deps kafka-jars azurite jvm
 
 # Debian and Ubuntu ship venv without ensurepip unless python3-venv is installed: say so in one line.
 venv: $(PYTHON)
@@ -32,6 +32,14 @@ $(STAMPS)/python-deps: $(PYTHON) pyproject.toml setup.py $(wildcard rlmm/*.c)
 
 kafka-jars: $(PYTHON)
 	$(PYTHON) -c 'from dev.kafka import ensure_kafka_libs; print("Kafka jars in", ensure_kafka_libs())'
+
+# Azurite (Azure Blob Storage's emulator, from npm) for the rsm Azure backend's tests, under .dev/node.
+AZURITE_VERSION ?= 3.37.0
+azurite: $(STAMPS)/azurite-$(AZURITE_VERSION)
+$(STAMPS)/azurite-$(AZURITE_VERSION):
+	@command -v npm >/dev/null || { echo "make: npm is needed to install Azurite (install Node.js 18+)" >&2; exit 1; }
+	npm install --prefix .dev/node --no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION)
+	@mkdir -p $(STAMPS) && touch $@
 
 jvm: $(if $(wildcard jvm/pom.xml),$(STAMPS)/jvm)
 $(STAMPS)/jvm: $(JVM_SOURCES)

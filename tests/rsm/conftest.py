@@ -1,7 +1,8 @@
-"""Fixtures for the RSM tests: one manager per backend (real SeaweedFS S3 and the filesystem) and segments.
+"""Fixtures for the RSM tests: one manager per backend (real SeaweedFS S3, the filesystem, Google Cloud Storage's
+and Azure Blob Storage's emulators) and segments.
 
-The S3 server and the broker come from the shared fixtures of tests/conftest.py; each test gets its own
-key prefix.
+The S3 server and the broker come from the shared fixtures of tests/conftest.py; the GCS and Azure emulators are
+started once per session on free 127.0.0.1 ports (dev/emulators.py); each test gets its own key prefix.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rsm_testkit import S3Server, SegmentFactory, SegmentFixture, metadata_for
 from support.s3_proxy import CountingS3Proxy
 from support.services import broker_log_dir
 
+from dev.emulators import AzureEndpoint, Azurite, GcsEmulator, GcsEndpoint
 from rlmm.types import RemoteLogSegmentId, TopicIdPartition
 from rsm import LogSegmentData, RemoteStorageManager
 
@@ -32,10 +34,39 @@ def key_prefix() -> str:
     return f"rsm-tests/{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.services)])
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEndpoint]:
+    """gcp-storage-emulator on a free 127.0.0.1 port, with its bucket."""
+    with GcsEmulator(tmp_path_factory.mktemp("gcs-emulator")) as emulator:
+        yield emulator.endpoint
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzureEndpoint]:
+    """Azurite's Blob service on a free 127.0.0.1 port, with its container."""
+    with Azurite(tmp_path_factory.mktemp("azurite")) as emulator:
+        yield emulator.endpoint
+
+
+def gcs_config(endpoint: GcsEndpoint, prefix: str, **extra: Any) -> dict[str, Any]:
+    return {"storage.backend": "gcs", "gcs.endpoint.url": endpoint.url, "gcs.bucket.name": endpoint.bucket,
+            "gcs.prefix": prefix, **extra}
+
+
+def azure_config(endpoint: AzureEndpoint, prefix: str, **extra: Any) -> dict[str, Any]:
+    return {"storage.backend": "azure", "azure.endpoint.url": endpoint.url, "azure.account.name": endpoint.account,
+            "azure.account.key": endpoint.key, "azure.container.name": endpoint.container, "azure.prefix": prefix,
+            **extra}
+
+
+@pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.services), "gcs", "azure"])
 def backend_config(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> dict[str, Any]:
     if request.param == "filesystem":
         return {"storage.backend": "filesystem", "filesystem.root": str(tmp_path / "remote")}
+    if request.param == "gcs":
+        return gcs_config(request.getfixturevalue("gcs_emulator"), key_prefix)
+    if request.param == "azure":
+        return azure_config(request.getfixturevalue("azurite"), key_prefix)
     server: S3Server = request.getfixturevalue("s3_server")
     return server.rsm_config(key_prefix)
 

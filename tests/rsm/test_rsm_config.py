@@ -38,8 +38,8 @@ def test_the_filesystem_backend_requires_a_root() -> None:
 
 
 def test_an_unknown_backend_is_refused_listing_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"storage\.backend must be one of filesystem, s3, got 'gcs'"):
-        RemoteStorageManager({"storage.backend": "gcs"})
+    with pytest.raises(ConfigError, match=r"storage\.backend must be one of azure, filesystem, gcs, s3, got 'hdfs'"):
+        RemoteStorageManager({"storage.backend": "hdfs"})
 
 
 def test_an_access_key_without_a_secret_is_refused() -> None:
