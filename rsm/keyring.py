@@ -317,6 +317,7 @@ def _kms_client(core: Mapping[str, Any]) -> Any:
 __all__ = [
     "CONFIG_KEYS",
     "DATA_KEY_BYTES",
+    "ENTRY_PROPERTIES",
     "RING_PREFIX",
     "SLOT_SIZE",
     "DataKeyError",

@@ -7,6 +7,7 @@ written compressed and encrypted chunk by chunk (rsm/transforms.py, rsm/keyring.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import io
 import logging
 import tempfile
@@ -28,13 +29,14 @@ from rsm.chunk_reader import ChunkedSegment, ChunkReader, SegmentFiles
 from rsm.custom_metadata import SegmentCustomMetadata
 from rsm.index_cache import IndexCache
 from rsm.keyring import DataKeyError, KeyRing, WrappedKey, build_keyring
-from rsm.keys import SegmentKeys, keys_for
+from rsm.keys import INDEXES_SUFFIX, LOG_SUFFIX, SegmentKeys, keys_for, parse_object_key
 from rsm.metrics import ABSENT_INDEX_COUNTER, Metrics
 from rsm.packed_index import (
     BROKER_READ_GROUP,
     MAX_HEADER_SIZE,
     READ_GROUPS,
     PackedIndexLayout,
+    Section,
     SectionType,
     SegmentSection,
     extract,
@@ -143,6 +145,15 @@ def parse_rsm_config(raw: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[
     own_names = {key.name for key in own_keys}
     backend_config = parse_config({k: v for k, v in raw.items() if k in own_names}, own_keys, _OWNER)
     return core, name, backend_config
+
+
+class RewrapOutcome(enum.Enum):
+    """What rewrap_data_key did with one segment."""
+
+    REWRAPPED = "rewrapped"
+    CURRENT = "current"  # already under the active key
+    UNENCRYPTED = "unencrypted"
+    GONE = "gone"  # deleted while it was rewrapped
 
 
 class IndexAbsentError(RemoteResourceNotFoundError):
@@ -564,6 +575,55 @@ class RemoteStorageManager:
             following = self._next_hints.get(segment.segment_id.id)
         return None if following is None or self._closed.is_set() else self._chunked_segment(following)
 
+    # -- data keys of encrypted segments (tierlog rewrap, tierlog verify bucket) -------------------
+
+    def data_key_id(self, indexes_key: str) -> str | None:
+        """The ring id the data key of the segment whose packed index object is `indexes_key` (a key as
+        `backend.list` returns it) is wrapped under; None for a segment that is not encrypted."""
+        self._check_open()
+        found = self._wrapped_key_slot(indexes_key)
+        return None if found is None else WrappedKey.decode(found[1], indexes_key).key_id
+
+    def rewrap_data_key(self, indexes_key: str) -> RewrapOutcome:
+        """Wrap the segment's data key under the active ring entry, rewriting only its slot in the packed index
+        object (the segment's bytes, chunk index and custom metadata stay as they are). Idempotent."""
+        self._check_open()
+        if self._keyring is None or self._keyring.active is None:
+            raise ConfigError(f"{_OWNER}: rewrap needs encryption.key.pairs and encryption.key.pair.id (the key to "
+                              "wrap under)")
+        parsed = parse_object_key(indexes_key)
+        if parsed is None or parsed.suffix != INDEXES_SUFFIX:
+            raise InvalidArgumentError(f"{indexes_key!r} is not the key of a segment's packed index object")
+        found = self._wrapped_key_slot(indexes_key)
+        if found is None:
+            return RewrapOutcome.UNENCRYPTED
+        section, slot = found
+        wrapped = WrappedKey.decode(slot, indexes_key)
+        if wrapped.key_id == self._keyring.active:
+            return RewrapOutcome.CURRENT
+        data_key = self._keyring.unwrap(wrapped, parsed.segment_id)
+        new_slot = self._keyring.wrap(data_key, parsed.segment_id).encode()
+        packed = bytearray(read_all(self._backend.get_range(indexes_key, 0)))
+        if bytes(packed[section.position : section.end]) != slot:
+            raise RemoteStorageError(f"{self._backend.describe(indexes_key)} changed while it was rewrapped; "
+                                     "run rewrap again")
+        packed[section.position : section.end] = new_slot
+        self._backend.put(indexes_key, bytes(packed))
+        log_key = indexes_key.removesuffix(INDEXES_SUFFIX) + LOG_SUFFIX
+        if not any(o.key == log_key for o in self._backend.list(log_key)):
+            # Deleted (retention) while we rewrapped: take back the object our put re-created.
+            self._backend.delete([indexes_key])
+            return RewrapOutcome.GONE
+        return RewrapOutcome.REWRAPPED
+
+    def _wrapped_key_slot(self, indexes_key: str) -> tuple[Section, bytes] | None:
+        where = self._backend.describe(indexes_key)
+        layout = parse_header(read_all(self._backend.get_range(indexes_key, 0, MAX_HEADER_SIZE - 1)), where)
+        section = layout.get(SegmentSection.WRAPPED_KEY)
+        if section is None:
+            return None
+        return section, read_all(self._backend.get_range(indexes_key, section.position, section.end - 1))
+
     # -- lifecycle and metrics ------------------------------------------------------------------
 
     @property
@@ -606,4 +666,4 @@ def _chunk_cache(core: Mapping[str, Any], metrics: Metrics) -> ChunkCache | None
     return None
 
 
-__all__ = ["CORE_CONFIG_KEYS", "IndexAbsentError", "RemoteStorageManager", "parse_rsm_config"]
+__all__ = ["CORE_CONFIG_KEYS", "IndexAbsentError", "RemoteStorageManager", "RewrapOutcome", "parse_rsm_config"]

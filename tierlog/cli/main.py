@@ -34,6 +34,7 @@ from tierlog.cli.jobs import add_reconcile_options, cmd_reconcile, cmd_replay, c
 from tierlog.cli.migrate import add_parser as add_migrate_parser
 from tierlog.cli.plugin import cmd_plugin_path
 from tierlog.cli.restore import add_parser as add_restore_parser
+from tierlog.cli.rewrap import add_parser as add_rewrap_parser
 from tierlog.cli.verify import cmd_rebuild, cmd_verify
 from tierlog.cli.verify_migration import add_options as add_verify_migration_options
 
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_migrate_parser(sub, common)
     add_export_parser(sub, common)
     add_restore_parser(sub, common)
+    add_rewrap_parser(sub, common)
 
     p = sub.add_parser("plugin-path", help="print the Kafka plugin jar's path (for remote.log.*.class.path)")
     p.set_defaults(run=cmd_plugin_path)

@@ -156,6 +156,11 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
             "advice": checked.advice(),
             "report": report.as_json(), "freshness": checked.freshness.as_json(),
         })
+        from tierlog.cli.rewrap import data_key_check
+
+        keys_checked = data_key_check(settings, checked.bucket)
+        if keys_checked is not None:  # a key ring is configured: segments still under retired key ids
+            results.append(keys_checked)
     ok = all(r["ok"] for r in results)
 
     def human() -> None:
