@@ -116,6 +116,14 @@ class ComponentSlot(Generic[T]):
         with self._lock:
             return self._instance
 
+    def get_if_created(self) -> T | None:
+        """The component, or None while it is still being created; NotConfiguredError if creating it failed,
+        so that the broker's adapter configures it again instead of taking it for one still starting."""
+        with self._lock:
+            if self._error is not None:
+                raise NotConfiguredError(f"creating the {self.name.short} failed: {self._error}")
+            return self._instance
+
     def when_ready(self, action: Callable[[T], None]) -> None:
         """Run `action` now if the component exists, else right after it is created."""
         with self._lock:
@@ -178,24 +186,28 @@ class Components:
             )
             return
         config = self.translate(name, broker_config)
-        with self._lock:
-            current = self._slots.get(name)
-        if current is not None and current.failed is None:
-            if current.config == config:
-                return
-            raise InvalidArgumentError(
-                f"the {name.short} is already configured with a different config; "
-                "each broker needs its own agent (agent.socket.path)"
-            )
-        slot = self._install(name, config)
+        slot = self._install(name, config, reuse=True)
         error = slot.wait_created(CONFIG_ERROR_WAIT_S)
         if error is not None:
             raise error
 
-    def _install(self, name: ComponentName, config: dict[str, Any]) -> ComponentSlot[Any]:
-        slot: ComponentSlot[Any] = ComponentSlot(name, self._factories[name], config)
+    def _install(self, name: ComponentName, config: dict[str, Any], reuse: bool = False) -> ComponentSlot[Any]:
+        """A new slot for `config` in place of the current one; with `reuse`, the current one unless it failed.
+
+        Checked and installed under one lock: the broker's threads that find a restarted agent unconfigured all
+        configure it at once, and two rlmm slots created side by side would both open its view, which RocksDB
+        lets one opener hold (the second fails for good, "lock hold by current process")."""
         with self._lock:
-            old, self._slots[name] = self._slots.get(name), slot
+            old = self._slots.get(name)
+            if reuse and old is not None and old.failed is None:
+                if old.config != config:
+                    raise InvalidArgumentError(
+                        f"the {name.short} is already configured with a different config; "
+                        "each broker needs its own agent (agent.socket.path)"
+                    )
+                return old
+            slot: ComponentSlot[Any] = ComponentSlot(name, self._factories[name], config)
+            self._slots[name] = slot
         if old is not None:
             old.close()
         return slot

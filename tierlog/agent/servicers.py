@@ -268,7 +268,7 @@ class RemoteLogMetadataServicer(Servicer):
     @unary
     def IsReady(self, request: Any, context: grpc.ServicerContext) -> Any:
         tp = messages.topic_id_partition(request)
-        manager = self.components.slot(RLMM).get_nowait()
+        manager = self.components.slot(RLMM).get_if_created()
         return pb.Ready(ready=manager is not None and bool(manager.is_ready(tp)))
 
 
