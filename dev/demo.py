@@ -265,19 +265,27 @@ def wait_until_tiered(
     log_dir: Path, topic: str, *, partition: int = 0, min_local_start: int = 1, timeout: float = 90.0
 ) -> int:
     """Wait until the broker deleted local segments up to at least `min_local_start` (only possible once
-    they are in remote storage); return the first offset still held locally."""
+    they are in remote storage); return the first offset still held locally. A timeout says where the local log
+    started at first and at last, which tells tiering that stopped from tiering that was slow."""
+    starts: list[int] = []
 
     def local_start() -> int | None:
         offsets = local_segment_offsets(log_dir, topic, partition)
+        if offsets:
+            starts.append(offsets[0])
         return offsets[0] if offsets and offsets[0] >= min_local_start else None
 
-    return int(
-        wait_for(
-            local_start,
-            timeout,
-            f"{topic}-{partition} local segments below offset {min_local_start} to be tiered and deleted",
+    try:
+        return int(
+            wait_for(
+                local_start,
+                timeout,
+                f"{topic}-{partition} local segments below offset {min_local_start} to be tiered and deleted",
+            )
         )
-    )
+    except TimeoutError as exc:
+        seen = f"at {starts[0]} when the wait began, at {starts[-1]} at its end" if starts else "nowhere (none)"
+        raise TimeoutError(f"{exc}; the first local segment started {seen}") from None
 
 
 @dataclass(frozen=True)

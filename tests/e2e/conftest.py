@@ -5,6 +5,7 @@ cache beside the agent's socket, so brokers read fetched segments from its files
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import uuid
@@ -69,10 +70,13 @@ def s3_location(s3_endpoint: S3Endpoint, request: pytest.FixtureRequest) -> Iter
 
 
 @pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    """A short directory for agent sockets (a Unix socket path must stay under ~100 bytes)."""
+def socket_dir(tmp_path: Path) -> Iterator[Path]:
+    """A short directory for agent sockets (a Unix socket path must stay under ~100 bytes). The agents' logs
+    written there are copied to the test's tmp_path, beside its brokers' logs, when the test ends."""
     with tempfile.TemporaryDirectory(prefix="tl-") as directory:
         yield Path(directory)
+        for log in Path(directory).glob("*.log*"):
+            shutil.copy2(log, tmp_path / log.name)
 
 
 @pytest.fixture
