@@ -296,12 +296,13 @@ class MigratingManager:
                         failed.add(partition)
                         consumer.seek(TopicPartition(self.source_topic, partition, message.offset() or 0))
                 if messages and not failed:
-                    consumer.commit(asynchronous=False)
+                    _commit_positions(consumer, [])
                 elif failed:
                     self._stop.wait(RETRY_PAUSE_S)
         except Exception:
             log.exception("importing %s into %s stopped; restart the agent to resume (the group's committed offsets "
                           "say where)", self.source_topic, self._manager.metadata_topic)
+            raise
         finally:
             consumer.close()  # leaves the group: another node's import takes its partitions
 

@@ -1,0 +1,142 @@
+"""A tierlog node in migration mode (tierlog.migration.node) against the real broker: it imports what TBRLMM brokers
+append to `__remote_log_metadata`, writes its own events there in Kafka's format (imported back as no-ops), gates a
+partition's readiness on the import, and stops both once the migration is finalized."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from migrate_testkit import (
+    SOURCE_PARTITIONS,
+    assert_answers_as_kafka,
+    kafka_model,
+    produce_history,
+    workload_history,
+)
+from rlmm_testkit import make_tp, manager_config, segment, update_of
+
+from rlmm import RemoteLogMetadataManager
+from rlmm.types import RemoteLogSegmentState
+from tierlog.migration.control import FINALIZE_KEY, FINALIZED, Finalize, read_control
+from tierlog.migration.node import MigratingManager, split_config, wrap
+from tierlog.migration.records import SourceRecord, decode_source_record
+
+DEADLINE_S = 30.0
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _source_records(bootstrap: str, topic: str) -> list[SourceRecord]:
+    """Every record of a source topic now, decoded, with its writer (WRITER_HEADER)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-source", "enable.auto.commit": False})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(SOURCE_PARTITIONS)}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, end in ends.items() if end])
+        found: list[Any] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(found) < sum(ends.values()) and time.monotonic() < deadline:
+            found += [m for m in consumer.consume(100, timeout=0.2) if m.error() is None]
+        return [record for m in found if isinstance(record := decode_source_record(topic, SOURCE_PARTITIONS, m),
+                                                     SourceRecord)]
+    finally:
+        consumer.close()
+
+
+@pytest.fixture
+def migrating_node(kafka_bootstrap: str, create_topic: Callable[..., str], unique_topic: str, tmp_path: Path
+                   ) -> Iterator[Callable[[], MigratingManager]]:
+    """`start()` a node in migration mode over a source topic of its own (`node.source_topic`)."""
+    source = create_topic(partitions=SOURCE_PARTITIONS)
+    started: list[Any] = []
+
+    def start() -> MigratingManager:
+        config = manager_config(kafka_bootstrap, tmp_path / f"node-{len(started)}", unique_topic, partitions=3, **{
+            "migration.mode": "dual-write", "migration.source.topic": source,
+            "migration.control.topic": f"{unique_topic}-control", "migration.heartbeat.ms": 200})
+        own, migration = split_config(config)
+        node = wrap(RemoteLogMetadataManager(own), own, migration)
+        started.append(node)
+        assert isinstance(node, MigratingManager)
+        return node
+
+    yield start
+    for node in started:
+        node.close()
+
+
+def test_off_is_the_manager_itself(kafka_bootstrap: str, unique_topic: str, tmp_path: Path) -> None:
+    own, migration = split_config(manager_config(kafka_bootstrap, tmp_path, unique_topic, **{"migration.mode": "off"}))
+    manager = RemoteLogMetadataManager(own)
+    with manager:
+        assert wrap(manager, own, migration) is manager
+
+
+def test_records_tbrlmm_brokers_append_are_imported_as_kafka_rules_apply_them(
+        kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
+    node = migrating_node()
+    history = workload_history(seed=5, partitions=3, uploads=4)
+    produce_history(kafka_bootstrap, node.source_topic, history)
+    _wait(lambda: node.imported + node.skipped + node.dropped == len(history), "the import of the history")
+    assert_answers_as_kafka(kafka_model(history), node.view, history)
+
+
+def test_own_writes_go_to_both_topics_and_come_back_as_no_ops(
+        kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
+    node = migrating_node()
+    tp = make_tp("dual", 0)
+    node.on_partition_leadership_changes([tp], [])
+    _wait(lambda: node.is_ready(tp), "the partition to be ready")
+    added = segment(tp, 0, 99, {0: 0})
+    finished = update_of(added, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+    node.add_remote_log_segment_metadata(added).result(DEADLINE_S)
+    node.update_remote_log_segment_metadata(finished).result(DEADLINE_S)
+
+    mirrored = _source_records(kafka_bootstrap, node.source_topic)
+    assert [r.metadata for r in mirrored] == [added, finished]
+    assert [r.tierlog_writer for r in mirrored] == [0, 0]
+    digest = node.view_digest()
+    _wait(lambda: node.skipped == 2, "the import to pass the node's own records")
+    assert node.imported == 0
+    assert node.view_digest() == digest
+    assert node.list_remote_log_segments(tp)[0].state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+
+
+def test_a_partition_is_ready_only_once_its_tbrlmm_records_are_imported(
+        kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
+    history = workload_history(seed=7, partitions=2, uploads=30)  # the second partition is deleted in the end
+    tp = history[0].topic_id_partition
+    ours = [call for call in history if call.topic_id_partition == tp]
+    node = migrating_node()
+    node.on_partition_leadership_changes([], [tp])
+    produce_history(kafka_bootstrap, node.source_topic, history)
+    _wait(lambda: node.is_ready(tp), "the partition to be ready")
+    assert_answers_as_kafka(kafka_model(ours), node.view, ours)
+
+
+def test_finalize_stops_dual_writes_and_the_import(
+        kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
+    node = migrating_node()
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(node.control_topic, key=FINALIZE_KEY, value=Finalize(1).value())
+    assert producer.flush(10) == 0
+    _wait(lambda: node.finalized, "the node to see the finalize record")
+    _wait(lambda: getattr(read_control({"bootstrap.servers": kafka_bootstrap}, node.control_topic, 10)[0].nodes.get(0),
+                          "state", None) == FINALIZED, "the node to announce it is finalized")
+
+    tp = make_tp("after", 0)
+    node.on_partition_leadership_changes([tp], [])
+    node.add_remote_log_segment_metadata(segment(tp, 0, 9, {0: 0})).result(DEADLINE_S)
+    assert _source_records(kafka_bootstrap, node.source_topic) == []
+    # A node started later finds the migration finalized.
+    assert migrating_node().finalized
