@@ -434,7 +434,9 @@ class RemoteStorageManager:
             raise DataKeyError(f"segment {metadata.remote_log_segment_id} is encrypted, but {where}'s packed index "
                                "has no wrapped data key")
         cipher = None if slot is None else SegmentCipher(self._data_key(metadata, slot), segment)
-        index = chunk_index.decode(data, where, None if cipher is None else cipher.open_index)
+        index = chunk_index.decode(
+            data, f"segment {metadata.remote_log_segment_id} ({where})", None if cipher is None else cipher.open_index
+        )
         if (cipher is not None) != index.encrypted:
             raise chunk_index.ChunkIndexError(
                 f"the chunk index of segment {metadata.remote_log_segment_id} ({where}) says its chunks are "
