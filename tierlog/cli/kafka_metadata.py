@@ -269,3 +269,45 @@ def store_differences(expected: state.InMemoryState | Any, found: state.InMemory
         if lines:
             differences[tp] = lines
     return differences
+
+
+@dataclass
+class Comparison:
+    """`__remote_log_metadata` replayed under Kafka's rules against tierlog's topic folded: how they differ, which
+    records could not be read, and per broker the newest record TBRLMM (not a migrating tierlog node) wrote."""
+
+    records: int
+    partitions: int
+    differences: dict[TopicIdPartition, list[str]]
+    problems: list[SourceProblem]
+    tbrlmm_writes: dict[int, int]  # broker id -> timestamp (ms) of its newest record
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences and not self.problems
+
+
+def compare_stores(settings: Settings, source: TopicDescription, show: bool | None) -> Comparison:
+    """What TBRLMM's store answers (the source replayed) against what tierlog's metadata topic answers, now."""
+    ends = end_offsets(settings, source)
+    replay = KafkaRulesReplay()
+    problems: list[SourceProblem] = []
+    tbrlmm_writes: dict[int, int] = {}
+    read = 0
+    with ProgressBar(f"replaying {source.name}", sum(ends.values()), show) as bar:
+        for batch in read_source(settings, source, ends):
+            for item in batch:
+                if isinstance(item, SourceProblem):
+                    problems.append(item)
+                    continue
+                replay.apply(item.metadata)
+                if item.tierlog_writer is None:
+                    broker = item.metadata.broker_id
+                    tbrlmm_writes[broker] = max(tbrlmm_writes.get(broker, 0), item.timestamp_ms)
+            read += len(batch)
+            bar.update(read)
+        bar.finish(read)
+    tierlog = fold_tierlog(settings, show)
+    partitions = len({*replay.store.user_partitions(), *tierlog.user_partitions()})
+    return Comparison(read, partitions, store_differences(replay.store, tierlog, "TBRLMM", "tierlog"), problems,
+                      tbrlmm_writes)

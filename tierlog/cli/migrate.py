@@ -36,6 +36,7 @@ from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, 
 from tierlog.cli.kafka_metadata import (
     KafkaRulesReplay,
     TopicDescription,
+    compare_stores,
     describe_topic,
     end_offsets,
     read_source,
@@ -54,6 +55,7 @@ REPORT_EVERY_S = 10.0
 # Past its own write timeout the manager fails a write's future; this only guards against a future never settling.
 SETTLE_GRACE_S = 60.0
 SHOWN_PROBLEMS = 20
+COMPARE_RETRY_S = 1.0
 
 
 def record_type(metadata: TopicMetadata) -> str:
@@ -309,7 +311,8 @@ def progress_path(state_dir: Path, source: str) -> Path:
 
 
 def _migrate(settings: Settings, source: TopicDescription, sink: ManagerWrites | DryRun, report: MigrationReport,
-             show: bool | None) -> None:
+             show: bool | None) -> dict[int, int]:
+    """Read the source up to its end offsets now (returned), handing each record to `sink`."""
     ends = end_offsets(settings, source)
     total = sum(ends.values())
     started = last_report = time.monotonic()
@@ -335,9 +338,34 @@ def _migrate(settings: Settings, source: TopicDescription, sink: ManagerWrites |
         sink.finish()
         bar.finish(done)
     report.seconds = time.monotonic() - started
+    return ends
+
+
+def _commit_import_position(settings: Settings, source: TopicDescription, ends: Mapping[int, int],
+                            metadata_topic: str) -> None:
+    """Record in the migrating nodes' consumer group (tierlog.migration.node) that the source is imported up to
+    `ends`, so that nodes started in migration mode go on from there (never moving a committed offset back)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from tierlog.migration.node import import_group
+
+    consumer = Consumer(settings.kafka_client(**{"group.id": import_group(metadata_topic),
+                                                 "enable.auto.commit": False}))
+    try:
+        committed = consumer.committed([TopicPartition(source.name, p) for p in ends], timeout=settings.timeout_s)
+        already = {tp.partition: tp.offset for tp in committed}
+        consumer.commit(offsets=[TopicPartition(source.name, p, max(end, already.get(p, -1)))
+                                 for p, end in ends.items()], asynchronous=False)
+    except KafkaException as exc:  # nodes in migration mode hold the group: their import carries on by itself
+        log.warning("the import position of %s was not recorded for nodes in migration mode (%s); they import "
+                    "what is left themselves", source.name, exc)
+    finally:
+        consumer.close()
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    if args.step == "finalize":
+        return cmd_finalize(args, settings)
     source = require_source(settings, args.source_topic)
     report = MigrationReport(source.name, args.dry_run)
     if args.dry_run:
@@ -361,9 +389,10 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             progress = ProgressLog.open(progress_path(state_dir, source.name), _identity(source, target))
             try:
                 writes = ManagerWrites(manager, progress, report, settings.timeout_s + SETTLE_GRACE_S)
-                _migrate(settings, source, writes, report, args.progress)
+                ends = _migrate(settings, source, writes, report, args.progress)
             finally:
                 progress.close()
+            _commit_import_position(settings, source, ends, manager.metadata_topic)
     _show(args, report)
     if report.problems:
         print(f"tierlog migrate: {len(report.problems)} record(s) of {source.name} could not be migrated (listed "
@@ -390,6 +419,121 @@ def _show(args: argparse.Namespace, report: MigrationReport) -> None:
     emit(args, report.as_json(), human)
 
 
+# --- finalize ---------------------------------------------------------------------------------------------
+
+def _cluster_brokers(settings: Settings) -> list[int]:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        found = AdminClient(settings.kafka_client()).describe_cluster(request_timeout=settings.timeout_s).result(
+            settings.timeout_s)
+    except KafkaException as exc:
+        raise CommandError(f"cannot list the brokers of {settings.bootstrap()}: {exc}") from exc
+    return sorted(node.id for node in found.nodes)
+
+
+def finalize_blockers(brokers: list[int], control: Any, tbrlmm_writes: Mapping[int, int], now_ms: int,
+                      max_heartbeat_age_ms: int) -> list[str]:
+    """What keeps the migration from being finalized: a broker not (or no longer) in migration mode, or a broker that
+    wrote to `__remote_log_metadata` as TBRLMM after the last node came up in migration mode."""
+    from tierlog.migration.control import DUAL_WRITE
+
+    blockers = []
+    for broker in brokers:
+        announced = control.nodes.get(broker)
+        if announced is None:
+            blockers.append(f"broker {broker} never announced migration mode: is it still on "
+                            "TopicBasedRemoteLogMetadataManager? Roll it with rlmm.config.migration.mode=dual-write")
+        elif announced.state != DUAL_WRITE:
+            blockers.append(f"broker {broker} is in state {announced.state}, not {DUAL_WRITE}")
+        elif now_ms - announced.heartbeat_ms > max_heartbeat_age_ms:
+            age_s = (now_ms - announced.heartbeat_ms) / 1000
+            blockers.append(f"broker {broker}'s last migration heartbeat is {age_s:.0f} s old: was it rolled back to "
+                            "TopicBasedRemoteLogMetadataManager, or is its agent down?")
+    starts = [control.nodes[b].started_ms for b in brokers if b in control.nodes]
+    last_start = max(starts, default=now_ms)
+    for broker, written_ms in sorted(tbrlmm_writes.items()):
+        if written_ms > last_start:
+            blockers.append(f"broker {broker} wrote to the source topic as TopicBasedRemoteLogMetadataManager at "
+                            f"{written_ms} ms, after the last node started in migration mode ({last_start} ms)")
+    return blockers
+
+
+def cmd_finalize(args: argparse.Namespace, settings: Settings) -> int:
+    from confluent_kafka import Producer
+
+    from tierlog.migration.control import (
+        DEFAULT_CONTROL_TOPIC,
+        FINALIZE_KEY,
+        FINALIZED,
+        Finalize,
+        now_ms,
+        read_control,
+    )
+
+    source = require_source(settings, args.source_topic)
+    control_topic = settings.get("migration.control.topic") or DEFAULT_CONTROL_TOPIC
+    if describe_topic(settings, control_topic) is None:
+        raise CommandError(f"no migration control topic {control_topic} on {settings.bootstrap()}: no node ever ran "
+                           "in migration mode (rlmm.config.migration.mode=dual-write)", EXIT_USAGE)
+    client = settings.kafka_client()
+    control, _ = read_control(client, control_topic, settings.timeout_s)
+    result: dict[str, Any] = {"control_topic": control_topic, "source_topic": source.name}
+    if control.finalize is not None:
+        finalized_ms = control.finalize.finalized_ms
+        result.update(finalized=True, already=True, finalized_ms=finalized_ms)
+        emit(args, result, lambda: print(f"the migration was already finalized at {finalized_ms} ms"))
+        return EXIT_OK
+    brokers = _cluster_brokers(settings)
+    comparison = compare_stores(settings, source, args.progress)
+    for _ in range(args.attempts - 1):  # writes in flight between reading the two topics differ for a moment only
+        if comparison.ok:
+            break
+        time.sleep(COMPARE_RETRY_S)
+        comparison = compare_stores(settings, source, args.progress)
+    control, _ = read_control(client, control_topic, settings.timeout_s)
+    blockers = finalize_blockers(brokers, control, comparison.tbrlmm_writes, now_ms(), args.max_heartbeat_age_s * 1000)
+    blockers += [f"{tp}: {line}" for tp, lines in comparison.differences.items() for line in lines]
+    blockers += [f"unreadable: {problem}" for problem in comparison.problems]
+    result.update(brokers=brokers, records=comparison.records, partitions=comparison.partitions,
+                  nodes={b: control.nodes[b].state for b in brokers if b in control.nodes}, blockers=blockers)
+    finalize = not blockers and not args.dry_run
+    if finalize:
+        producer = Producer(client)
+        checked = {"brokers": brokers, "records": comparison.records, "partitions": comparison.partitions}
+        producer.produce(control_topic, key=FINALIZE_KEY, value=Finalize(now_ms(), checked).value())
+        if producer.flush(settings.timeout_s):
+            raise CommandError(f"the finalize record was not acknowledged by {control_topic} within "
+                               f"{settings.timeout_s:g} s; run finalize again")
+        deadline = time.monotonic() + settings.timeout_s
+        while True:  # every node stops its dual writes within a heartbeat, and says so
+            control, _ = read_control(client, control_topic, settings.timeout_s)
+            lagging = [b for b in brokers if control.nodes[b].state != FINALIZED]
+            if not lagging or time.monotonic() > deadline:
+                break
+            time.sleep(COMPARE_RETRY_S)
+        result["not_yet_finalized"] = lagging
+    result["finalized"] = finalize
+
+    def human() -> None:
+        for line in blockers[:SHOWN_PROBLEMS]:
+            print(f"blocks finalize: {line}")
+        if len(blockers) > SHOWN_PROBLEMS:
+            print(f"... and {len(blockers) - SHOWN_PROBLEMS} more (--json lists every one)")
+        print(f"brokers {brokers}; {source.name} and {settings.metadata_topic()} compared over "
+              f"{comparison.partitions} user partitions ({comparison.records} records)")
+        if finalize:
+            print("finalized: nodes stop writing to and importing from "
+                  f"{source.name}" + (f" (not yet confirmed by brokers {result['not_yet_finalized']})"
+                                      if result["not_yet_finalized"] else ""))
+        elif not blockers:
+            print("ready to finalize (--dry-run: nothing written)")
+
+    emit(args, result, human)
+    return EXIT_PROBLEM if blockers else EXIT_OK
+
+
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """`tierlog migrate`'s arguments (registered by tierlog.cli.main)."""
     from tierlog.cli.kafka_metadata import DEFAULT_SOURCE_TOPIC
@@ -397,9 +541,17 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("migrate", parents=[common],
                        help="import Kafka's __remote_log_metadata (TopicBasedRemoteLogMetadataManager) into tierlog's "
                             "metadata topic; rerun to resume")
+    p.add_argument("step", nargs="?", choices=("import", "finalize"), default="import",
+                   help="import (the default): copy the source's records into tierlog's topic; finalize: check that "
+                        "every broker runs tierlog in migration mode and both stores agree, then end the dual writes")
+    p.add_argument("--attempts", type=int, default=3,
+                   help="with finalize: compare the two stores up to this many times before reporting differences")
+    p.add_argument("--max-heartbeat-age-s", type=int, default=30,
+                   help="with finalize: a broker whose migration heartbeat is older counts as not migrated")
     p.add_argument("--source-topic", default=DEFAULT_SOURCE_TOPIC,
                    help=f"the topic TBRLMM wrote (default {DEFAULT_SOURCE_TOPIC})")
-    p.add_argument("--dry-run", action="store_true", help="count what would be written; write nothing")
+    p.add_argument("--dry-run", action="store_true", help="count what would be written (with finalize: run the "
+                                                          "checks only); write nothing")
     p.add_argument("--state-dir", help="a state dir of its own for the migrating node (default state.dir); it also "
                                        "keeps the progress that lets a rerun resume")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
