@@ -11,43 +11,19 @@ import argparse
 from typing import Any
 
 from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, Settings
-from tierlog.cli.kafka_metadata import (
-    KafkaRulesReplay,
-    SourceProblem,
-    end_offsets,
-    fold_tierlog,
-    read_source,
-    require_source,
-    store_differences,
-)
-from tierlog.cli.output import ProgressBar, emit
+from tierlog.cli.kafka_metadata import compare_stores, require_source
+from tierlog.cli.output import emit
 
 SHOWN_LINES = 50
 
 
 def cmd_verify_migration(args: argparse.Namespace, settings: Settings) -> int:
     source = require_source(settings, args.source_topic)
-    ends = end_offsets(settings, source)
-    replay = KafkaRulesReplay()
-    problems: list[SourceProblem] = []
-    read = 0
-    with ProgressBar(f"replaying {source.name}", sum(ends.values()), args.progress) as bar:
-        for batch in read_source(settings, source, ends):
-            for item in batch:
-                if isinstance(item, SourceProblem):
-                    problems.append(item)
-                else:
-                    replay.apply(item.metadata)
-            read += len(batch)
-            bar.update(read)
-        bar.finish(read)
-    tierlog = fold_tierlog(settings, args.progress)
-    differences = store_differences(replay.store, tierlog, "TBRLMM", "tierlog")
-    partitions = {*replay.store.user_partitions(), *tierlog.user_partitions()}
-    ok = not differences and not problems
+    found = compare_stores(settings, source, args.progress)
+    differences, problems, read, ok = found.differences, found.problems, found.records, found.ok
     result: dict[str, Any] = {
         "ok": ok, "source_topic": source.name, "tierlog_topic": settings.metadata_topic(), "records": read,
-        "partitions": len(partitions), "partitions_differing": len(differences),
+        "partitions": found.partitions, "partitions_differing": len(differences),
         "differences": {str(tp): lines for tp, lines in differences.items()},
         "problems": [p.as_json() for p in problems],
     }
@@ -60,7 +36,7 @@ def cmd_verify_migration(args: argparse.Namespace, settings: Settings) -> int:
         if len(lines) > SHOWN_LINES:
             print(f"... and {len(lines) - SHOWN_LINES} more (--json lists every one)")
         verdict = "agree" if ok else "DISAGREE"
-        print(f"{source.name} ({read} records) and {settings.metadata_topic()} {verdict} on {len(partitions)} user "
+        print(f"{source.name} ({read} records) and {settings.metadata_topic()} {verdict} on {found.partitions} user "
               f"partitions: {len(differences)} differ, {len(problems)} source records could not be read")
 
     emit(args, result, human)
