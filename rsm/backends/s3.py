@@ -1,8 +1,10 @@
-"""The S3 backend, through boto3: any S3-compatible server (AWS, SeaweedFS, MinIO) with path-style option.
+"""The S3 backend, through botocore: any S3-compatible server (AWS, SeaweedFS, MinIO), path-style or virtual-hosted.
 
 Single PUT below the multipart threshold, parallel multipart above it (aborted on failure); every
-upload carries a checksum (CRC32 or Content-MD5) so the server rejects corrupted bytes; bounded
-timeouts and retries.
+upload carries a checksum (CRC32 or Content-MD5) so the server rejects corrupted bytes, and the configured
+storage class and server-side encryption (SSE-S3, SSE-KMS); bounded timeouts and retries. Credentials are
+static keys, the AWS default chain, or an assumed role (AssumeRole or AssumeRoleWithWebIdentity) that botocore
+refreshes before it expires.
 """
 
 from __future__ import annotations
@@ -19,9 +21,18 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import boto3
+import botocore.session
 from botocore.config import Config as BotoConfig
+from botocore.credentials import (
+    AssumeRoleCredentialFetcher,
+    AssumeRoleWithWebIdentityCredentialFetcher,
+    CredentialProvider,
+    CredentialResolver,
+    Credentials,
+    DeferredRefreshableCredentials,
+)
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.utils import FileWebIdentityTokenLoader
 
 from rlmm.config import ConfigKey, parse_bool, parse_int, parse_str
 from rlmm.errors import ConfigError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
@@ -38,6 +49,17 @@ MIN_PART_SIZE = 5 * _MIB
 MAX_PARTS = 10_000
 
 
+# The classes S3 accepts on upload (Aiven's list for s3.storage.class).
+STORAGE_CLASSES = (
+    "STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER",
+    "DEEP_ARCHIVE", "OUTPOSTS", "GLACIER_IR", "SNOW", "EXPRESS_ONEZONE", "FSX_OPENZFS",
+)
+# SSE-S3 and SSE-KMS (and its dual-layer variant), as the x-amz-server-side-encryption header spells them.
+SSE_ALGORITHMS = ("AES256", "aws:kms", "aws:kms:dsse")
+# STS bounds a role session to 15 minutes .. 12 hours.
+MIN_ROLE_SESSION_S, MAX_ROLE_SESSION_S = 900, 43_200
+
+
 def _positive(value: int) -> bool:
     return value > 0
 
@@ -49,8 +71,26 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("s3.region", parse_str, default="us-east-1", check=bool, requirement="a region name"),
     ConfigKey("s3.access.key.id", parse_str, secret=True),
     ConfigKey("s3.secret.access.key", parse_str, secret=True),
-    # Local servers (SeaweedFS, MinIO) need path-style; unset means "path-style when an endpoint is set".
+    # Local servers (SeaweedFS, MinIO) need path-style; unset means "path-style when an endpoint is set",
+    # false means virtual-hosted (the bucket in the host name, as AWS wants it).
     ConfigKey("s3.path.style.access", parse_bool),
+    ConfigKey("s3.storage.class", parse_str, check=lambda v: v in STORAGE_CLASSES,
+              requirement=f"one of {', '.join(STORAGE_CLASSES)}"),
+    ConfigKey("s3.sse.algorithm", parse_str, check=lambda v: v in SSE_ALGORITHMS,
+              requirement=f"one of {', '.join(SSE_ALGORITHMS)}"),
+    ConfigKey("s3.sse.kms.key.id", parse_str, check=bool, requirement="a KMS key id, ARN or alias"),
+    # Assume this role (Aiven's connector names): from the configured or default credentials, or with a web
+    # identity token (Kubernetes service-account tokens, EKS IRSA).
+    ConfigKey("aws.sts.role.arn", parse_str, check=lambda v: v.startswith("arn:"), requirement="a role ARN"),
+    ConfigKey("aws.sts.role.external.id", parse_str, check=bool, requirement="a non-empty external id"),
+    ConfigKey("aws.sts.role.session.name", parse_str, "tierlog", check=bool, requirement="a session name"),
+    ConfigKey(
+        "aws.sts.role.session.duration", parse_int, 3600,
+        check=lambda v: MIN_ROLE_SESSION_S <= v <= MAX_ROLE_SESSION_S,
+        requirement=f"between {MIN_ROLE_SESSION_S} and {MAX_ROLE_SESSION_S} seconds",
+    ),
+    ConfigKey("aws.sts.config.endpoint", parse_str, check=bool, requirement="an STS endpoint URL"),
+    ConfigKey("aws.web.identity.token.file", parse_str, check=bool, requirement="a token file path"),
     ConfigKey("s3.multipart.threshold.bytes", parse_int, 32 * _MIB, check=_positive, requirement="> 0"),
     ConfigKey(
         "s3.multipart.part.size.bytes", parse_int, 16 * _MIB,
@@ -70,7 +110,27 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
 
 def create(config: dict[str, Any], metrics: Metrics) -> StorageBackend:
     _require_credentials(config)
+    _require_consistent_options(config)
     return S3Backend(config, metrics)
+
+
+def _require_consistent_options(config: dict[str, Any]) -> None:
+    """Settings that only mean something together, refused by name when one comes without the other."""
+    if config["s3.sse.kms.key.id"] is not None and not str(config["s3.sse.algorithm"]).startswith("aws:kms"):
+        raise ConfigError("rsm: config key s3.sse.kms.key.id needs s3.sse.algorithm=aws:kms (or aws:kms:dsse); "
+                          f"it is {config['s3.sse.algorithm'] or 'unset'}")
+    role_keys = ("aws.sts.role.external.id", "aws.sts.config.endpoint", "aws.web.identity.token.file")
+    if config["aws.sts.role.arn"] is None:
+        orphans = [key for key in role_keys if config[key] is not None]
+        if orphans:
+            raise ConfigError(f"rsm: config key {orphans[0]} needs aws.sts.role.arn (the role to assume)")
+    elif config["aws.web.identity.token.file"] is not None:
+        if config["aws.sts.role.external.id"] is not None:
+            raise ConfigError("rsm: config key aws.sts.role.external.id cannot be used with "
+                              "aws.web.identity.token.file (AssumeRoleWithWebIdentity takes no external id)")
+        if config["s3.access.key.id"] is not None:
+            raise ConfigError("rsm: config keys s3.access.key.id and aws.web.identity.token.file cannot be set "
+                              "together: the web identity token replaces the keys")
 
 
 def _require_credentials(config: dict[str, Any]) -> None:
@@ -89,15 +149,78 @@ def _require_credentials(config: dict[str, Any]) -> None:
 # One session for every client: building a session reloads botocore's service models (~0.25 s each time).
 # Creating clients from a shared session is not thread-safe, hence the lock.
 _SESSION_LOCK = threading.Lock()
-_SESSION: boto3.session.Session | None = None
+_SESSION: botocore.session.Session | None = None
 
 
-def _new_client(**kwargs: Any) -> Any:
+def _shared_session() -> botocore.session.Session:
     global _SESSION
     with _SESSION_LOCK:
         if _SESSION is None:
-            _SESSION = boto3.session.Session()
-        return _SESSION.client("s3", **kwargs)
+            _SESSION = botocore.session.Session()
+        return _SESSION
+
+
+def _new_client(service: str, credentials: Credentials | None = None, **kwargs: Any) -> Any:
+    """A client of the shared session; with `credentials` (refreshable ones), of a session of its own that
+    resolves to them and shares the shared session's loaded models."""
+    shared = _shared_session()
+    session = shared
+    if credentials is not None:
+        session = botocore.session.Session()
+        session.register_component("data_loader", shared.get_component("data_loader"))
+        session.register_component("credential_provider", CredentialResolver([_Given(credentials)]))
+    with _SESSION_LOCK:
+        return session.create_client(service, **kwargs)
+
+
+class _Given(CredentialProvider):
+    """Resolves a session's credentials to the ones it was given."""
+
+    METHOD = "tierlog-config"
+
+    def __init__(self, credentials: Credentials) -> None:
+        super().__init__()
+        self._credentials = credentials
+
+    def load(self) -> Credentials:
+        return self._credentials
+
+
+def _role_credentials(config: dict[str, Any], boto_config: BotoConfig) -> Credentials:
+    """Credentials of the role in aws.sts.role.arn, fetched from STS and fetched again by botocore before they
+    expire (within 15 minutes of it), for as long as the backend lives."""
+    def sts_client(service: str, config: BotoConfig | None = None, **kwargs: Any) -> Any:
+        merged = boto_config.merge(config) if config is not None else boto_config
+        return _new_client(service, endpoint_url=config_endpoint, config=merged, **kwargs)
+
+    config_endpoint = config["aws.sts.config.endpoint"]
+    extra: dict[str, Any] = {
+        "RoleSessionName": config["aws.sts.role.session.name"],
+        "DurationSeconds": config["aws.sts.role.session.duration"],
+    }
+    fetcher: AssumeRoleCredentialFetcher | AssumeRoleWithWebIdentityCredentialFetcher
+    if config["aws.web.identity.token.file"] is not None:
+        # The token file is read again at every refresh: Kubernetes rotates it in place.
+        fetcher = AssumeRoleWithWebIdentityCredentialFetcher(
+            sts_client, FileWebIdentityTokenLoader(config["aws.web.identity.token.file"]),
+            config["aws.sts.role.arn"], extra_args=extra,
+        )
+        method = "assume-role-with-web-identity"
+    else:
+        if config["aws.sts.role.external.id"] is not None:
+            extra["ExternalId"] = config["aws.sts.role.external.id"]
+        source: Credentials | None
+        if config["s3.access.key.id"] is not None:
+            source = Credentials(config["s3.access.key.id"], config["s3.secret.access.key"])
+        else:
+            source = _shared_session().get_credentials()
+            if source is None:
+                raise ConfigError("rsm: aws.sts.role.arn is set but no credentials to assume it with were found "
+                                  "(set s3.access.key.id/s3.secret.access.key, aws.web.identity.token.file, or "
+                                  "the AWS default chain)")
+        fetcher = AssumeRoleCredentialFetcher(sts_client, source, config["aws.sts.role.arn"], extra_args=extra)
+        method = "assume-role"
+    return DeferredRefreshableCredentials(fetcher.fetch_credentials, method)
 
 
 class _CredentialScrubber(logging.Filter):
@@ -180,6 +303,14 @@ class S3Backend(StorageBackend):
         self._retries: int = config["s3.retries.max"]
         self._checksum: str = config["s3.upload.checksum"]
         self._metrics = metrics
+        # Sent with every PutObject and CreateMultipartUpload (parts inherit them).
+        self._object_args: dict[str, str] = {}
+        if config["s3.storage.class"] is not None:
+            self._object_args["StorageClass"] = config["s3.storage.class"]
+        if config["s3.sse.algorithm"] is not None:
+            self._object_args["ServerSideEncryption"] = config["s3.sse.algorithm"]
+        if config["s3.sse.kms.key.id"] is not None:
+            self._object_args["SSEKMSKeyId"] = config["s3.sse.kms.key.id"]
         # Kept only to scrub them from any message that might echo them; never logged.
         self._secrets = tuple(
             s for s in (config["s3.access.key.id"], config["s3.secret.access.key"]) if s
@@ -196,24 +327,35 @@ class S3Backend(StorageBackend):
             read_timeout=timeout,
             retries={"max_attempts": config["s3.retries.max"] + 1, "mode": "standard"},
             max_pool_connections=max(config["s3.max.connections"], self._concurrency),
-            s3={"addressing_style": "path" if path_style else "auto"},
+            s3={"addressing_style": "path" if path_style else "virtual"},
             # We send a checksum header on every upload ourselves; the streaming CRC trailers botocore would
             # add by default are not understood by every S3-compatible server.
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
         try:
-            self._client = _new_client(
-                endpoint_url=endpoint,
-                aws_access_key_id=config["s3.access.key.id"],
-                aws_secret_access_key=config["s3.secret.access.key"],
-                config=boto_config,
-            )
+            if config["aws.sts.role.arn"] is not None:
+                self._client = _new_client(
+                    "s3", _role_credentials(config, boto_config), endpoint_url=endpoint, config=boto_config
+                )
+            else:
+                self._client = _new_client(
+                    "s3",
+                    endpoint_url=endpoint,
+                    aws_access_key_id=config["s3.access.key.id"],
+                    aws_secret_access_key=config["s3.secret.access.key"],
+                    config=boto_config,
+                )
         except (BotoCoreError, ValueError) as exc:
             _SCRUBBER.remove(self._secrets)
             raise RemoteStorageError(f"cannot create the S3 client: {self._scrub(str(exc))}") from None
         # Count what actually goes on the wire, retries included (our per-call counters see one request).
         self._client.meta.events.register("before-send.s3", self._count_attempt)
+
+    @property
+    def events(self) -> Any:
+        """botocore's event system of this backend's client: where diagnostics (and tests) hook its requests."""
+        return self._client.meta.events
 
     def _count_attempt(self, event_name: str = "", **_: Any) -> None:
         self._metrics.increment(f"s3.http_attempts.{event_name.rsplit('.', 1)[-1]}")
@@ -250,7 +392,8 @@ class S3Backend(StorageBackend):
                 # a file object goes through http.client's small blocks and costs a third of the speed.
                 body = source if isinstance(source, bytes) else source.read_bytes()
                 self._client.put_object(
-                    Bucket=self._bucket, Key=self._key(key), Body=body, **_checksum_headers(self._checksum, body)
+                    Bucket=self._bucket, Key=self._key(key), Body=body, **_checksum_headers(self._checksum, body),
+                    **self._object_args,
                 )
             except (BotoCoreError, ClientError, OSError) as exc:
                 raise self._error("PutObject", key, exc) from exc
@@ -269,7 +412,7 @@ class S3Backend(StorageBackend):
             try:
                 algorithm = {"ChecksumAlgorithm": "CRC32"} if self._checksum == "CRC32" else {}
                 created = self._client.create_multipart_upload(
-                    Bucket=self._bucket, Key=self._key(key), **algorithm
+                    Bucket=self._bucket, Key=self._key(key), **algorithm, **self._object_args
                 )
             except (BotoCoreError, ClientError) as exc:
                 raise self._error("CreateMultipartUpload", key, exc) from exc
@@ -435,4 +578,4 @@ class S3Backend(StorageBackend):
         _SCRUBBER.remove(self._secrets)
 
 
-__all__ = ["CONFIG_KEYS", "MIN_PART_SIZE", "NAME", "S3Backend", "create"]
+__all__ = ["CONFIG_KEYS", "MIN_PART_SIZE", "NAME", "SSE_ALGORITHMS", "STORAGE_CLASSES", "S3Backend", "create"]
