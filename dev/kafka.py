@@ -378,6 +378,13 @@ class KafkaCluster:
         self._launch(node)
         self._wait_ready([n for n in self.node_ids if self.is_running(n)])
 
+    def set_properties(self, properties: Mapping[str, object]) -> None:
+        """Replace the extra broker properties: each node (re)started from now on runs with them (a rolling change)."""
+        self.properties = {key: _property_value(key, value) for key, value in properties.items()}
+        for node in self.nodes:
+            if node.directory.exists():
+                node.config_file.write_text(self._server_properties(node), encoding="utf-8")
+
     def restart_node(self, node_id: int) -> None:
         """Stop one node and start it again; returns once it serves metadata."""
         self.stop_node(node_id)
