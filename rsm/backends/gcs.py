@@ -65,8 +65,8 @@ def create(config: dict[str, Any], metrics: Metrics) -> StorageBackend:
 
 
 def _credentials(config: dict[str, Any]) -> Any:
-    """The credentials the config names: a key file's JSON, its path, the default chain, or (for an emulator at
-    gcs.endpoint.url, with none set) anonymous."""
+    """The credentials the config names: a key (a service account's or a user's) as JSON or a file, the default
+    chain, or (for an emulator at gcs.endpoint.url, with none set) anonymous."""
     import google.auth
     from google.auth.credentials import AnonymousCredentials
     from google.auth.exceptions import GoogleAuthError
@@ -81,16 +81,33 @@ def _credentials(config: dict[str, Any]) -> Any:
                 info = json.loads(config["gcs.credentials.json"])
             except ValueError:
                 raise ConfigError("rsm: config key gcs.credentials.json is not valid JSON") from None
-            return google.auth.load_credentials_from_dict(info, scopes=SCOPES)[0]
+            return _key_credentials(info, source)
         if source == "gcs.credentials.path":
-            return google.auth.load_credentials_from_file(config["gcs.credentials.path"], scopes=SCOPES)[0]
+            with open(config["gcs.credentials.path"], encoding="utf-8") as handle:
+                return _key_credentials(json.load(handle), source)
         if source is None and config["gcs.endpoint.url"] is not None:
             return AnonymousCredentials()
         return google.auth.default(scopes=SCOPES)[0]
     except (GoogleAuthError, OSError, ValueError) as exc:
-        # The message of a bad key file names its fields, never the private key.
+        # The message of a bad key names its fields, never the private key.
         where = source or "the default credential chain (gcs.credentials.default)"
         raise ConfigError(f"rsm: cannot load GCS credentials from {where}: {exc}") from None
+
+
+def _key_credentials(info: Any, source: str) -> Any:
+    """A key of the types operators hand out, loaded by its own loader (never a generic one, which would also run
+    the commands an external-account config names)."""
+    from google.oauth2 import credentials as user
+    from google.oauth2 import service_account
+
+    kind = info.get("type") if isinstance(info, dict) else None
+    if kind == "service_account":
+        return service_account.Credentials.from_service_account_info(info, scopes=SCOPES)
+    if kind == "authorized_user":
+        return user.Credentials.from_authorized_user_info(info, scopes=SCOPES)
+    raise ConfigError(f"rsm: config key {source} holds credentials of type {kind!r}; it takes 'service_account' "
+                      "or 'authorized_user' keys (others, such as workload identity federation, through "
+                      "gcs.credentials.default and GOOGLE_APPLICATION_CREDENTIALS)")
 
 
 class GcsBackend(StorageBackend):
