@@ -1,0 +1,87 @@
+"""The rsm contract suite (test_rsm_contract.py) again, with compression and encryption on: on every backend, with
+the disk chunk cache (its reads fetch, decrypt and decompress chunks, and serve them again from the cache; the
+uncached path is covered by test_rsm_transforms.py), over segments whose first half compresses (JSON records) and
+second half does not.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_rsm_contract
+from rsm_testkit import SegmentFactory, SegmentFixture
+from test_rsm_contract import ALL_TYPES, CHUNK_SIZE
+from test_rsm_transforms import json_records
+
+from rsm import RemoteStorageManager
+
+# Where a transformed segment behaves differently from a plain one: redefined below.
+_REDEFINED = frozenset({
+    "rsm_config", "test_copy_is_idempotent_a_retry_overwrites",
+    "test_metrics_count_requests_bytes_and_errors_per_operation",
+})
+# Every contract test (and the module's manager fixture), collected again here with this module's fixtures.
+globals().update({
+    name: value for name, value in vars(test_rsm_contract).items()
+    if (name.startswith("test_") or name == "manager") and name not in _REDEFINED
+})
+
+# Generated once and repeated: large segments (the memory test's 24 MiB) cost no time to build.
+_RECORDS = json_records(256 << 10)
+
+
+@pytest.fixture
+def rsm_config(backend_config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    (tmp_path / "kek").write_bytes(os.urandom(32))
+    return {
+        **backend_config, "chunk.size": CHUNK_SIZE, "compression.enabled": "true", "encryption.enabled": "true",
+        "encryption.key.pairs": "kek", "encryption.key.pair.id": "kek",
+        "encryption.key.pairs.kek.key.file": str(tmp_path / "kek"),
+        "fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": str(tmp_path / "chunk-cache"),
+    }
+
+
+@pytest.fixture
+def make_segment(make_segment: SegmentFactory) -> SegmentFactory:
+    def make(**options: Any) -> SegmentFixture:
+        segment = make_segment(**options)
+        log = segment.data.log_segment
+        size = log.stat().st_size
+        half = size // 2
+        compressible = (_RECORDS * (half // len(_RECORDS) + 1))[:half]
+        with open(log, "r+b") as out:
+            out.write(compressible)
+        return segment
+
+    return make
+
+
+# -- where a transformed segment differs from a plain one -------------------------------------------------------
+
+
+def test_copy_is_idempotent_a_retry_overwrites(manager: RemoteStorageManager, make_segment: SegmentFactory) -> None:
+    # A retry encrypts under a fresh data key, so it returns other custom metadata; the retry's is the one that reads.
+    segment = make_segment()
+    manager.copy_log_segment_data(segment.metadata, segment.data)
+    second = manager.copy_log_segment_data(segment.metadata, segment.data)
+    assert len(list(manager.backend.list(""))) == 2
+    fetched = manager.fetch_indexes(segment.with_custom_metadata(second), ALL_TYPES)
+    assert {t: s.read() for t, s in fetched.items()} == segment.index_bytes()
+    with manager.fetch_log_segment(segment.with_custom_metadata(second), 0) as stream:
+        assert stream.read() == segment.log_bytes
+
+
+def test_metrics_count_requests_bytes_and_errors_per_operation(
+    manager: RemoteStorageManager, copied: SegmentFixture
+) -> None:
+    with manager.fetch_log_segment(copied.metadata, 0) as stream:
+        stream.read()
+    ops = manager.metrics()["operations"]
+    assert ops["rsm.fetch_log_segment"]["bytes"] == len(copied.log_bytes)
+    # The compressible half of the segment travels compressed.
+    assert ops["backend.get"]["bytes"] < 0.75 * len(copied.log_bytes)
+    counters = manager.metrics()["counters"]
+    assert counters["transform.original_bytes"] == len(copied.log_bytes) > counters["transform.stored_bytes"]
