@@ -2,7 +2,7 @@
 
 Uploads carry a Content-MD5 the service verifies: one Put Blob up to `azure.upload.block.size`, blocks staged
 in parallel and committed above it. A ranged read is one streamed GET, resumed on the same
-ETag if the body breaks. Retries are the SDK's exponential policy.
+ETag if the body breaks. Retries are the SDK's exponential policy, from 1 s.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _check_credentials(config: dict[str, Any]) -> None:
 class AzureBackend(StorageBackend):
     def __init__(self, config: dict[str, Any], metrics: Metrics) -> None:
         from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
-        from azure.storage.blob import BlobServiceClient
+        from azure.storage.blob import BlobServiceClient, ExponentialRetry
 
         self._container_name: str = config["azure.container.name"]
         self._prefix = normalize_prefix(config["azure.prefix"], "azure.prefix")
@@ -91,7 +91,10 @@ class AzureBackend(StorageBackend):
         self._secrets = tuple(config[k] for k in _SECRET_KEYS if config[k])
         timeout = config["azure.request.timeout.ms"] / 1000.0
         options: dict[str, Any] = {
-            "retry_total": self._retries, "connection_timeout": timeout, "read_timeout": timeout,
+            # The SDK's default waits 15 s before its first retry; S3's and GCS's clients start near 1 s.
+            "retry_policy": ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=self._retries,
+                                             random_jitter_range=1),
+            "connection_timeout": timeout, "read_timeout": timeout,
             "max_block_size": self._block_size, "max_single_put_size": self._block_size,
         }
         try:
