@@ -1,6 +1,7 @@
 """The storage backends, found by name: every module in this package is one backend.
 
-A new store (GCS, Azure) is one more module here defining NAME, CONFIG_KEYS and create(); nothing else.
+A new store is one more module here defining NAME, CONFIG_KEYS and create(); nothing else. A module whose client
+library is an optional extra (gcs, azure) imports it in create(), so that listing the backends never needs it.
 """
 
 from __future__ import annotations
