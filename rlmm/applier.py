@@ -24,7 +24,6 @@ from typing import NamedTuple
 from confluent_kafka import KafkaError, Message
 
 from rlmm import codec, fresh_load, state
-from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
 from rlmm.event_log import EventConsumer, OffsetReader
 from rlmm.events import SEGMENT_KEY_PREFIX, segment_key_ids
@@ -105,8 +104,7 @@ def holds_segment(view: MetadataView, raw_key: bytes) -> bool:
         topic_id, number, segment_id = segment_key_ids(raw_key)
     except (UnicodeDecodeError, ValueError):
         return True
-    partition = view.model.get(vf.tp_key(topic_id, number))
-    return partition is not None and segment_id in partition.segments
+    return view.holds_segment(topic_id, number, segment_id)
 
 
 def _holds_nothing(raw_key: bytes) -> bool:

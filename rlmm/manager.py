@@ -153,8 +153,10 @@ class RemoteLogMetadataManager:
                             self._cfg["apply.rebuild.worker"]),
             self._view, consumer, offsets, self._writer, self._lock, self._registered, self._metadata_partition,
         )
-        # The view keeps one read model for its life; lookups go to it, and to these dicts, directly.
+        # The view keeps one read model for its life; lookups go to it, and to these dicts, directly. It holds in
+        # memory only the partitions this node hosts (registered, until stopped); the rest of the view stays on disk.
         self._model = self._view.model
+        self._model.hold_hosted()
         self._halted = self._applier.halted
         if not isinstance(self._readable_now, dict):  # a ReadableTable: the lookup in C was built
             # The fetch path's lookup in C when it was built (rlmm/_segment_lookup.c): the lock-free path of the
@@ -240,19 +242,22 @@ class RemoteLogMetadataManager:
     ) -> None:
         with self._lock:
             self._check_open()
-            for tp in [*leader_partitions, *follower_partitions]:
+            hosted = [*leader_partitions, *follower_partitions]
+            for tp in hosted:
                 _require(tp, TopicIdPartition, "topic_id_partition")
                 self._registered.setdefault(tp, None)
+            self._model.host(vf.tp_key_of(tp) for tp in hosted)
         self._applier.registered()
 
     def on_stop_partitions(self, partitions: Iterable[TopicIdPartition]) -> None:
         with self._lock:
-            for tp in partitions:
+            stopped = list(partitions)
+            for tp in stopped:
                 self._registered.pop(tp, None)
                 # Whatever name the entry has: a partition still registered is found readable again when next read.
-                readable = self._readable_now.pop((tp.topic_id.int, tp.partition), None)
-                if readable is not None:
-                    self._model.unwatch(readable.key)
+                self._readable_now.pop((tp.topic_id.int, tp.partition), None)
+            # Its decoded state and snapshot go; the view keeps it on disk for when the node hosts it again.
+            self._model.unhost(vf.tp_key_of(tp) for tp in stopped if tp not in self._registered)
 
     def is_ready(self, tp: TopicIdPartition) -> bool:
         with self._lock:

@@ -5,6 +5,11 @@ RocksDB stays the durable truth. The model reads a user partition from it when t
 it: the applier's batch folds its changes in right after their WriteBatch is written, one user partition at a
 time under a short lock. A partition not read yet needs no fold: RocksDB already holds the batch.
 
+Which partitions it keeps: a view opened alone (a tool, a test) keeps every partition it reads. A view a manager
+serves keeps only the partitions its node hosts (`hold_hosted`): a node holds the whole cluster's view on disk, so
+that it can take over any partition at once, but RAM only for what it leads or follows. The applier then reads any
+other partition's state key by key from RocksDB (`view.ViewBatch`), and a partition the node stops hosting is let go.
+
 One writer (the applier's thread) changes the model; any thread reads it through `ReadModel.lock`. For the user
 partitions a manager serves, the model also publishes a `PartitionSnapshot` per partition: immutable, replaced
 whole as each batch folds in, so the broker's lookups read it with no lock, through the manager's `SnapshotSlot`
@@ -345,15 +350,56 @@ class ReadModel:
         # The watched partitions' lookup snapshots, each replaced whole under the lock; read without it.
         self.snapshots: dict[bytes, PartitionSnapshot] = {}
         self._slots: dict[bytes, SnapshotSlot] = {}  # where a watched partition's snapshot is published too
+        # The partitions kept once read: None keeps every one (a view opened alone); a manager's view keeps those
+        # its node hosts (hold_hosted, host, unhost).
+        self.hosted: set[bytes] | None = None
 
     def get(self, tp_key: bytes) -> PartitionModel | None:
+        """The partition, read from RocksDB if not held; kept only if it is to be held (see `holds`)."""
         try:
             return self.partitions[tp_key]
         except KeyError:
             with self.lock:
-                if tp_key not in self.partitions:
-                    self.partitions[tp_key] = self._read(tp_key)
-                return self.partitions[tp_key]
+                if tp_key in self.partitions:
+                    return self.partitions[tp_key]
+                partition = self._read(tp_key)
+                if self.holds(tp_key):
+                    self.partitions[tp_key] = partition
+                return partition
+
+    def holds(self, tp_key: bytes) -> bool:
+        """Whether the model keeps this partition once read (a watched one always: its snapshot follows it)."""
+        hosted = self.hosted
+        return hosted is None or tp_key in hosted or tp_key in self.snapshots
+
+    def hold_hosted(self) -> None:
+        """From now on keep only the partitions `host` names (and let go of any other read so far)."""
+        with self.lock:
+            if self.hosted is None:
+                self.hosted = set()
+                self._let_go([key for key in self.partitions if key not in self.snapshots])
+
+    def host(self, tp_keys: Iterable[bytes]) -> None:
+        """Partitions this node now hosts: kept once read (each is read when first asked for, not now)."""
+        with self.lock:
+            if self.hosted is not None:
+                self.hosted.update(tp_keys)
+
+    def unhost(self, tp_keys: Iterable[bytes]) -> None:
+        """Partitions this node no longer hosts: their decoded state and snapshots are let go (RocksDB keeps them)."""
+        with self.lock:
+            if self.hosted is None:
+                return
+            keys = list(tp_keys)
+            self.hosted.difference_update(keys)
+            for tp_key in keys:
+                self.snapshots.pop(tp_key, None)
+                self._slots.pop(tp_key, None)
+            self._let_go(keys)
+
+    def _let_go(self, tp_keys: Iterable[bytes]) -> None:
+        for tp_key in tp_keys:
+            self.partitions.pop(tp_key, None)
 
     def watch(self, tp_key: bytes, slot: SnapshotSlot | None = None) -> PartitionSnapshot:
         """Publish the partition's snapshot from now on (in `slot` too, instead of any slot given before), and return
@@ -362,7 +408,9 @@ class ReadModel:
         with self.lock:
             snapshot = self.snapshots.get(tp_key)
             if snapshot is None or snapshot.deleted:
-                snapshot = snapshot_of(self.get(tp_key))
+                if tp_key not in self.partitions:  # held while watched, hosted or not: folds keep its snapshot current
+                    self.partitions[tp_key] = self._read(tp_key)
+                snapshot = snapshot_of(self.partitions[tp_key])
             if slot is not None:
                 self._slots[tp_key] = slot
             self._publish(tp_key, snapshot)
@@ -372,6 +420,8 @@ class ReadModel:
         with self.lock:
             self.snapshots.pop(tp_key, None)
             self._slots.pop(tp_key, None)
+            if not self.holds(tp_key):
+                self._let_go((tp_key,))
 
     def _publish(self, tp_key: bytes, snapshot: PartitionSnapshot) -> None:
         self.snapshots[tp_key] = snapshot
@@ -387,9 +437,12 @@ class ReadModel:
                 self._publish(tp_key, _NOTHING)
 
     def adopt(self, partitions: dict[bytes, PartitionModel]) -> None:
-        """Take partitions the view was just loaded with (it held nothing before), instead of reading them back."""
+        """Take partitions the view was just loaded with (it held nothing before), instead of reading them back: those
+        the model holds (the others are read from RocksDB if ever asked for)."""
         for tp_key, partition in partitions.items():
             with self.lock:
+                if not self.holds(tp_key):
+                    continue
                 self.partitions[tp_key] = partition
                 if tp_key in self.snapshots:
                     self._publish(tp_key, snapshot_of(partition))

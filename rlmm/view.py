@@ -7,12 +7,13 @@ reaches, as ONE WriteBatch, then folds the same changes into the read model.
 
 from __future__ import annotations
 
+import enum
 import gc
 import logging
 import shutil
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
@@ -39,6 +40,15 @@ _FORMAT_KEY = b"tierlog.view.format"
 _PAST_EVERY_KEY = b"\xff" * 64  # after every key of the view's families (each starts with a 16-byte topic id)
 _SOURCE_KEY = b"tierlog.view.source\0"  # + metadata topic name
 _DELETED = None
+
+
+class _Unread(enum.Enum):
+    """A partition the read model does not hold: read from RocksDB key by key."""
+
+    UNREAD = 0
+
+
+_UNREAD = _Unread.UNREAD
 _FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 
 log = logging.getLogger(__name__)
@@ -228,6 +238,62 @@ class MetadataView:
             found = model.get(vf.tp_key(topic_id, partition))
             return None if found is None or found.meta is None else found.tp
 
+    # --- committed reads straight from RocksDB, key by key (partitions the read model does not hold) ---------
+
+    def stored_segment(self, tp_key: bytes, segment_id: uuid.UUID) -> RemoteLogSegmentMetadata | None:
+        raw = self._cf[vf.SEGMENTS].get(tp_key + segment_id.bytes)
+        return None if raw is None else vf.decode_segment(bytes(raw))
+
+    def stored_segments(self, tp_key: bytes) -> Iterator[RemoteLogSegmentMetadata]:
+        return (vf.decode_segment(value) for _key, value in self._scan(vf.SEGMENTS, tp_key))
+
+    def stored_partition_delete(self, tp_key: bytes) -> RemotePartitionDeleteMetadata | None:
+        raw = self._cf[vf.PARTITIONS].get(tp_key)
+        return None if raw is None else vf.decode_partition_delete(bytes(raw))
+
+    def stored_lineage(self, tp_key: bytes, epoch: int) -> EpochLineage | None:
+        raw = self._cf[vf.EPOCH_STATE].get(tp_key + vf.EPOCH.pack(epoch))
+        return None if raw is None else vf.decode_lineage(bytes(raw))
+
+    def stored_lineages(self, tp_key: bytes) -> Iterator[EpochLineage]:
+        return (vf.decode_lineage(value) for _key, value in self._scan(vf.EPOCH_STATE, tp_key))
+
+    def stored_meta(self, tp_key: bytes) -> vf.PartitionMeta | None:
+        raw = self._cf[vf.PARTITION_META].get(tp_key)
+        return None if raw is None else vf.decode_partition_meta(bytes(raw))
+
+    def stored_index_keys(self, tp_key: bytes) -> Iterator[tuple[int, int]]:
+        """(epoch, start offset) of every entry of the partition's offset index."""
+        return ((vf.lineage_epoch(key), vf.index_start_offset(key)) for key, _ in self._scan(vf.EPOCH_INDEX, tp_key))
+
+    def stored_index_floor(self, tp_key: bytes, epoch: int, offset: int, skip: Container[int] = (),
+                           exact: bool = False) -> Any:
+        """The offset index entry (start, segment id) of `epoch` with the greatest start <= offset that is not in
+        `skip` (one seek back from the offset), or None; with `exact`, the segment id at start == offset, or None."""
+        prefix = tp_key + vf.EPOCH.pack(epoch)
+        if exact:
+            raw = self._cf[vf.EPOCH_INDEX].get(prefix + vf.OFFSET.pack(offset))
+            return None if raw is None else uuid.UUID(bytes=bytes(raw))
+        entries = self._cf[vf.EPOCH_INDEX].iter()
+        entries.seek_for_prev(prefix + vf.OFFSET.pack(offset))
+        while entries.valid():
+            key = bytes(entries.key())
+            if not key.startswith(prefix):
+                return None
+            start = vf.index_start_offset(key)
+            if start not in skip:
+                return start, uuid.UUID(bytes=bytes(entries.value()))
+            entries.prev()
+        return None
+
+    def holds_segment(self, topic_id: uuid.UUID, partition: int, segment_id: uuid.UUID) -> bool:
+        """Whether the committed view holds this segment (from the read model if it holds the partition)."""
+        tp_key = vf.tp_key(topic_id, partition)
+        held = self.model.partitions.get(tp_key, _UNREAD)
+        if held is _UNREAD:
+            return self._cf[vf.SEGMENTS].get(tp_key + segment_id.bytes) is not None
+        return held is not None and segment_id in held.segments
+
     # --- whole-view reads ----------------------------------------------------------------------------------
 
     def user_partitions(self) -> list[TopicIdPartition]:
@@ -410,7 +476,9 @@ class ViewBatch(MetadataView):
     """A StateStore over the committed view plus this batch's uncommitted changes; `commit` writes them once.
 
     Run by the one thread that applies the topic: it reads the read model without its lock, since only this
-    thread changes it. Changes stay decoded until commit, which encodes each changed value once.
+    thread changes it. A partition the model does not hold (a manager's node holds only those it hosts) is read
+    key by key from RocksDB instead, and not kept: its records cost disk reads, not memory. Changes stay decoded
+    until commit, which encodes each changed value once.
     """
 
     def __init__(self, view: MetadataView) -> None:
@@ -437,6 +505,15 @@ class ViewBatch(MetadataView):
             self._last_tp, self._last_key = tp, vf.tp_key_of(tp)
         return self._last_key
 
+    def _held(self, key: bytes) -> PartitionModel | _Unread | None:
+        """The committed partition as the read model holds it (None: nothing of it), or _UNREAD when the model does
+        not hold it: then read from RocksDB key by key (`stored_*`)."""
+        base = self._base
+        partition = base.partitions.get(key, _UNREAD)
+        if partition is _UNREAD and base.hosted is None:  # a view opened alone keeps what it reads
+            return base.get(key)
+        return partition
+
     # --- overlay reads -------------------------------------------------------------------------------
 
     def segment(self, segment_id: RemoteLogSegmentId) -> RemoteLogSegmentMetadata | None:
@@ -444,14 +521,19 @@ class ViewBatch(MetadataView):
         overlay = self._segments.get(key)
         if overlay is not None and segment_id.id in overlay:
             return overlay[segment_id.id]
-        partition = self._base.get(key)
+        partition = self._held(key)
+        if partition is _UNREAD:
+            return self.stored_segment(key, segment_id.id)
         return None if partition is None else partition.segments.get(segment_id.id)
 
     def segments_of(self, tp: TopicIdPartition) -> Iterator[RemoteLogSegmentMetadata]:
         key = self._tp_key(tp)
-        partition = self._base.get(key)
-        found: dict[uuid.UUID, RemoteLogSegmentMetadata | None] = {} if partition is None else dict(
-            partition.segments)
+        partition = self._held(key)
+        found: dict[uuid.UUID, RemoteLogSegmentMetadata | None]
+        if partition is _UNREAD:
+            found = {md.remote_log_segment_id.id: md for md in self.stored_segments(key)}
+        else:
+            found = {} if partition is None else dict(partition.segments)
         found.update(self._segments.get(key, {}))
         return iter([md for md in found.values() if md is not None])
 
@@ -459,7 +541,9 @@ class ViewBatch(MetadataView):
         key = self._tp_key(tp)
         if key in self._deletes:
             return self._deletes[key]
-        partition = self._base.get(key)
+        partition = self._held(key)
+        if partition is _UNREAD:
+            return self.stored_partition_delete(key)
         return None if partition is None else partition.delete
 
     def lineage(self, tp: TopicIdPartition, epoch: int) -> EpochLineage | None:
@@ -467,13 +551,19 @@ class ViewBatch(MetadataView):
         overlay = self._lineages.get(key)
         if overlay is not None and epoch in overlay:
             return overlay[epoch]
-        partition = self._base.get(key)
+        partition = self._held(key)
+        if partition is _UNREAD:
+            return self.stored_lineage(key, epoch)
         return None if partition is None else partition.lineages.get(epoch)
 
     def lineages_of(self, tp: TopicIdPartition) -> Iterator[EpochLineage]:
         key = self._tp_key(tp)
-        partition = self._base.get(key)
-        found: dict[int, EpochLineage | None] = {} if partition is None else dict(partition.lineages)
+        partition = self._held(key)
+        found: dict[int, EpochLineage | None]
+        if partition is _UNREAD:
+            found = {lineage.epoch: lineage for lineage in self.stored_lineages(key)}
+        else:
+            found = {} if partition is None else dict(partition.lineages)
         found.update(self._lineages.get(key, {}))
         return iter(sorted((lin for lin in found.values() if lin is not None), key=_epoch_of))
 
@@ -481,26 +571,35 @@ class ViewBatch(MetadataView):
         key = self._tp_key(tp)
         if key in self._metas:
             return self._metas[key]
-        partition = self._base.get(key)
-        return None if partition is None else partition.meta
+        return self._committed_meta(key)
 
-    def _epoch_index(self, key: bytes, epoch: int) -> EpochIndex | None:
-        partition = self._base.get(key)
-        return None if partition is None else partition.index.get(epoch)
+    def _committed_meta(self, key: bytes) -> vf.PartitionMeta | None:
+        partition = self._held(key)
+        if partition is _UNREAD:
+            return self.stored_meta(key)
+        return None if partition is None else partition.meta
 
     def index_get(self, tp: TopicIdPartition, epoch: int, start_offset: int) -> uuid.UUID | None:
         key = self._tp_key(tp)
         overlay = self._index.get(key, {}).get(epoch)
         if overlay is not None and start_offset in overlay:
             return overlay[start_offset]
-        index = self._epoch_index(key, epoch)
+        partition = self._held(key)
+        if partition is _UNREAD:
+            return self.stored_index_floor(key, epoch, start_offset, exact=True)
+        index = None if partition is None else partition.index.get(epoch)
         return None if index is None else index.ids.get(start_offset)
 
     def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None:
         key = self._tp_key(tp)
         overlay = self._index.get(key, {}).get(epoch, {})
-        index = self._epoch_index(key, epoch)
-        best = None if index is None else index.floor(offset, overlay)
+        partition = self._held(key)
+        best: tuple[int, uuid.UUID] | None
+        if partition is _UNREAD:
+            best = self.stored_index_floor(key, epoch, offset, skip=overlay)
+        else:
+            index = None if partition is None else partition.index.get(epoch)
+            best = None if index is None else index.floor(offset, overlay)
         for start, segment in overlay.items():
             if segment is not None and start <= offset and (best is None or start > best[0]):
                 best = (start, segment)
@@ -511,11 +610,8 @@ class ViewBatch(MetadataView):
 
     def known_partition(self, topic_id: uuid.UUID, partition: int) -> TopicIdPartition | None:
         key = vf.tp_key(topic_id, partition)
-        if key in self._metas:
-            meta = self._metas[key]
-            return None if meta is None else TopicIdPartition(topic_id, meta.topic, partition)
-        found = self._base.get(key)
-        return None if found is None or found.meta is None else found.tp
+        meta = self._metas[key] if key in self._metas else self._committed_meta(key)
+        return None if meta is None else TopicIdPartition(topic_id, meta.topic, partition)
 
     # --- overlay writes (the rest of StateStore) ------------------------------------------------------
 
@@ -579,10 +675,14 @@ class ViewBatch(MetadataView):
             self.remove_segment(md.remote_log_segment_id)
         for lineage in list(self.lineages_of(tp)):
             self.remove_lineage(tp, lineage.epoch)
-        partition = self._base.get(key)
+        partition = self._held(key)
         index = self._index.setdefault(key, {})
-        for epoch, committed in ({} if partition is None else partition.index).items():
-            index.setdefault(epoch, {}).update(dict.fromkeys(committed.starts, _DELETED))
+        if partition is _UNREAD:
+            for epoch, start in self.stored_index_keys(key):
+                index.setdefault(epoch, {})[start] = _DELETED
+        else:
+            for epoch, committed in ({} if partition is None else partition.index).items():
+                index.setdefault(epoch, {}).update(dict.fromkeys(committed.starts, _DELETED))
         for overlay in index.values():
             for start in overlay:
                 overlay[start] = _DELETED

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rlmm_strategies import PROPERTY_SETTINGS, Scenario, assert_same_answers, histories
+from rlmm_strategies import PARTITIONS, PROPERTY_SETTINGS, Scenario, assert_same_answers, histories
 from rlmm_testkit import LogRecord, compacted, replay
 
+from rlmm import view_format as vf
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
 
 TOPIC = "tierlog-test-metadata"
@@ -92,5 +93,42 @@ def test_a_view_built_from_the_compacted_log_has_the_digest_of_the_full_replay(s
         try:
             apply_in_batches(view, compacted(log), [])
             assert view.digest() == replay(log).digest()
+        finally:
+            view.close()
+
+
+hosting_steps = st.lists(st.tuples(st.sets(st.sampled_from(PARTITIONS)), st.sets(st.sampled_from(PARTITIONS))),
+                         min_size=1, max_size=6)
+
+
+@VIEW_SETTINGS
+@given(histories(), batch_cuts, hosting_steps)
+def test_a_view_holding_only_hosted_partitions_applies_and_answers_like_one_holding_every_partition(
+    scenario: Scenario, cuts: list[int], steps: list[tuple[set, set]]
+) -> None:
+    """A manager's view keeps in memory only what its node hosts, and applies every other partition's records key by
+    key from RocksDB: the same view, whichever partitions it hosts while it applies, and however that changes."""
+    log = scenario.writer.log
+    with tempfile.TemporaryDirectory() as directory:
+        view = MetadataView.open(directory)
+        try:
+            model = view.model
+            model.hold_hosted()
+            ends = [*sorted({min(cut, len(log)) for cut in cuts}), len(log)]
+            start = 0
+            for i, end in enumerate(ends):
+                hosted, stopped = steps[i % len(steps)]
+                model.host(vf.tp_key_of(tp) for tp in hosted)
+                model.unhost(vf.tp_key_of(tp) for tp in stopped - hosted)
+                for tp in hosted:  # a hosted partition read now is held, and its later batches fold into it
+                    view.partition_delete(tp)
+                apply_in_batches(view, log[:end], [], start=start)
+                start = max(start, end)
+                assert model.hosted is not None
+                assert set(model.partitions) <= model.hosted, "a partition the node does not host is held"
+            assert view.digest() == scenario.writer.store.digest()
+            assert_same_answers(scenario, view.batch())  # held partitions from memory, the others from RocksDB
+            model.host(vf.tp_key_of(tp) for tp in PARTITIONS)
+            assert_same_answers(scenario, view)  # every partition now read whole from RocksDB, then held
         finally:
             view.close()
