@@ -95,6 +95,8 @@ class AzureBackend(StorageBackend):
             "retry_policy": ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=self._retries,
                                              random_jitter_range=1),
             "connection_timeout": timeout, "read_timeout": timeout,
+            # Runs for every attempt: counts what goes on the wire, retries and blocks included.
+            "raw_request_hook": self._count_attempt,
             "max_block_size": self._block_size, "max_single_put_size": self._block_size,
         }
         try:
@@ -114,6 +116,9 @@ class AzureBackend(StorageBackend):
         self._service = service
         self._container = service.get_container_client(self._container_name)
         self._account = service.account_name
+
+    def _count_attempt(self, request: Any) -> None:
+        self._metrics.increment(f"azure.http_attempts.{request.http_request.method}")
 
     def __repr__(self) -> str:
         return f"AzureBackend(account={self._account!r}, container={self._container_name!r}, prefix={self._prefix!r})"

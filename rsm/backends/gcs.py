@@ -134,11 +134,16 @@ class GcsBackend(StorageBackend):
         self._session = AuthorizedSession(credentials)
         self._session.mount("https://", pool)
         self._session.mount("http://", pool)
+        # Count what goes on the wire, retries and resumable pieces included (our timers see one call each).
+        self._session.hooks["response"].append(self._count_attempt)
         self._client = storage.Client(
             project=None, credentials=credentials, _http=self._session,
             client_options=ClientOptions(api_endpoint=self._endpoint),
         )
         self._bucket = self._client.bucket(self._bucket_name)
+
+    def _count_attempt(self, response: Any, *args: Any, **kwargs: Any) -> None:
+        self._metrics.increment(f"gcs.http_attempts.{response.request.method}")
 
     def __repr__(self) -> str:
         return f"GcsBackend(bucket={self._bucket_name!r}, prefix={self._prefix!r})"

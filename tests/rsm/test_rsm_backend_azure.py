@@ -26,12 +26,14 @@ from rsm.metrics import Metrics
 _KIB = 1 << 10
 
 
-def backend(endpoint: AzureEndpoint, prefix: str, url: str | None = None, **extra: Any) -> StorageBackend:
+def backend(
+    endpoint: AzureEndpoint, prefix: str, url: str | None = None, metrics: Metrics | None = None, **extra: Any
+) -> StorageBackend:
     config = azure_config(endpoint, prefix, **extra)
     del config["storage.backend"]
     if url is not None:
         config["azure.endpoint.url"] = url
-    return azure.create(parse_config(config, azure.CONFIG_KEYS, "rsm"), Metrics())
+    return azure.create(parse_config(config, azure.CONFIG_KEYS, "rsm"), metrics or Metrics())
 
 
 @pytest.fixture
@@ -83,11 +85,13 @@ def test_a_server_error_on_upload_is_retried(
         return False
 
     proxy.fail_when(first_upload, status=503)
-    store = backend(azurite, key_prefix, via(proxy, azurite))
+    metrics = Metrics()
+    store = backend(azurite, key_prefix, via(proxy, azurite), metrics)
     store.put("obj", b"after a 503")
     with store.get_range("obj", 0) as stream:
         assert stream.read() == b"after a 503"
     assert len([r for r in proxy.requests if r.method == "PUT"]) == 2
+    assert metrics.snapshot()["counters"]["azure.http_attempts.PUT"] == 2
     store.close()
 
 

@@ -26,12 +26,14 @@ from rsm.metrics import Metrics
 _KIB = 1 << 10
 
 
-def backend(endpoint: GcsEndpoint, prefix: str, url: str | None = None, **extra: Any) -> StorageBackend:
+def backend(
+    endpoint: GcsEndpoint, prefix: str, url: str | None = None, metrics: Metrics | None = None, **extra: Any
+) -> StorageBackend:
     config = gcs_config(endpoint, prefix, **extra)
     del config["storage.backend"]
     if url is not None:
         config["gcs.endpoint.url"] = url
-    return gcs.create(parse_config(config, gcs.CONFIG_KEYS, "rsm"), Metrics())
+    return gcs.create(parse_config(config, gcs.CONFIG_KEYS, "rsm"), metrics or Metrics())
 
 
 @pytest.fixture
@@ -78,11 +80,13 @@ def test_a_server_error_on_upload_is_retried(
         return False
 
     proxy.fail_when(first_upload, status=503)
-    store = backend(gcs_emulator, key_prefix, proxy.endpoint_url)
+    metrics = Metrics()
+    store = backend(gcs_emulator, key_prefix, proxy.endpoint_url, metrics)
     store.put("obj", b"after a 503")
     with store.get_range("obj", 0) as stream:
         assert stream.read() == b"after a 503"
     assert len([r for r in proxy.requests if r.method == "POST"]) == 2
+    assert metrics.snapshot()["counters"]["gcs.http_attempts.POST"] == 2
     store.close()
 
 
