@@ -24,11 +24,12 @@ from rsm_testkit import SegmentFactory, SegmentFixture
 from rlmm.types import RemoteLogSegmentMetadata
 from rsm import ConfigError, PackedIndexCorruptError, RemoteStorageError, RemoteStorageManager
 from rsm import custom_metadata as custom
-from rsm.chunk_index import ChunkCorruptError, ChunkIndexError, decode
+from rsm.chunk_index import ChunkCorruptError, ChunkIndex, ChunkIndexError, decode, encode
 from rsm.keyring import DataKeyError, FileKey, WrappedKey
 from rsm.keys import keys_for
 from rsm.packed_index import SegmentSection, extract, pack, parse_header
 from rsm.transforms import ChunkCodec, SegmentCipher, TransformError, batches_compressed
+from rsm.types import IndexType
 
 CHUNK = 16 << 10
 SEGMENT = 200_000  # 13 chunks, the last one short
@@ -103,6 +104,40 @@ def _section(packed: bytes, kind: SegmentSection) -> tuple[int, int]:
     section = parse_header(packed, "t").get(kind)
     assert section is not None
     return section.position, section.end
+
+
+# -- formats -------------------------------------------------------------------------------------------
+
+
+def test_a_transformed_chunk_index_round_trips_with_its_compressed_chunks_and_plain_checksums() -> None:
+    index = ChunkIndex(100, 250, (1, 2, 3), stored_lengths=(40, 100, 10), compressed=(True, False, True),
+                       plain_checksums=(7, 8, 9))
+    assert decode(encode(index), "s") == index
+    assert [index.plain_checksum(n) for n in range(3)] == [7, 8, 9] and index.is_compressed(2)
+
+
+def test_an_encrypted_chunk_index_seals_its_plain_checksums_and_opens_only_with_its_segment_key() -> None:
+    segment = uuid.uuid4()
+    cipher = SegmentCipher(os.urandom(32), segment)
+    index = ChunkIndex(100, 250, (1, 2, 3), stored_lengths=(56, 116, 66), compressed=(True, False, False),
+                       plain_checksums=(0x7A7A7A7A, 8, 9), encrypted=True)
+    encoded = encode(index, cipher.seal_index)
+    assert struct.pack(">I", 0x7A7A7A7A) not in encoded
+    assert decode(encoded, "s", cipher.open_index) == index
+    with pytest.raises(ChunkIndexError, match="no data key was given"):
+        decode(encoded, "s")
+    with pytest.raises(ChunkIndexError, match="fails AES-GCM authentication"):
+        decode(encoded, "s", SegmentCipher(os.urandom(32), segment).open_index)
+
+
+def test_the_section_table_of_an_encrypted_segment_is_custom_metadata_v3_within_128_bytes() -> None:
+    sections = {t: b"x" for t in IndexType}
+    _, layout = pack(sections, chunk_index=b"c" * 5000, wrapped_key=bytes(1024))
+    encoded = custom.encode(custom.SegmentCustomMetadata(layout, True))
+    assert encoded[0] == custom.ENCRYPTED_CUSTOM_METADATA_VERSION and len(encoded) <= 128
+    assert custom.decode(encoded, "s") == custom.SegmentCustomMetadata(layout, True)
+    wrapped = layout.get(SegmentSection.WRAPPED_KEY)
+    assert wrapped is not None and wrapped.crc32 == 0  # rewritten in place by rewrap: no checksum to go stale
 
 
 # -- round trips ----------------------------------------------------------------------------------------
