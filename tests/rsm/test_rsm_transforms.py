@@ -532,3 +532,23 @@ def test_the_wrapped_key_slot_round_trips_and_refuses_what_does_not_fit() -> Non
     assert len(slot) == 1024 and WrappedKey.decode(slot, "s") == WrappedKey("k1", b"w" * 60)
     with pytest.raises(DataKeyError, match="does not fit"):
         WrappedKey("k1", b"w" * 1024).encode()
+
+
+# -- the adapter's data path ----------------------------------------------------------------------------
+
+
+def test_the_adapter_reads_plain_bytes_from_the_cache_files_of_a_compressed_and_encrypted_segment(
+    ring: dict[str, Any], tmp_path: Path
+) -> None:
+    # Through a real agent over its Unix socket, as the JVM adapter reads (test_rsm_segment_files_rpc.py).
+    from test_rsm_segment_files_rpc import Agent
+
+    agent = Agent(tmp_path, {**ring, **COMBINATIONS["compressed+encrypted"], "fetch.chunk.cache.class": "disk",
+                             "fetch.chunk.cache.path": tmp_path / "cache"})
+    try:
+        raw = json_records(SEGMENT)
+        metadata = agent.copy(raw)
+        assert agent.read_like_the_adapter(metadata, 0, 40_000) == raw
+        assert agent.read_like_the_adapter(metadata, 12_345, 0) == raw[12_345:]
+    finally:
+        agent.close()
