@@ -110,6 +110,17 @@ def _key_credentials(info: Any, source: str) -> Any:
                       "gcs.credentials.default and GOOGLE_APPLICATION_CREDENTIALS)")
 
 
+def _client_errors(*more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """What the client library raises for a failed call, after its retries (API answers, transport failures,
+    credential refreshes, broken uploads), and `more`."""
+    import requests
+    from google.api_core.exceptions import GoogleAPIError
+    from google.auth.exceptions import GoogleAuthError
+    from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
+
+    return GoogleAPIError, GoogleAuthError, InvalidResponse, DataCorruption, requests.RequestException, *more
+
+
 class GcsBackend(StorageBackend):
     def __init__(self, config: dict[str, Any], metrics: Metrics, credentials: Any) -> None:
         import requests
@@ -160,9 +171,6 @@ class GcsBackend(StorageBackend):
     # -- put ------------------------------------------------------------------------------------
 
     def put(self, key: str, source: Source) -> None:
-        from google.api_core.exceptions import GoogleAPIError
-        from google.resumable_media import DataCorruption, InvalidResponse
-
         blob = self._bucket.blob(self._key(key), chunk_size=self._chunk_size)
         size = len(source) if isinstance(source, bytes) else self._size(key, source)
         # The library switches to a resumable upload above 8 MiB.
@@ -179,7 +187,7 @@ class GcsBackend(StorageBackend):
                         str(source), content_type="application/octet-stream", checksum="crc32c",
                         retry=self._retry, timeout=self._timeout,
                     )
-            except (GoogleAPIError, InvalidResponse, DataCorruption, OSError) as exc:
+            except _client_errors(OSError) as exc:
                 raise self._error("upload", key, exc) from exc
             timer.bytes = size
 
@@ -247,8 +255,6 @@ class GcsBackend(StorageBackend):
     # -- delete and list ------------------------------------------------------------------------
 
     def delete(self, keys: Sequence[str]) -> None:
-        from google.api_core.exceptions import GoogleAPIError
-
         if not keys:
             return
         with self._metrics.time("backend.delete"):
@@ -258,15 +264,13 @@ class GcsBackend(StorageBackend):
                     [self._key(k) for k in keys], on_error=lambda _blob: None, retry=self._retry,
                     timeout=self._timeout,
                 )
-            except GoogleAPIError as exc:
+            except _client_errors() as exc:
                 names = ", ".join(repr(self._key(k)) for k in keys)
                 raise RemoteStorageError(
                     f"GCS delete failed in bucket {self._bucket_name!r} for {names}: {exc}"
                 ) from exc
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        from google.api_core.exceptions import GoogleAPIError
-
         strip = len(self._prefix) + 1 if self._prefix else 0
         with self._metrics.time("backend.list"):
             try:
@@ -277,22 +281,18 @@ class GcsBackend(StorageBackend):
                         self._bucket_name, prefix=self._key(prefix), retry=self._retry, timeout=self._timeout
                     )
                 ]
-            except GoogleAPIError as exc:
+            except _client_errors() as exc:
                 raise self._error("list", prefix, exc) from exc
         return iter(found)
 
     def check(self) -> None:
         """List at most one object under the prefix (storage.objects.list, which deletes and the archiver need
         too): wrong credentials, a missing bucket or an unreachable endpoint fail it."""
-        import requests
-        from google.api_core.exceptions import GoogleAPIError
-        from google.auth.exceptions import GoogleAuthError
-
         with self._metrics.time("backend.check"):
             try:
                 list(self._client.list_blobs(self._bucket_name, prefix=self._key(""), max_results=1,
                                              retry=None, timeout=self._timeout))
-            except (GoogleAPIError, GoogleAuthError, requests.RequestException) as exc:
+            except _client_errors() as exc:
                 where = f"bucket {self._bucket_name!r}" + (f" (prefix {self._prefix!r})" if self._prefix else "")
                 raise RemoteStorageError(f"GCS {where} is not usable with this config: {exc}") from exc
 
