@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import botocore.session
 from botocore.config import Config as BotoConfig
@@ -71,8 +71,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("s3.region", parse_str, default="us-east-1", check=bool, requirement="a region name"),
     ConfigKey("s3.access.key.id", parse_str, secret=True),
     ConfigKey("s3.secret.access.key", parse_str, secret=True),
-    # Local servers (SeaweedFS, MinIO) need path-style; unset means "path-style when an endpoint is set",
-    # false means virtual-hosted (the bucket in the host name, as AWS wants it).
+    # Local servers (SeaweedFS, MinIO) need path-style; unset means "path-style when an endpoint is set" (else
+    # botocore's choice); false means virtual-hosted (the bucket in the host name, as AWS wants it).
     ConfigKey("s3.path.style.access", parse_bool),
     ConfigKey("s3.storage.class", parse_str, check=lambda v: v in STORAGE_CLASSES,
               requirement=f"one of {', '.join(STORAGE_CLASSES)}"),
@@ -318,8 +318,11 @@ class S3Backend(StorageBackend):
         _SCRUBBER.add(self._secrets)
         endpoint = config["s3.endpoint.url"]
         path_style = config["s3.path.style.access"]
-        if path_style is None:
-            path_style = endpoint is not None
+        # Unset on AWS: botocore's choice (virtual-hosted, but path-style for bucket names TLS cannot put in a host).
+        addressing: Literal["path", "virtual", "auto"] = (
+            "path" if path_style or (path_style is None and endpoint is not None)
+            else "virtual" if path_style is False else "auto"
+        )
         timeout = config["s3.request.timeout.ms"] / 1000.0
         boto_config = BotoConfig(
             region_name=config["s3.region"],
@@ -327,7 +330,7 @@ class S3Backend(StorageBackend):
             read_timeout=timeout,
             retries={"max_attempts": config["s3.retries.max"] + 1, "mode": "standard"},
             max_pool_connections=max(config["s3.max.connections"], self._concurrency),
-            s3={"addressing_style": "path" if path_style else "virtual"},
+            s3={"addressing_style": addressing},
             # We send a checksum header on every upload ourselves; the streaming CRC trailers botocore would
             # add by default are not understood by every S3-compatible server.
             request_checksum_calculation="when_required",

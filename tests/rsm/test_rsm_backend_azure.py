@@ -27,9 +27,10 @@ _KIB = 1 << 10
 
 
 def backend(
-    endpoint: AzureEndpoint, prefix: str, url: str | None = None, metrics: Metrics | None = None, **extra: Any
+    endpoint: AzureEndpoint, prefix: str, url: str | None = None, metrics: Metrics | None = None,
+    options: dict[str, Any] | None = None,
 ) -> StorageBackend:
-    config = azure_config(endpoint, prefix, **extra)
+    config = azure_config(endpoint, prefix, **(options or {}))
     del config["storage.backend"]
     if url is not None:
         config["azure.endpoint.url"] = url
@@ -64,7 +65,7 @@ def test_a_file_above_the_block_size_is_staged_in_blocks_and_committed(
 ) -> None:
     path = tmp_path / "segment.log"
     path.write_bytes(b"b" * (2 << 20) + b"tail")
-    store = backend(azurite, key_prefix, via(proxy, azurite), **{"azure.upload.block.size": 1 << 20})
+    store = backend(azurite, key_prefix, via(proxy, azurite), options={"azure.upload.block.size": 1 << 20})
     store.put("segment.log", path)
     kinds = [r.query.get("comp") for r in proxy.requests if r.method == "PUT"]
     assert sorted(kinds, key=str) == ["block", "block", "block", "blocklist"]
@@ -128,7 +129,7 @@ def test_a_read_resumed_after_the_blob_was_replaced_fails_naming_it(
 
 
 def test_check_of_a_missing_container_names_it(azurite: AzureEndpoint, key_prefix: str) -> None:
-    store = backend(azurite, key_prefix, **{"azure.container.name": "no-such-container"})
+    store = backend(azurite, key_prefix, options={"azure.container.name": "no-such-container"})
     with pytest.raises(RemoteStorageError, match=r"container 'no-such-container' of account .* is not usable"):
         store.check()
     store.close()

@@ -27,9 +27,10 @@ _KIB = 1 << 10
 
 
 def backend(
-    endpoint: GcsEndpoint, prefix: str, url: str | None = None, metrics: Metrics | None = None, **extra: Any
+    endpoint: GcsEndpoint, prefix: str, url: str | None = None, metrics: Metrics | None = None,
+    options: dict[str, Any] | None = None,
 ) -> StorageBackend:
-    config = gcs_config(endpoint, prefix, **extra)
+    config = gcs_config(endpoint, prefix, **(options or {}))
     del config["storage.backend"]
     if url is not None:
         config["gcs.endpoint.url"] = url
@@ -59,7 +60,7 @@ def test_a_file_above_8_mib_is_uploaded_resumably_in_chunk_size_pieces(
 ) -> None:
     path = tmp_path / "segment.log"
     path.write_bytes(b"r" * (9 << 20))
-    store = backend(gcs_emulator, key_prefix, proxy.endpoint_url, **{"gcs.resumable.upload.chunk.size": 4 << 20})
+    store = backend(gcs_emulator, key_prefix, proxy.endpoint_url, options={"gcs.resumable.upload.chunk.size": 4 << 20})
     store.put("segment.log", path)
     pieces = [r for r in proxy.requests if r.method == "PUT" and r.query.get("uploadType") == "resumable"]
     assert len(pieces) == 3  # 4 + 4 + 1 MiB
@@ -111,7 +112,7 @@ def test_a_read_cut_midway_resumes_where_it_stopped(
 
 
 def test_check_of_a_missing_bucket_names_it(gcs_emulator: GcsEndpoint, key_prefix: str) -> None:
-    store = backend(gcs_emulator, key_prefix, **{"gcs.bucket.name": "no-such-bucket"})
+    store = backend(gcs_emulator, key_prefix, options={"gcs.bucket.name": "no-such-bucket"})
     with pytest.raises(RemoteStorageError, match=r"GCS bucket 'no-such-bucket'.* is not usable"):
         store.check()
     store.close()
@@ -122,7 +123,7 @@ def test_check_of_a_missing_bucket_names_it(gcs_emulator: GcsEndpoint, key_prefi
 
 def config_error(**extra: Any) -> str:
     with pytest.raises(ConfigError) as caught:
-        backend(GcsEndpoint("http://127.0.0.1:9", "b"), "p", **extra)
+        backend(GcsEndpoint("http://127.0.0.1:9", "b"), "p", options=extra)
     return str(caught.value)
 
 

@@ -129,13 +129,23 @@ class _Captured(Exception):
 
 
 @pytest.mark.parametrize(
-    ("path_style", "expected"),
-    [(None, "http://localhost:9/tierlog/p/"), ("true", "http://localhost:9/tierlog/p/"),
-     ("false", "http://tierlog.localhost:9/p/")],
-    ids=["default-with-endpoint", "path-style", "virtual-hosted"],
+    ("endpoint", "bucket", "path_style", "expected"),
+    [
+        ("http://localhost:9", "tierlog", None, "http://localhost:9/tierlog/p/"),
+        ("http://localhost:9", "tierlog", "true", "http://localhost:9/tierlog/p/"),
+        ("http://localhost:9", "tierlog", "false", "http://tierlog.localhost:9/p/"),
+        (None, "tierlog", None, "https://tierlog.s3.amazonaws.com/p/"),
+        (None, "tier.log", None, "https://s3.amazonaws.com/tier.log/p/"),
+    ],
+    ids=["endpoint-default", "path-style", "virtual-hosted", "aws-default", "aws-default-dotted-bucket"],
 )
-def test_addressing_puts_the_bucket_in_the_path_or_in_the_host_name(path_style: str | None, expected: str) -> None:
-    config = moto_config("http://localhost:9", **{"s3.prefix": "p"})
+def test_addressing_puts_the_bucket_in_the_path_or_in_the_host_name(
+    endpoint: str | None, bucket: str, path_style: str | None, expected: str
+) -> None:
+    config = moto_config("unused", **{"s3.prefix": "p", "s3.bucket": bucket})
+    del config["s3.endpoint.url"]
+    if endpoint is not None:
+        config["s3.endpoint.url"] = endpoint
     if path_style is not None:
         config["s3.path.style.access"] = path_style
     target = backend(config)
