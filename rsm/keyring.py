@@ -106,6 +106,8 @@ class WrappedKey:
         end = at + _U16.size + wrapped_length
         if end > SLOT_SIZE - _CRC.size:
             raise DataKeyError(f"{damaged}: its lengths overrun the slot")
+        if any(slot[end : SLOT_SIZE - _CRC.size]):
+            raise DataKeyError(f"{damaged}: its padding is not zero")
         try:
             key_id = slot[_HEAD.size : at].decode()
         except UnicodeDecodeError:

@@ -14,7 +14,7 @@ import random
 import struct
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -552,3 +552,36 @@ def test_the_adapter_reads_plain_bytes_from_the_cache_files_of_a_compressed_and_
         assert agent.read_like_the_adapter(metadata, 12_345, 0) == raw[12_345:]
     finally:
         agent.close()
+
+
+def test_changing_any_byte_of_the_chunk_index_or_the_wrapped_key_slot_is_refused(
+    fs: dict[str, Any], ring: dict[str, Any], make_segment: SegmentFactory
+) -> None:
+    # Every byte of a two-chunk segment's chunk index, and of its key slot every meaningful byte, a sample of the
+    # padding and the checksum; each change is made as a forger would, with every CRC-32 around it made consistent.
+    raw = json_records(2 * CHUNK - 100)
+    with RemoteStorageManager({**fs, **ring, **COMBINATIONS["compressed+encrypted"]}) as rsm:
+        metadata = _copy(rsm, with_log(make_segment(), raw))
+        packed = _packed(rsm, metadata)
+    sections = extract(packed, 0, parse_header(packed, "t").sections, "t")
+    index, slot = sections.pop(SegmentSection.CHUNK_INDEX), sections.pop(SegmentSection.WRAPPED_KEY)
+    trials = [(b, slot) for b in _each_byte_flipped(index, range(len(index)))]
+    slot_positions = [*range(100), *random.Random(1).sample(range(100, len(slot) - 4), 12), *range(len(slot) - 4,
+                                                                                                     len(slot))]
+    trials += [(index, _with_crc(s) if i < len(slot) - 4 else s)
+               for i, s in zip(slot_positions, _each_byte_flipped(slot, slot_positions), strict=True)]
+    key = keys_for(metadata, False).indexes
+    for forged_index, forged_slot in trials:
+        forged, layout = pack(sections, chunk_index=forged_index, wrapped_key=forged_slot)  # type: ignore[arg-type]
+        with RemoteStorageManager({**fs, **ring}) as reader:
+            reader.backend.put(key, forged)
+            forged_metadata = dataclasses.replace(
+                metadata, custom_metadata=custom.encode(custom.SegmentCustomMetadata(layout, False))
+            )
+            with pytest.raises(RemoteStorageError, match=str(metadata.remote_log_segment_id.id)):
+                _read(reader, forged_metadata)
+
+
+def _each_byte_flipped(data: bytes, positions: Iterable[int]) -> Iterator[bytes]:
+    for position in positions:
+        yield data[:position] + bytes([data[position] ^ 0x01]) + data[position + 1 :]
