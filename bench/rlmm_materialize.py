@@ -12,6 +12,7 @@ Usage: python bench/rlmm_materialize.py [--events 1000000] [--retention 20] [--b
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import shutil
@@ -20,6 +21,8 @@ import sys
 import tempfile
 import time
 import uuid
+from array import array
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +133,245 @@ def tierlog_records(events: Iterable[SegmentEvent]) -> Iterator[tuple[TopicIdPar
                     yield tp, key_of(checkpoint).encode(), codec.encode(checkpoint)
         elif md.state is S.DELETE_SEGMENT_FINISHED:
             yield tp, key, None
+
+
+# --- a history of N live segments, generated fast --------------------------------------------------------------
+# At a million live segments the objects above cost minutes: this path draws the same kind of history as plain
+# values, encodes tierlog's records with a hand-written Avro encoder (checked byte for byte against rlmm.codec on the
+# first events, see check_fast_encoding) and writes the harness's event lines beside them.
+
+_SEGMENT_VERSION = codec.registry().current["segment_record"]
+_CHECKPOINT_VERSION = codec.registry().current["epoch_checkpoint_record"]
+_SEGMENT_HEAD = codec.MAGIC + _SEGMENT_VERSION.fingerprint[::-1]
+_CHECKPOINT_HEAD = codec.MAGIC + _CHECKPOINT_VERSION.fingerprint[::-1]
+FINISHED_CUSTOM = b"\x00" * 24
+
+
+def _long(n: int) -> bytes:
+    """Avro's zig-zag varint of an int or long."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _string(text: str) -> bytes:
+    data = text.encode()
+    return _long(len(data)) + data
+
+
+_FINISHED_UNION = b"\x02" + _long(len(FINISHED_CUSTOM)) + FINISHED_CUSTOM  # the union's branch 1 (bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class RawSegment:
+    """A segment of a generated history as plain values (its one leader epoch starts at its start offset)."""
+
+    tp_index: int
+    segment_id: str
+    start: int
+    epoch: int
+    timestamp_ms: int
+    broker_id: int
+    size: int
+    txn_idx_empty: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + SEGMENT_OFFSETS - 1
+
+
+class FastEncoder:
+    """tierlog's records (key, value) of a generated history's events, as `tierlog_records` makes them."""
+
+    def __init__(self, tps: list[TopicIdPartition]) -> None:
+        self.tps = tps
+        self._prefix = [_string(str(tp.topic_id)) + _string(tp.topic) + _long(tp.partition) for tp in tps]
+        self._key = [f"{tp.topic_id}:{tp.partition}" for tp in tps]
+
+    def records(self, seg: RawSegment, states: tuple[RemoteLogSegmentState, ...]) -> list[tuple[bytes, bytes | None]]:
+        """The records of events that left `seg` in each of `states` in turn: its full state after each (the add
+        as its upload started, every update with the update's time, +1 ms, and broker 1, as `_updated` makes them),
+        a lineage checkpoint after a finished copy (its epoch now ends at the segment's end), a tombstone after the
+        delete finished."""
+        key = f"segment:{self._key[seg.tp_index]}:{seg.segment_id}".encode()
+        start, epoch, updated_ms = _long(seg.start), _long(seg.epoch), _long(seg.timestamp_ms + 1)
+        end = _long(seg.end)
+        head = b"".join((_SEGMENT_HEAD, self._prefix[seg.tp_index], _string(seg.segment_id), start, end,
+                         _long(seg.timestamp_ms)))
+        tail = b"".join((_long(seg.size), b"\x02", epoch, start, b"\x00"))
+        txn = b"\x01" if seg.txn_idx_empty else b"\x00"
+        out: list[tuple[bytes, bytes | None]] = []
+        for state in states:
+            if state is S.COPY_SEGMENT_STARTED:
+                out.append((key, b"".join((head, _long(seg.broker_id), _long(seg.timestamp_ms), tail, b"\x00\x00",
+                                           txn))))
+                continue
+            custom = _FINISHED_UNION if state is S.COPY_SEGMENT_FINISHED else b"\x00"
+            out.append((key, b"".join((head, b"\x02", updated_ms, tail, custom, bytes((2 * int(state),)), txn))))
+            if state is S.COPY_SEGMENT_FINISHED:
+                out.append((f"epochs:{self._key[seg.tp_index]}:{seg.epoch}".encode(), b"".join((
+                    _CHECKPOINT_HEAD, self._prefix[seg.tp_index], b"\x02", epoch, b"\x02", end, b"\x00\x00",
+                    updated_ms, b"\x00\x00\x00"))))
+            elif state is S.DELETE_SEGMENT_FINISHED:
+                out.append((key, None))
+        return out
+
+
+@dataclass(frozen=True)
+class LivePlan:
+    """Per user partition of `tps`: the segments live at the end of the history, and those retention deleted."""
+
+    tps: list[TopicIdPartition]
+    live: list[int]
+    deleted: list[int]
+
+    @classmethod
+    def spread(cls, tps: list[TopicIdPartition], live_total: int, deleted_share: float) -> LivePlan:
+        """`live_total` live segments spread evenly over `tps`, and `deleted_share` as many again deleted."""
+        base, extra = divmod(live_total, len(tps))
+        live = [base + (i < extra) for i in range(len(tps))]
+        return cls(tps, live, [round(n * deleted_share) for n in live])
+
+    def extended(self, tps: list[TopicIdPartition], live_each: int) -> LivePlan:
+        """This plan plus `tps`, each with `live_each` live segments and none deleted."""
+        return LivePlan([*self.tps, *tps], [*self.live, *[live_each] * len(tps)], [*self.deleted, *[0] * len(tps)])
+
+    def shard(self, partitions: int, shards: int, shard: int) -> list[int]:
+        """The indices of the user partitions whose metadata partition falls to `shard` of `shards`."""
+        return [i for i, tp in enumerate(self.tps)
+                if metadata_partition_for(tp.topic_id, tp.partition, partitions) % shards == shard]
+
+
+_UPLOAD = (S.COPY_SEGMENT_STARTED, S.COPY_SEGMENT_FINISHED)
+_DELETE = (S.DELETE_SEGMENT_STARTED, S.DELETE_SEGMENT_FINISHED)
+
+
+def live_history(plan: LivePlan, indices: list[int], rng: random.Random,
+                 live_out: dict[int, list[RawSegment]] | None = None
+                 ) -> Iterator[tuple[RawSegment, tuple[RemoteLogSegmentState, ...]]]:
+    """The events of the user partitions `indices` of `plan`, as `history` draws them (uploads in random order across
+    partitions, add then copy finished, leader epochs bumping now and then), with retention deleting a partition's
+    oldest segment (delete started, delete finished) whenever it holds more than its live count: yields each
+    segment with the states its events leave it in, in turn. `live_out` gets each partition's live segments."""
+    slots = [i for i in indices for _ in range(plan.live[i] + plan.deleted[i])]
+    rng.shuffle(slots)
+    next_offset = dict.fromkeys(indices, 0)
+    epoch = dict.fromkeys(indices, 0)
+    live: dict[int, deque[RawSegment]] = {i: deque() for i in indices}
+    now = 1_700_000_000_000
+    for i in slots:
+        if rng.random() < 0.02:
+            epoch[i] += 1
+        seg = RawSegment(i, str(uuid.UUID(int=rng.getrandbits(128))), next_offset[i], epoch[i], now,
+                         rng.randrange(3), rng.randint(1 << 20, 1 << 30), rng.random() < 0.9)
+        next_offset[i] += SEGMENT_OFFSETS
+        yield seg, _UPLOAD
+        kept = live[i]
+        kept.append(seg)
+        if len(kept) > plan.live[i]:
+            oldest = kept.popleft()
+            yield oldest, _DELETE
+        now += 1000
+    if live_out is not None:
+        live_out.update((i, list(kept)) for i, kept in live.items())
+
+
+def harness_lines(seg: RawSegment, states: tuple[RemoteLogSegmentState, ...]) -> str:
+    """The events as lines of the TBRLMM harness's events file (see bench/rlmm_vs_kafka.write_events_file)."""
+    return "".join(
+        f"A {seg.tp_index} {seg.segment_id} {seg.start} {seg.end} {seg.epoch} {seg.timestamp_ms} {seg.broker_id} "
+        f"{seg.timestamp_ms} {seg.size} {int(seg.txn_idx_empty)}\n" if state is S.COPY_SEGMENT_STARTED
+        else f"U {seg.tp_index} {seg.segment_id} {int(state)} {seg.timestamp_ms + 1} 1\n" for state in states)
+
+
+def as_event(tps: list[TopicIdPartition], seg: RawSegment, state: RemoteLogSegmentState) -> SegmentEvent:
+    """The event of `live_history` as `history` would have made it (the slow path `check_fast_encoding` compares)."""
+    md = RemoteLogSegmentMetadata(
+        remote_log_segment_id=RemoteLogSegmentId(tps[seg.tp_index], uuid.UUID(seg.segment_id)),
+        start_offset=seg.start, end_offset=seg.end, max_timestamp_ms=seg.timestamp_ms, broker_id=seg.broker_id,
+        event_timestamp_ms=seg.timestamp_ms, segment_size_in_bytes=seg.size,
+        segment_leader_epochs={seg.epoch: seg.start}, txn_idx_empty=seg.txn_idx_empty)
+    if state is S.COPY_SEGMENT_STARTED:
+        return SegmentEvent(md)
+    return _updated(md, state, FINISHED_CUSTOM if state is S.COPY_SEGMENT_FINISHED else None)
+
+
+def check_fast_encoding(plan: LivePlan, events: int = 4000) -> None:
+    """Fail unless the fast path's first `events` events encode to exactly the records `tierlog_records` makes."""
+    sample = list(itertools.islice(live_history(plan, list(range(len(plan.tps))), random.Random(0)), events // 2))
+    encoder = FastEncoder(plan.tps)
+    fast = [(plan.tps[seg.tp_index], key, value) for seg, states in sample
+            for key, value in encoder.records(seg, states)]
+    slow = list(tierlog_records(as_event(plan.tps, seg, state) for seg, states in sample for state in states))
+    if fast != slow:
+        wrong = next(i for i, (a, b) in enumerate(zip(fast, slow, strict=False)) if a != b)
+        raise SystemExit(f"the fast history encoder differs from rlmm.codec at record {wrong}: "
+                         f"{fast[wrong]!r} != {slow[wrong]!r}")
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """One producer process's share of a generated history (see write_shard)."""
+
+    plan: LivePlan
+    bootstrap: str
+    topics: tuple[str, ...]
+    partitions: int
+    shards: int
+    shard: int
+    seed: int
+    events_file: Path | None  # where the harness's lines go (None: tierlog alone)
+    wanted: frozenset[int]  # the user partitions whose live segments are returned
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    records: int
+    events: int
+    seconds: float
+    live: dict[int, tuple[array, array]]  # user partition index -> its live segments' start offsets, epochs
+
+
+def write_shard(job: ShardJob) -> ShardResult:
+    """Produce tierlog's records of one shard of the plan's history to every topic of `job.topics`, and write the
+    harness's lines of the same events; run in a process of its own, one per core."""
+    started = time.perf_counter()
+    indices = job.plan.shard(job.partitions, job.shards, job.shard)
+    encoder = FastEncoder(job.plan.tps)
+    target = {i: metadata_partition_for(tp.topic_id, tp.partition, job.partitions) for i, tp in enumerate(job.plan.tps)}
+    producer = Producer({"bootstrap.servers": job.bootstrap, "linger.ms": 100, "batch.size": 1_000_000,
+                         "compression.type": "lz4", "acks": "all", "enable.idempotence": True,
+                         "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20})
+    live: dict[int, list[RawSegment]] = {}
+    records = events = 0
+    out = job.events_file.open("w", encoding="ascii") if job.events_file else None
+    try:
+        for seg, states in live_history(job.plan, indices, random.Random(f"{job.seed}-{job.shard}"), live):
+            events += len(states)
+            if out is not None:
+                out.write(harness_lines(seg, states))
+            mp = target[seg.tp_index]
+            for key, value in encoder.records(seg, states):
+                records += 1
+                for topic in job.topics:
+                    while True:
+                        try:
+                            producer.produce(topic, value, key, partition=mp)
+                            break
+                        except BufferError:
+                            producer.poll(0.05)
+    finally:
+        if out is not None:
+            out.close()
+    if producer.flush(600) != 0:
+        raise SystemExit(f"producing shard {job.shard} of the history did not finish")
+    summary = {i: (array("q", (s.start for s in segs)), array("i", (s.epoch for s in segs)))
+               for i, segs in live.items() if i in job.wanted}
+    return ShardResult(records, events, time.perf_counter() - started, summary)
 
 
 def user_partitions(count: int, rng: random.Random) -> list[TopicIdPartition]:

@@ -1,22 +1,33 @@
 """Side-by-side benchmark: tierlog's metadata manager against Kafka's own TopicBasedRemoteLogMetadataManager.
 
-Starts its own one-node Kafka (the pinned version), feeds both managers the same logical events (segment adds,
-copy-finished updates, and retention deletes of a share of them, over 2,000 user partitions and 50 metadata
-partitions), then runs each node in a fresh process, interleaved: cold rebuild from the topic (tierlog also from
-a compacted copy), restart, in-process lookup and write latency, RSS, metadata topic bytes. Kafka's manager is
-driven through its public API by the Java harness in bench/tbrlmm. Last, lookups are timed again on both while
-they apply records a producer process appends (other partitions' uploads): as fast as it can, then paced at the same
-events/s for both. Prints one JSON document on stdout and a Markdown table of ratios (tierlog/TBRLMM) on stderr.
+Starts its own one-node Kafka (the pinned version) and feeds both managers the same logical events over 2,000 user
+partitions and 50 metadata partitions: segment adds, copy-finished updates, and retention deletes of a share of them,
+drawn so that `--live` segments are live at the end (bench/rlmm_materialize.live_history: tierlog's records
+pre-encoded and produced by one process per core; Kafka's written by the Java harness through Kafka's own serde).
+Each node runs in a fresh process, the two systems interleaved step by step: cold rebuild from the topic (tierlog
+also from a compacted copy, and from a snapshot of a view a tierlog node built), restart, first lookup of each hosted
+partition, lookup and write latency, RSS, and the time until a partition newly hosted on a running node (1,000
+segments) is ready and answers. A node hosts `--hosted-fraction` of the user partitions (every k-th; the same set
+for both); the other partitions' records stay in the topic, which tierlog applies to its view on disk. Kafka's
+manager is driven through its public API by the Java harness in bench/tbrlmm. Last, lookups are timed again on both
+while they apply records a producer process appends (other partitions' uploads): as fast as it can, then paced at
+the same events/s for both. Prints one JSON document on stdout and Markdown tables of ratios (tierlog/TBRLMM), one
+per hosted fraction, on stderr. `--tierlog-only` leaves TBRLMM and the compacted copy out (the 10M mode: TBRLMM
+would need a 6+ GB heap).
 
-Usage: python bench/rlmm_vs_kafka.py [--full] [--events N] [--rounds R] [--markdown FILE]
-(quick: 200k events, the `make bench-kafka` target; --full: 1M events.)
+Usage: python bench/rlmm_vs_kafka.py [--full] [--live N] [--hosted-fraction F[,F...]] [--rounds R] [--tierlog-only]
+       [--markdown FILE]
+(quick: 40k live segments, the `make bench-kafka` target; --full: 1M live segments, hosting 10% and all.)
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import io
 import json
 import logging
+import multiprocessing
 import os
 import pickle
 import platform
@@ -31,9 +42,10 @@ import time
 import uuid
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from itertools import zip_longest
+from itertools import accumulate, zip_longest
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,12 +57,18 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from rlmm_materialize import (  # noqa: E402
+    SEGMENT_OFFSETS,
+    LivePlan,
     SegmentEvent,
+    ShardJob,
+    ShardResult,
+    check_fast_encoding,
     history,
     produce_records,
     rss_mib,
     tierlog_records,
     user_partitions,
+    write_shard,
 )
 
 from dev.env import services_env  # noqa: E402
@@ -63,8 +81,12 @@ from rlmm import (  # noqa: E402
     RemoteLogSegmentState,
     TopicIdPartition,
 )
+from rlmm.archive import write_view_snapshot  # noqa: E402
+from rlmm.bootstrap import snapshot_key  # noqa: E402
 from rlmm.event_log import TopicSettings, check_topic  # noqa: E402
 from rlmm.events import RecordKey  # noqa: E402
+from rlmm.snapshot import snapshot_entries  # noqa: E402
+from rlmm.view import MetadataView  # noqa: E402
 from rsm.backend import StorageBackend  # noqa: E402
 from rsm.snapshot_source import BucketSnapshotSource  # noqa: E402
 from tierlog.audit.archiver import Archiver, ArchiverSettings  # noqa: E402
@@ -81,8 +103,9 @@ COMPACTED_TOPIC = "bench-tierlog-compacted"
 SNAPSHOT_LOCATION = "snapshots"
 # The compacted copy rolls and cleans quickly so that it reaches its compacted size within the run.
 COMPACTED_SEGMENT_MS = 4000
-NODE_TIMEOUT_S = 3600.0
-COMPACTION_TIMEOUT_S = 180.0
+NODE_TIMEOUT_S = 1800.0
+NEWCOMER_TIMEOUT_S = 120.0
+COMPACTION_TIMEOUT_S = 300.0
 BUSY_TIMEOUT_S = 300.0
 T = TypeVar("T")
 
@@ -93,8 +116,7 @@ def write_events_file(path: Path, tps: Sequence[TopicIdPartition], events: Itera
     """The harness's input: the user partitions, then one line per logical event (see TbrlmmHarness)."""
     index = {tp: i for i, tp in enumerate(tps)}
     with path.open("w", encoding="ascii") as out:
-        for tp in tps:
-            out.write(f"P {tp.topic_id} {tp.topic} {tp.partition}\n")
+        write_partition_lines(out, tps, "o" * len(tps))
         for event in events:
             md = event.metadata
             tp_index = index[md.topic_id_partition]
@@ -109,23 +131,100 @@ def write_events_file(path: Path, tps: Sequence[TopicIdPartition], events: Itera
                 out.write(f"U {tp_index} {segment} {u.state.value} {u.event_timestamp_ms} {u.broker_id}\n")
 
 
-def read_partitions(path: Path) -> list[TopicIdPartition]:
-    with path.open(encoding="ascii") as lines:
-        return [TopicIdPartition(uuid.UUID(f[1]), f[2], int(f[3]))
-                for f in (line.split() for line in lines) if f[0] == "P"]
+def write_partition_lines(out: io.TextIOBase, tps: Sequence[TopicIdPartition], roles: str) -> None:
+    """"P topic-id topic partition role" per user partition (h: hosted, n: newcomer, o: only in the topic)."""
+    for tp, role in zip(tps, roles, strict=True):
+        out.write(f"P {tp.topic_id} {tp.topic} {tp.partition} {role}\n")
+
+
+@dataclass(frozen=True)
+class Lookup:
+    tp: int  # index among the plan's user partitions
+    epoch: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What a node does, for both systems (a text file the harness reads too): the user partitions and each one's
+    role, the first lookup of each hosted partition after start, the timed lookups, each newcomer's first lookup."""
+
+    tps: list[TopicIdPartition]
+    roles: str
+    first: list[Lookup]
+    lookups: list[Lookup]
+    newcomers: list[Lookup]
+
+    def hosted(self) -> list[TopicIdPartition]:
+        return [tp for tp, role in zip(self.tps, self.roles, strict=True) if role == "h"]
+
+    def write(self, path: Path) -> None:
+        with path.open("w", encoding="ascii") as out:
+            write_partition_lines(out, self.tps, self.roles)
+            for kind, lookups in (("F", self.first), ("L", self.lookups), ("N", self.newcomers)):
+                out.writelines(f"{kind} {x.tp} {x.epoch} {x.offset}\n" for x in lookups)
+
+    @classmethod
+    def read(cls, path: Path) -> NodePlan:
+        tps: list[TopicIdPartition] = []
+        roles: list[str] = []
+        lookups: dict[str, list[Lookup]] = {"F": [], "L": [], "N": []}
+        with path.open(encoding="ascii") as lines:
+            for line in lines:
+                f = line.split()
+                if f[0] == "P":
+                    tps.append(TopicIdPartition(uuid.UUID(f[1]), f[2], int(f[3])))
+                    roles.append(f[4])
+                else:
+                    lookups[f[0]].append(Lookup(int(f[1]), int(f[2]), int(f[3])))
+        return cls(tps, "".join(roles), lookups["F"], lookups["L"], lookups["N"])
+
+
+def hosted_indices(count: int, fraction: float) -> list[int]:
+    """Every k-th of `count` user partitions, k = round(1 / fraction): the share a node hosts (none for 0)."""
+    if fraction <= 0:
+        return []
+    return list(range(0, count, max(1, round(1 / fraction))))
+
+
+def node_plan(plan: LivePlan, users: int, hosted: Sequence[int], live: dict[int, tuple[array, array]],
+              lookups: int, rng: random.Random) -> NodePlan:
+    """The plan of a node hosting the user partitions `hosted` (of the first `users` of `plan`; the rest of `plan`
+    are newcomers): lookups of uniformly drawn live segments of hosted partitions, at a random offset in each."""
+    def target(i: int, k: int) -> Lookup:
+        starts, epochs = live[i]
+        return Lookup(i, epochs[k], starts[k] + int(rng.random() * (SEGMENT_OFFSETS - 1)))
+
+    holding = [i for i in hosted if len(live[i][0])]
+    first_order = holding[:]
+    rng.shuffle(first_order)
+    first = [target(i, rng.randrange(len(live[i][0]))) for i in first_order]
+    cumulative = list(accumulate(len(live[i][0]) for i in holding))
+    timed = []
+    for _ in range(lookups if holding else 0):
+        k = rng.randrange(cumulative[-1])
+        at = bisect.bisect_right(cumulative, k)
+        timed.append(target(holding[at], k - (cumulative[at - 1] if at else 0)))
+    newcomer_indices = range(users, len(plan.tps))
+    newcomers = [target(i, rng.randrange(len(live[i][0]))) for i in newcomer_indices]
+    hosted_set = set(hosted)
+    roles = "".join("h" if i in hosted_set else "n" if i >= users else "o" for i in range(len(plan.tps)))
+    return NodePlan(plan.tps, roles, first, timed, newcomers)
 
 
 # --- one tierlog node, in a process of its own -------------------------------------------------------------
 
-def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, events_file: Path, lookups: int,
-                 writes: int, seed: int, snapshots: str | None = None, busy: Sequence[BusyPhase] = ()
+def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, plan_file: Path, writes: int,
+                 seed: int, snapshots: str | None = None, newcomers: bool = False, busy: Sequence[BusyPhase] = ()
                  ) -> dict[str, Any]:
-    """Start a manager on `state_dir`, wait until every user partition is ready, then time lookups and writes:
-    the same steps, in the same order, as the harness's `node` command. With `snapshots` (a bucket location),
-    an empty state dir bootstraps from the newest snapshot there, then tails the topic. With `busy` phases, lookups
-    are then timed again while the applier applies each phase's records, appended by a producer process."""
-    tps = read_partitions(events_file)
-    rng = random.Random(seed)
+    """Start a manager on `state_dir`, register the plan's hosted partitions, wait until every one is ready, then
+    time the first lookup of each, lookups and writes, and with `newcomers` the time until each newcomer partition,
+    registered alone on the running node, is ready and answers its first lookup: the same steps, in the same order,
+    as the harness's `node` command. With `snapshots` (a bucket location), an empty state dir bootstraps from the
+    newest snapshot there, then tails the topic. With `busy` phases, lookups are then timed again while the applier
+    applies each phase's records, appended by a producer process."""
+    plan = NodePlan.read(plan_file)
+    tps = plan.tps
     # A topic id of its own: drawn from `rng`, it was the first user partition's (the events' first draw too), and
     # the writes then landed in that partition under another topic name.
     write_target = TopicIdPartition(uuid.UUID(int=random.Random(f"writes-{seed}").getrandbits(128)), "bench-writes", 0)
@@ -139,39 +238,35 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
     node_log = _Messages()
     logging.getLogger("rlmm").addHandler(node_log)
     logging.getLogger("rlmm").setLevel(logging.INFO)
+    rss_before = rss_mib()
     started = time.perf_counter()
     manager = RemoteLogMetadataManager(config, snapshot_source=source)
     if snapshots is not None and not any(m.startswith("bootstrapped") for m in node_log.messages):
         manager.close()
         raise SystemExit(f"the node did not bootstrap from the snapshot: {node_log.messages}")
     try:
-        everything = {*tps, write_target}
-        manager.on_partition_leadership_changes(everything, set())
+        hosted = {*plan.hosted(), write_target}
+        manager.on_partition_leadership_changes(hosted, set())
         manager.wait_caught_up(NODE_TIMEOUT_S)
         deadline = time.monotonic() + NODE_TIMEOUT_S
-        while not all(manager.is_ready(tp) for tp in everything):
+        while not all(manager.is_ready(tp) for tp in hosted):
             if time.monotonic() > deadline:
                 raise SystemExit("tierlog node did not get ready in time")
             time.sleep(0.002)
         ready_s = time.perf_counter() - started
         rss_after_ready = rss_mib()
 
-        live = [md for tp in tps for md in manager.list_remote_log_segments(tp)]
-        # The read model reads a partition when first asked for: RSS once every partition has been read, the state
-        # a node serving all of them reaches (TBRLMM holds every partition from the start).
+        def lookup(x: Lookup) -> bool:
+            return manager.remote_log_segment_metadata(tps[x.tp], x.epoch, x.offset) is not None
+
+        # The first lookup of each hosted partition: the read model builds a partition when first asked for.
+        first_ns, first_hits = timed_each(lookup, plan.first)
+        # RSS once every hosted partition has been read: the state a node serving all of them reaches.
         rss_after_reads = rss_mib()
-        lookup_ns = [0] * lookups
+        lookup_ns = array("q")
         hits = 0
         for _round in range(2):  # the same warm-up round as the harness
-            hits = 0
-            for i in range(lookups):
-                md = live[rng.randrange(len(live))]
-                epoch = min(md.segment_leader_epochs)
-                offset = md.start_offset + int(rng.random() * (md.end_offset - md.start_offset))
-                t0 = time.perf_counter_ns()
-                found = manager.remote_log_segment_metadata(md.topic_id_partition, epoch, offset)
-                lookup_ns[i] = time.perf_counter_ns() - t0
-                hits += found is not None
+            lookup_ns, hits = timed_each(lookup, plan.lookups)
 
         add_ns, finish_ns = [], []
         for i in range(writes):
@@ -190,22 +285,64 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, ev
                 RemoteLogSegmentState.COPY_SEGMENT_FINISHED, 0)).result(60)
             add_ns.append(t1 - t0)
             finish_ns.append(time.perf_counter_ns() - t1)
+        newcomer_figures = newly_hosted(manager, tps, plan.newcomers) if newcomers else {}
         busy_figures: dict[str, Any] = {}
         for phase in busy:
-            busy_figures |= lookups_while_busy(manager, live, rng, bootstrap, topic, partitions, phase)
+            busy_figures |= lookups_while_busy(manager, plan, bootstrap, topic, partitions, phase)
+        hosted_live = sum(len(manager.list_remote_log_segments(tp)) for tp in plan.hosted())
+        rss_end = rss_mib()
     finally:
         manager.close()
-    return {**busy_figures, "ready_s": round(ready_s, 3), "live_segments": len(live), "lookups": lookups,
-            "lookup_hits": hits, "lookup_p50_us": _pct(lookup_ns, 0.5) / 1e3,
+    return {**busy_figures, **newcomer_figures, "ready_s": round(ready_s, 3),
+            "hosted_partitions": len(plan.hosted()), "hosted_live_segments": hosted_live,
+            "first_lookups": len(first_ns), "first_lookup_hits": first_hits,
+            "first_lookup_p50_us": _pct(first_ns, 0.5) / 1e3, "first_lookup_p99_us": _pct(first_ns, 0.99) / 1e3,
+            "lookups": len(lookup_ns), "lookup_hits": hits, "lookup_p50_us": _pct(lookup_ns, 0.5) / 1e3,
             "lookup_p99_us": _pct(lookup_ns, 0.99) / 1e3,
             "writes": writes, "add_p50_ms": _pct(add_ns, 0.5) / 1e6, "add_p99_ms": _pct(add_ns, 0.99) / 1e6,
             "finish_p50_ms": _pct(finish_ns, 0.5) / 1e6, "finish_p99_ms": _pct(finish_ns, 0.99) / 1e6,
-            "rss_mib": round(rss_after_ready, 1), "rss_after_reads_mib": round(rss_after_reads, 1),
+            "rss_before_mib": round(rss_before, 1), "rss_mib": round(rss_after_ready, 1),
+            "rss_after_reads_mib": round(rss_after_reads, 1), "rss_end_mib": round(rss_end, 1),
             "log": node_log.messages}
 
 
-def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSegmentMetadata], rng: random.Random,
-                       bootstrap: str, topic: str, partitions: int, busy: BusyPhase) -> dict[str, Any]:
+def timed_each(call: Callable[[T], bool], items: Sequence[T]) -> tuple[array, int]:
+    """Each call's nanoseconds, and how many answered True."""
+    took = array("q", bytes(8 * len(items)))  # not a list: a million int objects would add allocation to what is timed
+    hits = 0
+    for i, item in enumerate(items):
+        t0 = time.perf_counter_ns()
+        hits += call(item)
+        took[i] = time.perf_counter_ns() - t0
+    return took, hits
+
+
+def newly_hosted(manager: RemoteLogMetadataManager, tps: Sequence[TopicIdPartition], newcomers: Sequence[Lookup]
+                 ) -> dict[str, Any]:
+    """A partition newly hosted on the running node (leadership or a reassignment moved it here), one at a time:
+    from its registration until it is ready, and until its first lookup answers."""
+    ready_ns, answer_ns = [], []
+    hits = 0
+    for x in newcomers:
+        tp = tps[x.tp]
+        deadline = time.monotonic() + NEWCOMER_TIMEOUT_S
+        t0 = time.perf_counter_ns()
+        manager.on_partition_leadership_changes({tp}, set())
+        while not manager.is_ready(tp):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"newcomer {tp} did not get ready within {NEWCOMER_TIMEOUT_S} s")
+            time.sleep(0.0001)
+        ready_ns.append(time.perf_counter_ns() - t0)
+        hits += manager.remote_log_segment_metadata(tp, x.epoch, x.offset) is not None
+        answer_ns.append(time.perf_counter_ns() - t0)
+    return {"newcomers": len(newcomers), "newcomer_hits": hits,
+            "newcomer_ready_p50_ms": _pct(ready_ns, 0.5) / 1e6, "newcomer_ready_p99_ms": _pct(ready_ns, 0.99) / 1e6,
+            "newcomer_answer_p50_ms": _pct(answer_ns, 0.5) / 1e6,
+            "newcomer_answer_p99_ms": _pct(answer_ns, 0.99) / 1e6}
+
+
+def lookups_while_busy(manager: RemoteLogMetadataManager, plan: NodePlan, bootstrap: str, topic: str, partitions: int,
+                       busy: BusyPhase) -> dict[str, Any]:
     """Lookups timed back to back, in the thread that calls the manager, from the moment a producer process starts
     appending records (`busy.records`: other user partitions' uploads) until the applier has read past them all.
     The applier's thread shares the interpreter's lock with the lookups: this is what a fetch sees while metadata of
@@ -240,11 +377,9 @@ def lookups_while_busy(manager: RemoteLogMetadataManager, live: list[RemoteLogSe
             if time.monotonic() > deadline:
                 raise SystemExit(f"the applier read {read} of {expected} busy records in {BUSY_TIMEOUT_S} s")
             for _ in range(1000):
-                md = live[rng.randrange(len(live))]
-                epoch = min(md.segment_leader_epochs)
-                offset = md.start_offset + int(rng.random() * (md.end_offset - md.start_offset))
+                x = plan.lookups[len(busy_ns) % len(plan.lookups)]
                 t0 = time.perf_counter_ns()
-                manager.remote_log_segment_metadata(md.topic_id_partition, epoch, offset)
+                manager.remote_log_segment_metadata(plan.tps[x.tp], x.epoch, x.offset)
                 busy_ns.append(time.perf_counter_ns() - t0)
         busy_s = time.perf_counter() - started
         if not busy_ns:
@@ -342,7 +477,7 @@ def snapshot_location(work: Path) -> str:
     return str(work / "bucket")
 
 
-def prepare_snapshot(bootstrap: str, location: str, partitions: int) -> dict[str, Any]:
+def snapshot_from_archive(bootstrap: str, location: str, partitions: int) -> dict[str, Any]:
     """Archive the uncompacted topic and fold the archive into a snapshot, as the agent does periodically."""
     store = open_bench_store(location)
     started = time.perf_counter()
@@ -353,8 +488,30 @@ def prepare_snapshot(bootstrap: str, location: str, partitions: int) -> dict[str
     if key is None:
         raise SystemExit("no snapshot was written: the archive is empty")
     size = len(BucketSnapshotSource(store).read(key))
-    return {"archive_s": round(archived - started, 2), "snapshot_write_s": round(time.perf_counter() - archived, 2),
+    return {"from": "archive", "archive_s": round(archived - started, 2),
+            "snapshot_write_s": round(time.perf_counter() - archived, 2),
             "snapshot_bytes": size, "location": location}
+
+
+def snapshot_from_view(bootstrap: str, location: str, partitions: int, state_dir: Path, caught_up_ms: int
+                       ) -> dict[str, Any]:
+    """Write the view a tierlog node built in `state_dir` (closed, and caught up with the topic at `caught_up_ms`)
+    as a snapshot, as a node of a cluster can: its entries, applied offsets and digest, filed under the topic's id
+    like the audit's snapshots."""
+    store = open_bench_store(location)
+    started = time.perf_counter()
+    topic_id = check_topic(AdminClient({"bootstrap.servers": bootstrap}), UNCOMPACTED_TOPIC, partitions, 60).topic_id
+    view = MetadataView.open(state_dir, read_only=True)
+    buffer = io.BytesIO()
+    try:
+        write_view_snapshot(buffer, UNCOMPACTED_TOPIC, snapshot_entries(view), view.applied_offsets(UNCOMPACTED_TOPIC),
+                            view.digest(), topic_id, caught_up_ms)
+    finally:
+        view.close()
+    data = buffer.getvalue()
+    store.put(snapshot_key(SNAPSHOT_LOCATION, UNCOMPACTED_TOPIC, topic_id, caught_up_ms, data), data)
+    return {"from": "view", "snapshot_write_s": round(time.perf_counter() - started, 2), "snapshot_bytes": len(data),
+            "location": location}
 
 
 def remove_location(location: str) -> None:
@@ -390,15 +547,16 @@ def topic_bytes(cluster: KafkaCluster, topic: str) -> int:
     return sum(f.stat().st_size for f in cluster.log_dir(0).glob(f"{topic}-*/*.log"))
 
 
-def create_tierlog_topics(bootstrap: str, partitions: int) -> None:
+def create_tierlog_topics(bootstrap: str, partitions: int, compacted: bool) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     # The project's defaults (seven days of uncompacted history), and a copy that compacts at once.
-    history_topic = TopicSettings(UNCOMPACTED_TOPIC, partitions, 1, 1, 7 * 24 * 3600 * 1000, {})
-    compacted = TopicSettings(COMPACTED_TOPIC, partitions, 1, 1, 0,
-                              {"min.cleanable.dirty.ratio": "0.01", "segment.bytes": str(1 << 20)},
-                              delete_retention_ms=0, segment_ms=COMPACTED_SEGMENT_MS)
+    topics = [TopicSettings(UNCOMPACTED_TOPIC, partitions, 1, 1, 7 * 24 * 3600 * 1000, {})]
+    if compacted:
+        topics.append(TopicSettings(COMPACTED_TOPIC, partitions, 1, 1, 0,
+                                    {"min.cleanable.dirty.ratio": "0.01", "segment.bytes": str(1 << 20)},
+                                    delete_retention_ms=0, segment_ms=COMPACTED_SEGMENT_MS))
     futures = admin.create_topics([NewTopic(s.name, s.partitions, s.replication_factor, config=s.configs())
-                                   for s in (history_topic, compacted)])
+                                   for s in topics])
     for future in futures.values():
         future.result(60)
 
@@ -424,15 +582,23 @@ def wait_compacted(cluster: KafkaCluster, partitions: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="1M events instead of the quick 200k")
-    parser.add_argument("--events", type=int, default=None, help="logical events (overrides --full)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (quick 1, full 2)")
+    parser.add_argument("--full", action="store_true",
+                        help="1M live segments, hosting 10%% and all (instead of the quick 40k, hosting all)")
+    parser.add_argument("--live", type=int, default=None, help="segments live at the end of the history")
+    parser.add_argument("--deleted-share", type=float, default=0.1,
+                        help="segments retention deleted before the end, as a share of the live ones")
+    parser.add_argument("--hosted-fraction", default=None,
+                        help="share(s) of the user partitions a node hosts, comma-separated (quick 1, full 0.1,1)")
+    parser.add_argument("--tierlog-only", action="store_true",
+                        help="leave TBRLMM and the compacted copy out (the 10M mode)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per hosted fraction")
     parser.add_argument("--user-partitions", type=int, default=2000)
     parser.add_argument("--partitions", type=int, default=50, help="metadata topic partitions")
-    parser.add_argument("--retention", type=int, default=20,
-                        help="segments kept per user partition before the oldest is deleted")
     parser.add_argument("--lookups", type=int, default=20_000)
     parser.add_argument("--writes", type=int, default=100)
+    parser.add_argument("--newcomers", type=int, default=20,
+                        help="partitions registered one at a time on a restarted node (0: no such step)")
+    parser.add_argument("--newcomer-segments", type=int, default=1000, help="live segments of each newcomer")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--busy-events", type=int, default=100_000,
                         help="logical events the applier applies while lookups are timed again (0: no such step)")
@@ -440,178 +606,347 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="logical events appended at --paced-rate while lookups are timed (0: no such step)")
     parser.add_argument("--paced-rate", type=float, default=2_000.0,
                         help="events/s of the paced step: the same for both systems (TBRLMM applies ~8k/s at most)")
-    parser.add_argument("--markdown", type=Path, default=None, help="also write the ratio table to this file")
+    parser.add_argument("--snapshot-from", choices=("view", "archive"), default="view",
+                        help="write the snapshot from a tierlog node's view, or archive the topic and fold it")
+    parser.add_argument("--tbrlmm-heap", default="4g", help="the harness JVM's -Xmx (TBRLMM holds ~600 MiB at 1M)")
+    parser.add_argument("--shards", type=int, default=os.cpu_count() or 2, help="producer processes of the history")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the ratio tables to this file")
     args = parser.parse_args(argv)
     if args.paced_rate <= 0:
         parser.error("--paced-rate must be above 0 (--paced-events 0 leaves the paced step out)")
-    total = args.events or (1_000_000 if args.full else 200_000)
-    rounds = args.rounds or (2 if args.full else 1)
+    args.live = args.live or (1_000_000 if args.full else 40_000)
+    fractions = [float(f) for f in (args.hosted_fraction or ("0.1,1" if args.full else "1")).split(",")]
+    if not all(0 < f <= 1 for f in fractions):
+        parser.error("--hosted-fraction: each share must be above 0 and at most 1")
+    if args.tierlog_only:
+        args.busy_events = args.paced_events = 0
 
-    classpath = build_harness()
+    classpath = "" if args.tierlog_only else build_harness()
     work = Path(tempfile.mkdtemp(prefix="bench-rlmm-vs-kafka-"))
     try:
-        result = _run(args, total, rounds, classpath, work)
+        result = _run(args, fractions, classpath, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = ratio_table(result)
+    table = "\n\n".join(ratio_table(result, fraction) for fraction in result["by_fraction"])
     print(json.dumps(result, indent=2))
     print(table, file=sys.stderr)
     if args.markdown:
         args.markdown.write_text(table + "\n", encoding="utf-8")
 
 
-def _run(args: argparse.Namespace, total: int, rounds: int, classpath: str, work: Path) -> dict[str, Any]:
+def generate(args: argparse.Namespace, plan: LivePlan, bootstrap: str, topics: tuple[str, ...], work: Path,
+             wanted: frozenset[int]) -> tuple[list[ShardResult], list[Path]]:
+    """Produce the plan's history to `topics`, one process per shard, each writing its share of the harness's
+    events file too (unless tierlog runs alone)."""
+    files = [work / f"events-{shard}.txt" for shard in range(args.shards)]
+    jobs = [ShardJob(plan, bootstrap, topics, args.partitions, args.shards, shard, args.seed,
+                     None if args.tierlog_only else files[shard], wanted) for shard in range(args.shards)]
+    with ProcessPoolExecutor(args.shards, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(write_shard, jobs)), files
+
+
+def _run(args: argparse.Namespace, fractions: list[float], classpath: str, work: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     tps = user_partitions(args.user_partitions, rng)
-    events = list(history(total, tps, rng, args.retention))
-    events_file = work / "events.txt"
-    write_events_file(events_file, tps, events)
-    records = list(tierlog_records(events))
-    deleted = sum(e.metadata.state is RemoteLogSegmentState.DELETE_SEGMENT_FINISHED for e in events)
-    created = sum(e.update is None for e in events)
+    newcomer_tps = [TopicIdPartition(uuid.UUID(int=rng.getrandbits(128)), f"newcomer{i}", i)
+                    for i in range(args.newcomers)]
+    plan = LivePlan.spread(tps, args.live, args.deleted_share).extended(newcomer_tps, args.newcomer_segments)
+    check_fast_encoding(plan)
+    live_total, deleted = sum(plan.live), sum(plan.deleted)
+    events = 2 * (live_total + deleted) + 2 * deleted
+    compacted = not args.tierlog_only
     result: dict[str, Any] = {
-        "benchmark": "rlmm_vs_kafka", "mode": "full" if total >= 1_000_000 else "quick",
+        "benchmark": "rlmm_vs_kafka", "mode": "tierlog-only" if args.tierlog_only else "side-by-side",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "kafka": kafka_version()},
-        "logical_events": len(events), "tierlog_records": len(records), "segments_created": created,
-        "segments_deleted": deleted, "user_partitions": args.user_partitions,
-        "metadata_partitions": args.partitions, "rounds": rounds, "paced_rate": args.paced_rate,
+                    "kafka": kafka_version(), "load_avg_at_start": os.getloadavg()},
+        "live_segments": live_total, "newcomer_segments": args.newcomers * args.newcomer_segments,
+        "segments_created": live_total + deleted, "segments_deleted": deleted, "logical_events": events,
+        "user_partitions": args.user_partitions, "metadata_partitions": args.partitions, "rounds": args.rounds,
+        "hosted_fractions": fractions, "paced_rate": args.paced_rate,
     }
-    java = [java_executable(), "-Xmx1g", "-XX:+UseSerialGC", "-cp", classpath, HARNESS_MAIN]
+    stages: dict[str, float] = {}
+    result["stage_s"] = stages
+    java = [java_executable(), f"-Xmx{args.tbrlmm_heap}", "-XX:+UseSerialGC", "-cp", classpath, HARNESS_MAIN]
+    newcomer_indices = range(args.user_partitions, len(plan.tps))
+    hosted_by_fraction = {f: hosted_indices(args.user_partitions, f) for f in fractions}
+    wanted = frozenset({i for hosted in hosted_by_fraction.values() for i in hosted} | set(newcomer_indices))
     with KafkaCluster(work / "kafka", heap="768m", properties={"log.cleaner.backoff.ms": 500}) as cluster:
         bootstrap = cluster.bootstrap
-        create_tierlog_topics(bootstrap, args.partitions)
-        _, produce_s = produce_records(bootstrap, UNCOMPACTED_TOPIC, args.partitions, records)
-        produce_records(bootstrap, COMPACTED_TOPIC, args.partitions, records)
-        kafka_produce = run_json([*java, "produce", str(events_file), bootstrap, str(args.partitions)])
-        result["produce_s"] = {"tierlog": round(produce_s, 2), "tbrlmm": kafka_produce["produce_s"]}
-        result["topic_bytes"] = {"tierlog_uncompacted": topic_bytes(cluster, UNCOMPACTED_TOPIC),
-                                 "tbrlmm": topic_bytes(cluster, TBRLMM_TOPIC)}
-        result["topic_bytes"]["tierlog_compacted"] = wait_compacted(cluster, args.partitions)
+        create_tierlog_topics(bootstrap, args.partitions, compacted)
+        stage = _Stages(stages)
+        with stage("generate_and_produce_tierlog"):
+            shards, shard_files = generate(args, plan, bootstrap, (UNCOMPACTED_TOPIC, COMPACTED_TOPIC)[:1 + compacted],
+                                           work, wanted)
+        result["tierlog_records"] = sum(r.records for r in shards)
+        if sum(r.events for r in shards) != events:
+            raise SystemExit(f"the history has {sum(r.events for r in shards)} events, the plan {events}")
+        live = {i: figures for r in shards for i, figures in r.live.items()}
+        partitions_file = work / "partitions.txt"
+        with partitions_file.open("w", encoding="ascii") as out:
+            write_partition_lines(out, plan.tps, "o" * len(plan.tps))
+        result["topic_bytes"] = {"tierlog_uncompacted": topic_bytes(cluster, UNCOMPACTED_TOPIC)}
+        if not args.tierlog_only:
+            with stage("produce_tbrlmm"):
+                run_json([*java, "produce", bootstrap, str(args.partitions), "0", str(partitions_file),
+                          *map(str, shard_files)])
+            result["topic_bytes"]["tbrlmm"] = topic_bytes(cluster, TBRLMM_TOPIC)
+            with stage("compaction"):
+                result["topic_bytes"]["tierlog_compacted"] = wait_compacted(cluster, args.partitions)
+        for file in shard_files:
+            file.unlink(missing_ok=True)
+        plans: dict[float, Path] = {}
+        for fraction in [*fractions, 0.0]:
+            plans[fraction] = work / f"plan-{fraction}.txt"
+            node_plan(plan, args.user_partitions, hosted_indices(args.user_partitions, fraction), live, args.lookups,
+                      random.Random(f"{args.seed}-{fraction}")).write(plans[fraction])
         location = snapshot_location(work)
+        closed_ms: dict[Path, int] = {}
         try:
-            print("archiving the topic and writing a snapshot", file=sys.stderr, flush=True)
-            result["snapshot"] = prepare_snapshot(bootstrap, location, args.partitions)
-            print(f"snapshot: {result['snapshot']}", file=sys.stderr, flush=True)
+            if args.snapshot_from == "archive":
+                with stage("snapshot_from_archive"):
+                    result["snapshot"] = snapshot_from_archive(bootstrap, location, args.partitions)
 
-            def tierlog(topic: str, state_dir: Path, snapshots: str = "-", *busy: str) -> dict[str, Any]:
-                return run_json([sys.executable, __file__, "tierlog-node", bootstrap, topic, str(args.partitions),
-                                 str(state_dir), str(events_file), str(args.lookups), str(args.writes), str(args.seed),
-                                 snapshots, *busy])
+            def tierlog(topic: str, state_dir: Path, fraction: float, snapshots: str = "-", newcomers: bool = False,
+                        *busy: str) -> dict[str, Any]:
+                answer = run_json([sys.executable, __file__, "tierlog-node", bootstrap, topic, str(args.partitions),
+                                   str(state_dir), str(plans[fraction]), str(args.writes), str(args.seed), snapshots,
+                                   str(int(newcomers)), *busy])
+                closed_ms[state_dir] = int(time.time() * 1000)
+                answer["state_dir_bytes"] = dir_bytes(state_dir)
+                return answer
 
-            def tbrlmm(log_dir: Path, *busy: str) -> dict[str, Any]:
-                return run_json([*java, "node", str(events_file), bootstrap, str(args.partitions), str(log_dir),
-                                 str(args.lookups), str(args.writes), str(args.seed), *busy])
+            def from_snapshot(state_dir: Path, fraction: float) -> dict[str, Any]:
+                if "snapshot" not in result:  # from the first node's view, caught up with the topic when it closed
+                    built = work / f"tierlog-{fractions[0]}-0"
+                    with stage("snapshot_from_view"):
+                        result["snapshot"] = snapshot_from_view(bootstrap, location, args.partitions, built,
+                                                                closed_ms[built])
+                return tierlog(UNCOMPACTED_TOPIC, state_dir, fraction, location)
 
-            runs: list[dict[str, Any]] = []
-            for r in range(rounds):
-                steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-                    ("tierlog_cold", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
-                    ("tierlog_restart", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{r}")),
-                    ("tierlog_cold_compacted", partial(tierlog, COMPACTED_TOPIC, work / f"tierlog-c-{r}")),
-                    ("snapshot_bootstrap", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-s-{r}", location)),
-                ]
-                kafka_steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-                    ("tbrlmm_cold", partial(tbrlmm, work / f"tbrlmm-{r}")),
-                    ("tbrlmm_restart", partial(tbrlmm, work / f"tbrlmm-{r}")),
-                ]
-                # Alternate the systems step by step, and which goes first from round to round, so that load from
-                # the rest of the machine falls on both alike.
-                first, second = (steps, kafka_steps) if r % 2 == 0 else (kafka_steps, steps)
-                ordered = [step for pair in zip_longest(first, second) for step in pair if step is not None]
-                measured: dict[str, Any] = {"round": r}
-                for name, step in ordered:
-                    print(f"round {r}: {name}", file=sys.stderr, flush=True)
-                    measured[name] = step()
-                runs.append(measured)
+            def tbrlmm(log_dir: Path, fraction: float, newcomers: bool = False, *busy: str) -> dict[str, Any]:
+                return run_json([*java, "node", str(plans[fraction]), bootstrap, str(args.partitions), str(log_dir),
+                                 str(args.writes), str(args.seed), str(int(newcomers)), *busy])
+
+            by_fraction: dict[str, Any] = {}
+            for fraction in fractions:
+                runs: list[dict[str, Any]] = []
+                for r in range(args.rounds):
+                    d = f"{fraction}-{r}"
+                    steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                        ("tierlog_cold", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{d}", fraction)),
+                        ("tierlog_restart", partial(tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{d}", fraction, "-",
+                                                    True)),
+                        ("tierlog_cold_compacted", partial(tierlog, COMPACTED_TOPIC, work / f"tierlog-c-{d}",
+                                                           fraction)),
+                        ("snapshot_bootstrap", partial(from_snapshot, work / f"tierlog-s-{d}", fraction)),
+                    ]
+                    kafka_steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                        ("tbrlmm_cold", partial(tbrlmm, work / f"tbrlmm-{d}", fraction)),
+                        ("tbrlmm_restart", partial(tbrlmm, work / f"tbrlmm-{d}", fraction, True)),
+                    ]
+                    if args.tierlog_only:
+                        steps, kafka_steps = [step for step in steps if step[0] != "tierlog_cold_compacted"], []
+                    if fraction == fractions[0] and r == 0:
+                        # Nothing hosted: what the view costs in RAM for partitions the node does not host.
+                        steps.append(("tierlog_restart_unhosted", partial(
+                            tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{d}", 0.0)))
+                        if compacted:
+                            steps.append(("tierlog_cold_compacted_unhosted", partial(
+                                tierlog, COMPACTED_TOPIC, work / "tierlog-c-unhosted", 0.0)))
+                    # Alternate the systems step by step, and which goes first from round to round, so that load
+                    # from the rest of the machine falls on both alike.
+                    first, second = (steps, kafka_steps) if r % 2 == 0 else (kafka_steps, steps)
+                    ordered = [step for pair in zip_longest(first, second) for step in pair if step is not None]
+                    measured: dict[str, Any] = {"round": r}
+                    for name, step in ordered:
+                        print(f"hosting {fraction:g}, round {r}: {name}", file=sys.stderr, flush=True)
+                        with stage(f"{name}@{fraction:g}#{r}"):
+                            measured[name] = step()
+                    runs.append(measured)
+                by_fraction[f"{fraction:g}"] = {"runs": runs, "median": medians(runs, events)}
             # Last, on the first round's restarted nodes (the records appended would make later steps' topics
             # longer): lookups while records of other partitions arrive, at full speed, then paced.
             ours, theirs = [], []
             for name, count, seconds in (("busy", args.busy_events, 0.0),
                                          ("paced", args.paced_events, args.paced_events / args.paced_rate)):
                 if count:
-                    busy_records, busy_events = write_busy_events(work, name, count, args.seed, args.retention)
+                    busy_records, busy_events = write_busy_events(work, name, count, args.seed, 20)
                     ours.append(BusyPhase(busy_records, seconds).arg())
                     theirs.append(BusyPhase(busy_events, seconds).arg())
             if ours:
+                d = f"{fractions[0]}-0"
                 print("lookups while the applier is busy: tierlog", file=sys.stderr, flush=True)
-                busy = {"tierlog": tierlog(UNCOMPACTED_TOPIC, work / "tierlog-0", "-", *ours)}
+                busy = {"tierlog": tierlog(UNCOMPACTED_TOPIC, work / f"tierlog-{d}", fractions[0], "-", False, *ours)}
                 print("lookups while the applier is busy: tbrlmm", file=sys.stderr, flush=True)
-                busy["tbrlmm"] = tbrlmm(work / "tbrlmm-0", *theirs)
-                result["busy"] = busy
+                busy["tbrlmm"] = tbrlmm(work / f"tbrlmm-{d}", fractions[0], False, *theirs)
+                by_fraction[f"{fractions[0]:g}"]["busy"] = busy
         finally:
             remove_location(location)
-    result["runs"] = runs
-    result["median"] = medians(runs, len(events))
+    result["by_fraction"] = by_fraction
+    derive_per_segment(result)
     return result
 
 
+class _Stages:
+    """Times each stage of the run into `into` (seconds), and says on stderr when each starts."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+
+    def __call__(self, name: str) -> _Stage:
+        return _Stage(self.into, name)
+
+
+class _Stage:
+    def __init__(self, into: dict[str, float], name: str) -> None:
+        self.into, self.name = into, name
+
+    def __enter__(self) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {self.name}", file=sys.stderr, flush=True)
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.into[self.name] = round(time.perf_counter() - self.started, 2)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def medians(runs: list[dict[str, Any]], events: int) -> dict[str, dict[str, float]]:
-    """Per step, the median of every numeric figure over the rounds, plus events/s for the ready time."""
+    """Per step, the median of every numeric figure over the rounds (a step run in one round only: its figures),
+    plus events/s for the ready time."""
     out: dict[str, dict[str, float]] = {}
-    for step in (k for k in runs[0] if k != "round"):
-        figures = {k for k, v in runs[0][step].items() if isinstance(v, (int, float))}
-        out[step] = {k: round(statistics.median(run[step][k] for run in runs), 3) for k in sorted(figures)}
+    for step in {k for run in runs for k in run if k != "round"}:
+        taken = [run[step] for run in runs if step in run]
+        figures = {k for k, v in taken[0].items() if isinstance(v, (int, float))}
+        out[step] = {k: round(statistics.median(t[k] for t in taken), 3) for k in sorted(figures)}
         out[step]["events_per_s"] = round(events / out[step]["ready_s"])
     return out
 
 
-def ratio_table(result: dict[str, Any]) -> str:
-    m = result["median"]
-    t, k, tc = m["tierlog_cold"], m["tbrlmm_cold"], m["tierlog_cold_compacted"]
-    tr, kr = m["tierlog_restart"], m["tbrlmm_restart"]
+def derive_per_segment(result: dict[str, Any]) -> None:
+    """RSS per hosted and per non-hosted live segment (bytes), from nodes on the same topic that host the fraction
+    and host nothing: RSS - RSS before the manager started = hosted * h + (live - hosted) * n, n from the node
+    hosting nothing; TBRLMM holds only what it hosts, so its figure is (RSS - RSS before) / hosted. The view's bytes
+    on disk per live segment: the cold node's state dir."""
+    live = result["live_segments"] + result["newcomer_segments"]
+    first = result["by_fraction"][f"{result['hosted_fractions'][0]:g}"]["median"]
+    nothing = {"cold": first.get("tierlog_cold_compacted_unhosted"), "restart": first.get("tierlog_restart_unhosted")}
+    for entry in result["by_fraction"].values():
+        m = entry["median"]
+        derived: dict[str, float] = {}
+        for kind, hosted_step in (("cold", "tierlog_cold_compacted"), ("restart", "tierlog_restart")):
+            base = nothing[kind]
+            if base is None or hosted_step not in m:
+                continue
+            per_other = (base["rss_mib"] - base["rss_before_mib"]) * 2**20 / live
+            derived[f"tierlog_{kind}_rss_per_nonhosted_segment_b"] = round(per_other, 1)
+            step = m[hosted_step]
+            hosted = step["hosted_live_segments"]
+            if hosted:
+                own = (step["rss_after_reads_mib"] - step["rss_before_mib"]) * 2**20 - per_other * (live - hosted)
+                derived[f"tierlog_{kind}_rss_per_hosted_segment_b"] = round(own / hosted, 1)
+        for kind in ("cold", "restart"):
+            step = m.get(f"tbrlmm_{kind}")
+            if step and step["hosted_live_segments"]:
+                derived[f"tbrlmm_{kind}_rss_per_hosted_segment_b"] = round(
+                    (step["rss_mib"] - step["rss_before_mib"]) * 2**20 / step["hosted_live_segments"], 1)
+                derived[f"tbrlmm_{kind}_heap_per_hosted_segment_b"] = round(
+                    step["heap_used_mib"] * 2**20 / step["hosted_live_segments"], 1)
+        derived["tierlog_view_bytes_per_live_segment"] = round(m["tierlog_cold"]["state_dir_bytes"] / live, 1)
+        entry["derived"] = derived
+
+
+def ratio_table(result: dict[str, Any], fraction: str) -> str:
+    entry = result["by_fraction"][fraction]
+    m, derived = entry["median"], entry["derived"]
+    t, tr, s = m["tierlog_cold"], m["tierlog_restart"], m["snapshot_bootstrap"]
+    k, kr = m.get("tbrlmm_cold", {}), m.get("tbrlmm_restart", {})
     sizes = result["topic_bytes"]
-    rows: list[tuple[str, float, float, str, str]] = [
-        ("cold rebuild, uncompacted topic (events/s)", t["events_per_s"], k["events_per_s"], "higher", "{:,.0f}"),
-        ("cold rebuild, compacted topic (events/s; TBRLMM: its only topic)", tc["events_per_s"],
-         k["events_per_s"], "higher", "{:,.0f}"),
-        ("restart to ready (s)", tr["ready_s"], kr["ready_s"], "lower", "{:.2f}"),
-        ("lookup p50 (µs)", t["lookup_p50_us"], k["lookup_p50_us"], "lower", "{:.1f}"),
-        ("lookup p99 (µs)", t["lookup_p99_us"], k["lookup_p99_us"], "lower", "{:.1f}"),
-        ("write: add p50 (ms)", t["add_p50_ms"], k["add_p50_ms"], "lower", "{:.2f}"),
-        ("write: copy finished p50 (ms)", t["finish_p50_ms"], k["finish_p50_ms"], "lower", "{:.2f}"),
-        ("RSS after cold rebuild (MiB)", t["rss_mib"], k["rss_mib"], "lower", "{:.0f}"),
-        ("RSS after restart (MiB)", tr["rss_mib"], kr["rss_mib"], "lower", "{:.0f}"),
-        ("RSS after cold rebuild, every partition read (MiB)", t["rss_after_reads_mib"],
-         k.get("rss_after_reads_mib", k["rss_mib"]), "lower", "{:.0f}"),
-        ("RSS after restart, every partition read (MiB)", tr["rss_after_reads_mib"],
-         kr.get("rss_after_reads_mib", kr["rss_mib"]), "lower", "{:.0f}"),
-        ("metadata topic bytes, uncompacted (MB)", sizes["tierlog_uncompacted"] / 1e6, sizes["tbrlmm"] / 1e6,
-         "lower", "{:.1f}"),
-        ("metadata topic bytes, compacted (MB)", sizes["tierlog_compacted"] / 1e6, sizes["tbrlmm"] / 1e6,
-         "lower", "{:.1f}"),
-    ]
-    if "busy" in result:
-        ours, theirs = result["busy"]["tierlog"], result["busy"]["tbrlmm"]
-        at = rows.index(next(row for row in rows if row[0] == "lookup p99 (µs)")) + 1
+    rows: list[tuple[str, float, float | None, str, str]] = []
+
+    def row(name: str, ours: float, theirs: float | None, better: str, fmt: str) -> None:
+        rows.append((name, ours, theirs, better, fmt))
+
+    row("cold rebuild, uncompacted topic (events/s)", t["events_per_s"], k.get("events_per_s"), "higher", "{:,.0f}")
+    if "tierlog_cold_compacted" in m:
+        row("cold rebuild, compacted topic (events/s; TBRLMM: its only topic)",
+            m["tierlog_cold_compacted"]["events_per_s"], k.get("events_per_s"), "higher", "{:,.0f}")
+    row("bootstrap from snapshot + tail (events/s)", s["events_per_s"], k.get("events_per_s"), "higher", "{:,.0f}")
+    row("cold rebuild to ready (s)", t["ready_s"], k.get("ready_s"), "lower", "{:.1f}")
+    row("bootstrap from snapshot + tail to ready (s)", s["ready_s"], k.get("ready_s"), "lower", "{:.1f}")
+    row("restart to ready (s)", tr["ready_s"], kr.get("ready_s"), "lower", "{:.2f}")
+    row("first lookup of each hosted partition after restart, p50 (µs)", tr["first_lookup_p50_us"],
+        kr.get("first_lookup_p50_us"), "lower", "{:.1f}")
+    row("first lookup of each hosted partition after restart, p99 (µs)", tr["first_lookup_p99_us"],
+        kr.get("first_lookup_p99_us"), "lower", "{:.1f}")
+    row("lookup p50 (µs)", t["lookup_p50_us"], k.get("lookup_p50_us"), "lower", "{:.1f}")
+    row("lookup p99 (µs)", t["lookup_p99_us"], k.get("lookup_p99_us"), "lower", "{:.1f}")
+    if "busy" in entry:
+        ours, theirs = entry["busy"]["tierlog"], entry["busy"]["tbrlmm"]
         paced = (f" arriving at {result['paced_rate']:,.0f}/s" if "paced_records" in theirs else "")
-        rows[at:at] = [
-            (f"lookup {q} while {theirs[f'{p}_records']:,} events of other partitions are applied{how} (µs)",
-             ours[f"{p}_lookup_{q}_us"], theirs[f"{p}_lookup_{q}_us"], "lower", "{:.1f}")
-            for p, how in (("busy", " at full speed"), ("paced", paced)) if f"{p}_records" in theirs
-            for q in ("p50", "p99")
-        ]
-    if "snapshot_bootstrap" in m:
-        s = m["snapshot_bootstrap"]
-        rows.insert(2, ("bootstrap from snapshot + tail (events/s)", s["events_per_s"], k["events_per_s"],
-                        "higher", "{:,.0f}"))
+        for p, how in (("busy", " at full speed"), ("paced", paced)):
+            if f"{p}_records" in theirs:
+                for q in ("p50", "p99"):
+                    row(f"lookup {q} while {theirs[f'{p}_records']:,} events of other partitions are applied{how} (µs)",
+                        ours[f"{p}_lookup_{q}_us"], theirs[f"{p}_lookup_{q}_us"], "lower", "{:.1f}")
+    if "newcomer_ready_p99_ms" in tr:
+        row(f"newly hosted partition ({result['newcomer_segments'] // max(1, tr['newcomers']):,} segments) "
+            "to ready, p99 (ms)", tr["newcomer_ready_p99_ms"], kr.get("newcomer_ready_p99_ms"), "lower", "{:.1f}")
+        row("newly hosted partition to its first answer, p50 (ms)", tr["newcomer_answer_p50_ms"],
+            kr.get("newcomer_answer_p50_ms"), "lower", "{:.1f}")
+        row("newly hosted partition to its first answer, p99 (ms)", tr["newcomer_answer_p99_ms"],
+            kr.get("newcomer_answer_p99_ms"), "lower", "{:.1f}")
+    row("write: add p50 (ms)", t["add_p50_ms"], k.get("add_p50_ms"), "lower", "{:.2f}")
+    row("write: copy finished p50 (ms)", t["finish_p50_ms"], k.get("finish_p50_ms"), "lower", "{:.2f}")
+    row("RSS after cold rebuild (MiB)", t["rss_mib"], k.get("rss_mib"), "lower", "{:.0f}")
+    row("RSS after restart (MiB)", tr["rss_mib"], kr.get("rss_mib"), "lower", "{:.0f}")
+    row("RSS after cold rebuild, every hosted partition read (MiB)", t["rss_after_reads_mib"], k.get("rss_mib"),
+        "lower", "{:.0f}")
+    row("RSS after restart, every hosted partition read (MiB)", tr["rss_after_reads_mib"], kr.get("rss_mib"),
+        "lower", "{:.0f}")
+    for kind, label in (("cold", "cold rebuild"), ("restart", "restart")):
+        if f"tierlog_{kind}_rss_per_hosted_segment_b" in derived:
+            row(f"RSS per hosted live segment after {label}, every one read (bytes)",
+                derived[f"tierlog_{kind}_rss_per_hosted_segment_b"],
+                derived.get(f"tbrlmm_{kind}_rss_per_hosted_segment_b"), "lower", "{:,.0f}")
+        if f"tierlog_{kind}_rss_per_nonhosted_segment_b" in derived:
+            row(f"RSS per non-hosted live segment after {label} (bytes; TBRLMM holds none)",
+                derived[f"tierlog_{kind}_rss_per_nonhosted_segment_b"], None, "lower", "{:,.1f}")
+    if "tbrlmm_cold_heap_per_hosted_segment_b" in derived:
+        row("TBRLMM heap after GC per hosted live segment (bytes)", derived["tbrlmm_cold_heap_per_hosted_segment_b"],
+            None, "-", "{:,.0f}")
+    row("view bytes on disk per live segment (tierlog's state dir)", derived["tierlog_view_bytes_per_live_segment"],
+        None, "lower", "{:,.0f}")
+    row("snapshot bytes per live segment", result["snapshot"]["snapshot_bytes"]
+        / (result["live_segments"] + result["newcomer_segments"]), None, "lower", "{:,.1f}")
+    row("metadata topic bytes, uncompacted (MB)", sizes["tierlog_uncompacted"] / 1e6, sizes.get("tbrlmm", 0) / 1e6
+        or None, "lower", "{:.1f}")
+    if "tierlog_compacted" in sizes:
+        row("metadata topic bytes, compacted (MB)", sizes["tierlog_compacted"] / 1e6, sizes["tbrlmm"] / 1e6, "lower",
+            "{:.1f}")
     machine = result["machine"]
-    lines = [f"{result['logical_events']:,} logical events ({result['segments_created']:,} segments created, "
-             f"{result['segments_deleted']:,} deleted) over {result['user_partitions']:,} user partitions and "
-             f"{result['metadata_partitions']} metadata partitions; Kafka {machine['kafka']}, {machine['cpus']} "
-             f"cores, median of {result['rounds']} interleaved round(s).", "",
+    hosted = t["hosted_partitions"]
+    lines = [f"{result['live_segments']:,} live segments ({result['segments_created']:,} created, "
+             f"{result['segments_deleted']:,} deleted: {result['logical_events']:,} logical events, "
+             f"{result['tierlog_records']:,} tierlog records) over {result['user_partitions']:,} user partitions "
+             f"and {result['metadata_partitions']} metadata partitions, the node hosting {hosted:,} of them "
+             f"({float(fraction):.0%}); Kafka {machine['kafka']}, {machine['cpus']} cores, median of "
+             f"{result['rounds']} interleaved round(s).", "",
              "| figure | tierlog | TBRLMM | tierlog/TBRLMM | better |", "|---|---|---|---|---|"]
     for name, ours, theirs, better, fmt in rows:
-        ratio = ours / theirs if theirs else float("nan")
-        lines.append(f"| {name} | {fmt.format(ours)} | {fmt.format(theirs)} | {ratio:.2f} | {better} |")
+        ratio = f"{ours / theirs:.2f}" if theirs else "—"
+        lines.append(f"| {name} | {fmt.format(ours)} | {'—' if theirs is None else fmt.format(theirs)} | {ratio} "
+                     f"| {better} |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "tierlog-node":
-        b, topic, parts, state, events_path, lookups, writes, seed, snapshots = sys.argv[2:11]
-        print(json.dumps(tierlog_node(b, topic, int(parts), state, Path(events_path), int(lookups), int(writes),
-                                      int(seed), None if snapshots == "-" else snapshots,
+        b, topic, parts, state, plan_path, writes, seed, snapshots, newcomers = sys.argv[2:11]
+        print(json.dumps(tierlog_node(b, topic, int(parts), state, Path(plan_path), int(writes), int(seed),
+                                      None if snapshots == "-" else snapshots, newcomers == "1",
                                       [BusyPhase.parse(phase) for phase in sys.argv[11:]])))
     elif len(sys.argv) > 1 and sys.argv[1] == "busy-producer":
         b, topic, parts, busy, seconds = sys.argv[2:7]

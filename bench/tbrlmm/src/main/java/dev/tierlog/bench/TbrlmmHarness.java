@@ -43,17 +43,20 @@ import java.util.concurrent.TimeUnit;
 /**
  * Drives Kafka's own TopicBasedRemoteLogMetadataManager (TBRLMM) for bench/rlmm_vs_kafka.py.
  *
- * <p>{@code produce EVENTS BOOTSTRAP PARTITIONS [SECONDS]}: writes the logical events of EVENTS (the runner's
- * text file) onto {@code __remote_log_metadata} exactly as TBRLMM's producer would (its serde, its partitioner,
- * null keys), without waiting for each write to be consumed; with SECONDS, spread evenly over that time.
- * {@code node EVENTS BOOTSTRAP PARTITIONS LOG_DIR LOOKUPS WRITES SEED [BUSY_EVENTS@SECONDS ...]}: a node with
- * an empty log dir starts TBRLMM, registers every user partition, waits until all are ready, then times in-process
- * lookups and API writes, then lookups again while each BUSY_EVENTS file is produced (at once, or over SECONDS)
- * and applied. Each command prints one JSON object.
+ * <p>{@code produce BOOTSTRAP PARTITIONS SECONDS FILE...}: writes the logical events of the runner's text files
+ * (read in turn, streamed: user partitions are numbered across the files) onto {@code __remote_log_metadata} exactly
+ * as TBRLMM's producer would (its serde, its partitioner, null keys), without waiting for each write to be consumed;
+ * with SECONDS above 0, spread evenly over that time.
+ * {@code node PLAN BOOTSTRAP PARTITIONS LOG_DIR WRITES SEED NEWCOMERS [BUSY_EVENTS@SECONDS ...]}: a node with an
+ * empty log dir starts TBRLMM, registers the plan's hosted user partitions, waits until all are ready, then times the
+ * first lookup of each hosted partition, in-process lookups and API writes, with NEWCOMERS 1 the time until each
+ * newcomer partition registered one at a time is ready and answers its first lookup, then lookups again while each
+ * BUSY_EVENTS file is produced (at once, or over SECONDS) and applied. Each command prints one JSON object.
  */
 public final class TbrlmmHarness {
     private static final byte[] FINISHED_CUSTOM_METADATA = new byte[24];
-    private static final long READY_TIMEOUT_MS = TimeUnit.MINUTES.toMillis(30);
+    private static final long READY_TIMEOUT_MS = TimeUnit.MINUTES.toMillis(20);
+    private static final long NEWCOMER_TIMEOUT_MS = TimeUnit.MINUTES.toMillis(2);
     private static final long BUSY_TIMEOUT_MS = TimeUnit.MINUTES.toMillis(5);
 
     private TbrlmmHarness() {
@@ -63,22 +66,34 @@ public final class TbrlmmHarness {
     private record History(List<TopicIdPartition> partitions, List<RemoteLogMetadata> events) {
     }
 
+    /** A lookup: a leader epoch and an offset of a user partition. */
+    private record Lookup(TopicIdPartition partition, int epoch, long offset) {
+    }
+
+    /**
+     * What a node does (the runner's plan file): "P topic-id topic partition role" per user partition (role h:
+     * hosted, n: registered later as a newcomer, o: only in the topic), then "F tp epoch offset" (the first lookup
+     * of a hosted partition), "L tp epoch offset" (a timed lookup), "N tp epoch offset" (a newcomer's first lookup);
+     * tp is the partition's line number among the P lines.
+     */
+    private record Plan(Set<TopicIdPartition> hosted, List<Lookup> first, List<Lookup> lookups,
+                        List<Lookup> newcomers) {
+    }
+
     public static void main(String[] args) throws Exception {
         if (args.length < 4) {
             usage();
         }
-        History history = readHistory(Path.of(args[1]));
-        String bootstrap = args[2];
-        int partitions = Integer.parseInt(args[3]);
         switch (args[0]) {
-            case "produce" -> produce(history, bootstrap, partitions,
-                                      args.length > 4 ? Double.parseDouble(args[4]) : 0.0);
+            case "produce" -> produce(args[1], Integer.parseInt(args[2]), Double.parseDouble(args[3]),
+                                      Arrays.copyOfRange(args, 4, args.length));
             case "node" -> {
                 if (args.length < 8) {
                     usage();
                 }
-                node(history, bootstrap, partitions, args[4], Integer.parseInt(args[5]),
-                     Integer.parseInt(args[6]), Long.parseLong(args[7]), Arrays.copyOfRange(args, 8, args.length));
+                node(readPlan(Path.of(args[1])), args[2], Integer.parseInt(args[3]), args[4],
+                     Integer.parseInt(args[5]), Long.parseLong(args[6]), args[7].equals("1"),
+                     Arrays.copyOfRange(args, 8, args.length));
             }
             default -> usage();
         }
@@ -87,17 +102,47 @@ public final class TbrlmmHarness {
     }
 
     private static void usage() {
-        System.err.println("usage: TbrlmmHarness produce EVENTS BOOTSTRAP PARTITIONS [SECONDS]\n"
-                           + "       TbrlmmHarness node EVENTS BOOTSTRAP PARTITIONS LOG_DIR LOOKUPS WRITES SEED "
+        System.err.println("usage: TbrlmmHarness produce BOOTSTRAP PARTITIONS SECONDS FILE...\n"
+                           + "       TbrlmmHarness node PLAN BOOTSTRAP PARTITIONS LOG_DIR WRITES SEED NEWCOMERS "
                            + "[BUSY_EVENTS@SECONDS ...]");
         System.exit(2);
     }
 
-    // Lines: "P <topic id> <topic> <partition>", "A <tp index> <segment id> <start> <end> <epoch> <max ts>
-    // <broker> <event ts> <size> <txn idx empty 0|1>", "U <tp index> <segment id> <state id> <event ts> <broker>".
-    private static History readHistory(Path file) throws Exception {
+    private static Plan readPlan(Path file) throws Exception {
         List<TopicIdPartition> partitions = new ArrayList<>();
-        List<RemoteLogMetadata> events = new ArrayList<>();
+        Set<TopicIdPartition> hosted = new HashSet<>();
+        List<Lookup> first = new ArrayList<>();
+        List<Lookup> lookups = new ArrayList<>();
+        List<Lookup> newcomers = new ArrayList<>();
+        try (BufferedReader reader = Files.newBufferedReader(file)) {
+            String line;
+            while ((line = reader.readLine()) != null) {
+                String[] f = line.split(" ");
+                if (f[0].equals("P")) {
+                    TopicIdPartition tp = new TopicIdPartition(uuid(f[1]), Integer.parseInt(f[3]), f[2]);
+                    partitions.add(tp);
+                    if (f[4].equals("h")) {
+                        hosted.add(tp);
+                    }
+                    continue;
+                }
+                Lookup lookup = new Lookup(partitions.get(Integer.parseInt(f[1])), Integer.parseInt(f[2]),
+                                           Long.parseLong(f[3]));
+                switch (f[0]) {
+                    case "F" -> first.add(lookup);
+                    case "L" -> lookups.add(lookup);
+                    case "N" -> newcomers.add(lookup);
+                    default -> throw new IllegalArgumentException(file + ": unknown line " + line);
+                }
+            }
+        }
+        return new Plan(hosted, first, lookups, newcomers);
+    }
+
+    // Lines: "P <topic id> <topic> <partition> [role]", "A <tp index> <segment id> <start> <end> <epoch> <max ts>
+    // <broker> <event ts> <size> <txn idx empty 0|1>", "U <tp index> <segment id> <state id> <event ts> <broker>".
+    // `partitions` collects the P lines; each event is handed to `sink` as it is read.
+    private static void readEvents(Path file, List<TopicIdPartition> partitions, EventSink sink) throws Exception {
         try (BufferedReader reader = Files.newBufferedReader(file)) {
             String line;
             while ((line = reader.readLine()) != null) {
@@ -107,7 +152,7 @@ public final class TbrlmmHarness {
                     case "A" -> {
                         TopicIdPartition tp = partitions.get(Integer.parseInt(f[1]));
                         long start = Long.parseLong(f[3]);
-                        events.add(new RemoteLogSegmentMetadata(
+                        sink.accept(new RemoteLogSegmentMetadata(
                             new RemoteLogSegmentId(tp, uuid(f[2])), start, Long.parseLong(f[4]),
                             Long.parseLong(f[6]), Integer.parseInt(f[7]), Long.parseLong(f[8]),
                             Integer.parseInt(f[9]), Map.of(Integer.parseInt(f[5]), start), f[10].equals("1")));
@@ -117,14 +162,35 @@ public final class TbrlmmHarness {
                         RemoteLogSegmentState state = RemoteLogSegmentState.forId(Byte.parseByte(f[3]));
                         Optional<CustomMetadata> custom = state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED
                             ? Optional.of(new CustomMetadata(FINISHED_CUSTOM_METADATA)) : Optional.empty();
-                        events.add(new RemoteLogSegmentMetadataUpdate(new RemoteLogSegmentId(tp, uuid(f[2])),
+                        sink.accept(new RemoteLogSegmentMetadataUpdate(new RemoteLogSegmentId(tp, uuid(f[2])),
                             Long.parseLong(f[4]), custom, state, Integer.parseInt(f[5])));
                     }
                     default -> throw new IllegalArgumentException(file + ": unknown line " + line);
                 }
             }
         }
+    }
+
+    @FunctionalInterface
+    private interface EventSink {
+        void accept(RemoteLogMetadata event) throws Exception;
+    }
+
+    private static History readHistory(Path file) throws Exception {
+        List<TopicIdPartition> partitions = new ArrayList<>();
+        List<RemoteLogMetadata> events = new ArrayList<>();
+        readEvents(file, partitions, events::add);
         return new History(partitions, events);
+    }
+
+    private static long countEvents(String[] files) throws Exception {
+        long count = 0;
+        for (String file : files) {
+            try (var lines = Files.lines(Path.of(file))) {
+                count += lines.filter(line -> !line.startsWith("P ")).count();
+            }
+        }
+        return count;
     }
 
     private static Uuid uuid(String text) {
@@ -132,7 +198,7 @@ public final class TbrlmmHarness {
         return new Uuid(u.getMostSignificantBits(), u.getLeastSignificantBits());
     }
 
-    private static void produce(History history, String bootstrap, int partitions, double spreadSeconds)
+    private static void produce(String bootstrap, int partitions, double spreadSeconds, String[] files)
             throws Exception {
         String topic = TopicBasedRemoteLogMetadataManagerConfig.REMOTE_LOG_METADATA_TOPIC_NAME;
         try (Admin admin = Admin.create(Map.of(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap))) {
@@ -150,32 +216,36 @@ public final class TbrlmmHarness {
         config.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         config.put(ProducerConfig.ACKS_CONFIG, "all");
         config.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, true);
-        config.put(ProducerConfig.LINGER_MS_CONFIG, 50);
+        config.put(ProducerConfig.LINGER_MS_CONFIG, 100);
         config.put(ProducerConfig.BATCH_SIZE_CONFIG, 1_000_000);
+        config.put(ProducerConfig.BUFFER_MEMORY_CONFIG, 256L << 20);
         config.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "lz4");
         long started = System.nanoTime();
+        long[] sent = {0};
         try (KafkaProducer<byte[], byte[]> producer =
                  new KafkaProducer<>(config, new ByteArraySerializer(), new ByteArraySerializer())) {
             // Spread evenly over `spreadSeconds` when given (the runner's paced step), as its Python producer does.
-            long intervalNs = (long) (spreadSeconds * 1e9 / Math.max(1, history.events().size()));
+            long intervalNs = spreadSeconds > 0 ? (long) (spreadSeconds * 1e9 / Math.max(1, countEvents(files))) : 0;
             long first = System.nanoTime();
-            int i = 0;
-            for (RemoteLogMetadata event : history.events()) {
-                long waitNs = first + i++ * intervalNs - System.nanoTime();
-                if (waitNs > 0) {
-                    TimeUnit.NANOSECONDS.sleep(waitNs);
-                }
-                producer.send(new ProducerRecord<>(topic, partitioner.metadataPartition(event.topicIdPartition()),
-                                                   null, serde.serialize(event)));
+            List<TopicIdPartition> userPartitions = new ArrayList<>();
+            for (String file : files) {
+                readEvents(Path.of(file), userPartitions, event -> {
+                    long waitNs = first + sent[0]++ * intervalNs - System.nanoTime();
+                    if (waitNs > 0) {
+                        TimeUnit.NANOSECONDS.sleep(waitNs);
+                    }
+                    producer.send(new ProducerRecord<>(topic, partitioner.metadataPartition(event.topicIdPartition()),
+                                                       null, serde.serialize(event)));
+                });
             }
             producer.flush();
         }
         double seconds = (System.nanoTime() - started) / 1e9;
-        System.out.printf(Locale.ROOT, "{\"records\": %d, \"produce_s\": %.3f}%n", history.events().size(), seconds);
+        System.out.printf(Locale.ROOT, "{\"records\": %d, \"produce_s\": %.3f}%n", sent[0], seconds);
     }
 
-    private static void node(History history, String bootstrap, int partitions, String logDir, int lookups,
-                             int writes, long seed, String[] busyPhases) throws Exception {
+    private static void node(Plan plan, String bootstrap, int partitions, String logDir, int writes, long seed,
+                             boolean newcomers, String[] busyPhases) throws Exception {
         Map<String, Object> config = new HashMap<>();
         config.put(TopicBasedRemoteLogMetadataManagerConfig.LOG_DIR, logDir);
         config.put(TopicBasedRemoteLogMetadataManagerConfig.BROKER_ID, 0);
@@ -184,12 +254,13 @@ public final class TbrlmmHarness {
         config.put(TopicBasedRemoteLogMetadataManagerConfig.REMOTE_LOG_METADATA_TOPIC_MIN_ISR_PROP, (short) 1);
         config.put(TopicBasedRemoteLogMetadataManagerConfig.REMOTE_LOG_METADATA_COMMON_CLIENT_PREFIX
                    + "bootstrap.servers", bootstrap);
-        Set<TopicIdPartition> all = new HashSet<>(history.partitions());
+        Set<TopicIdPartition> all = new HashSet<>(plan.hosted());
         Random random = new Random(seed);
         TopicIdPartition writeTarget = new TopicIdPartition(new Uuid(random.nextLong(), random.nextLong()), 0,
                                                             "bench-writes");
         all.add(writeTarget);
 
+        long rssBefore = rssKib();
         long started = System.nanoTime();
         TopicBasedRemoteLogMetadataManager manager = new TopicBasedRemoteLogMetadataManager();
         manager.configure(config);
@@ -198,32 +269,31 @@ public final class TbrlmmHarness {
         long deadline = System.currentTimeMillis() + READY_TIMEOUT_MS;
         for (TopicIdPartition tp : all) {
             while (!manager.isReady(tp)) {
-                if (System.currentTimeMillis() > deadline) {
-                    throw new IllegalStateException("TBRLMM did not get ready for " + tp + " in time");
-                }
+                checkDeadline(deadline, "TBRLMM did not get ready for " + tp + " within "
+                              + READY_TIMEOUT_MS / 1000 + " s");
                 Thread.sleep(2);
             }
         }
         double readySeconds = (System.nanoTime() - started) / 1e9;
         long rssAfterReady = rssKib();
 
-        List<RemoteLogSegmentMetadata> live = new ArrayList<>();
-        for (TopicIdPartition tp : history.partitions()) {
-            Iterator<RemoteLogSegmentMetadata> it = manager.listRemoteLogSegments(tp);
-            it.forEachRemaining(live::add);
+        // The first lookup of each hosted partition (TBRLMM holds every one in memory from the start).
+        long[] firstNs = new long[plan.first().size()];
+        int firstHits = 0;
+        for (int i = 0; i < firstNs.length; i++) {
+            Lookup lookup = plan.first().get(i);
+            long t0 = System.nanoTime();
+            firstHits += lookup(manager, lookup).isPresent() ? 1 : 0;
+            firstNs[i] = System.nanoTime() - t0;
         }
-        long[] lookupNs = new long[lookups];
+        long[] lookupNs = new long[plan.lookups().size()];
         int hits = 0;
         // Warm the JIT first, as a broker that has run for a while would be.
         for (int round = 0; round < 2; round++) {
             hits = 0;
-            for (int i = 0; i < lookups; i++) {
-                RemoteLogSegmentMetadata md = live.get(random.nextInt(live.size()));
-                int epoch = md.segmentLeaderEpochs().firstKey();
-                long offset = md.startOffset() + (long) (random.nextDouble() * (md.endOffset() - md.startOffset()));
+            for (int i = 0; i < lookupNs.length; i++) {
                 long t0 = System.nanoTime();
-                Optional<RemoteLogSegmentMetadata> found = manager.remoteLogSegmentMetadata(md.topicIdPartition(),
-                                                                                           epoch, offset);
+                Optional<RemoteLogSegmentMetadata> found = lookup(manager, plan.lookups().get(i));
                 lookupNs[i] = System.nanoTime() - t0;
                 hits += found.isPresent() ? 1 : 0;
             }
@@ -247,27 +317,73 @@ public final class TbrlmmHarness {
             finishNs[i] = System.nanoTime() - t1;
         }
 
+        // A partition newly hosted on the running node (leadership moved here): registered alone, then the time
+        // until it is ready and until its first lookup answers.
+        List<Lookup> joining = newcomers ? plan.newcomers() : List.of();
+        long[] newcomerReadyNs = new long[joining.size()];
+        long[] newcomerAnswerNs = new long[joining.size()];
+        int newcomerHits = 0;
+        for (int i = 0; i < newcomerReadyNs.length; i++) {
+            Lookup lookup = joining.get(i);
+            long newcomerDeadline = System.currentTimeMillis() + NEWCOMER_TIMEOUT_MS;
+            long t0 = System.nanoTime();
+            manager.onPartitionLeadershipChanges(Set.of(lookup.partition()), Set.of());
+            while (!manager.isReady(lookup.partition())) {
+                checkDeadline(newcomerDeadline, "TBRLMM did not get newcomer " + lookup.partition() + " ready");
+                Thread.onSpinWait();
+            }
+            newcomerReadyNs[i] = System.nanoTime() - t0;
+            newcomerHits += lookup(manager, lookup).isPresent() ? 1 : 0;
+            newcomerAnswerNs[i] = System.nanoTime() - t0;
+        }
+
         StringBuilder busy = new StringBuilder();
         for (String phase : busyPhases) {
             int at = phase.lastIndexOf('@');
-            busy.append(lookupsWhileBusy(manager, live, random, phase.substring(0, at),
+            busy.append(lookupsWhileBusy(manager, plan.lookups(), phase.substring(0, at),
                                          Double.parseDouble(phase.substring(at + 1)), bootstrap, partitions));
         }
 
+        long live = 0;
+        for (TopicIdPartition tp : plan.hosted()) {
+            Iterator<RemoteLogSegmentMetadata> it = manager.listRemoteLogSegments(tp);
+            while (it.hasNext()) {
+                it.next();
+                live++;
+            }
+        }
         System.gc();
         long heapUsed = ManagementFactory.getMemoryMXBean().getHeapMemoryUsage().getUsed();
         manager.close();
+        Arrays.sort(firstNs);
         Arrays.sort(lookupNs);
         Arrays.sort(addNs);
         Arrays.sort(finishNs);
+        Arrays.sort(newcomerReadyNs);
+        Arrays.sort(newcomerAnswerNs);
+        String newcomerFigures = joining.isEmpty() ? "" : String.format(Locale.ROOT,
+            ", \"newcomers\": %d, \"newcomer_hits\": %d, \"newcomer_ready_p50_ms\": %.3f, "
+            + "\"newcomer_ready_p99_ms\": %.3f, \"newcomer_answer_p50_ms\": %.3f, \"newcomer_answer_p99_ms\": %.3f",
+            joining.size(), newcomerHits, pct(newcomerReadyNs, 0.5) / 1e6, pct(newcomerReadyNs, 0.99) / 1e6,
+            pct(newcomerAnswerNs, 0.5) / 1e6, pct(newcomerAnswerNs, 0.99) / 1e6);
         System.out.printf(Locale.ROOT,
-            "{\"ready_s\": %.3f, \"live_segments\": %d, \"lookups\": %d, \"lookup_hits\": %d, "
+            "{\"ready_s\": %.3f, \"hosted_partitions\": %d, \"hosted_live_segments\": %d, \"first_lookups\": %d, "
+            + "\"first_lookup_hits\": %d, \"first_lookup_p50_us\": %.2f, \"first_lookup_p99_us\": %.2f, "
+            + "\"lookups\": %d, \"lookup_hits\": %d, "
             + "\"lookup_p50_us\": %.2f, \"lookup_p99_us\": %.2f, \"writes\": %d, \"add_p50_ms\": %.3f, "
-            + "\"add_p99_ms\": %.3f, \"finish_p50_ms\": %.3f, \"finish_p99_ms\": %.3f, \"rss_mib\": %.1f, "
-            + "\"heap_used_mib\": %.1f%s}%n",
-            readySeconds, live.size(), lookups, hits, pct(lookupNs, 0.5) / 1e3, pct(lookupNs, 0.99) / 1e3, writes,
-            pct(addNs, 0.5) / 1e6, pct(addNs, 0.99) / 1e6, pct(finishNs, 0.5) / 1e6, pct(finishNs, 0.99) / 1e6,
-            rssAfterReady / 1024.0, heapUsed / 1048576.0, busy);
+            + "\"add_p99_ms\": %.3f, \"finish_p50_ms\": %.3f, \"finish_p99_ms\": %.3f, \"rss_before_mib\": %.1f, "
+            + "\"rss_mib\": %.1f, "
+            + "\"rss_end_mib\": %.1f, \"heap_used_mib\": %.1f%s%s}%n",
+            readySeconds, plan.hosted().size(), live, firstNs.length, firstHits, pct(firstNs, 0.5) / 1e3,
+            pct(firstNs, 0.99) / 1e3, lookupNs.length, hits, pct(lookupNs, 0.5) / 1e3, pct(lookupNs, 0.99) / 1e3,
+            writes, pct(addNs, 0.5) / 1e6, pct(addNs, 0.99) / 1e6, pct(finishNs, 0.5) / 1e6,
+            pct(finishNs, 0.99) / 1e6, rssBefore / 1024.0, rssAfterReady / 1024.0, rssKib() / 1024.0, heapUsed / 1048576.0,
+            newcomerFigures, busy);
+    }
+
+    private static Optional<RemoteLogSegmentMetadata> lookup(TopicBasedRemoteLogMetadataManager manager,
+                                                            Lookup lookup) throws Exception {
+        return manager.remoteLogSegmentMetadata(lookup.partition(), lookup.epoch(), lookup.offset());
     }
 
     /**
@@ -278,7 +394,7 @@ public final class TbrlmmHarness {
      * after a comma.
      */
     private static String lookupsWhileBusy(TopicBasedRemoteLogMetadataManager manager,
-                                           List<RemoteLogSegmentMetadata> live, Random random, String busyFile,
+                                           List<Lookup> lookups, String busyFile,
                                            double seconds, String bootstrap, int partitions) throws Exception {
         History busy = readHistory(Path.of(busyFile));
         Set<TopicIdPartition> busyPartitions = new HashSet<>(busy.partitions());
@@ -306,8 +422,8 @@ public final class TbrlmmHarness {
         }
         String java = ProcessHandle.current().info().command().orElse("java");
         Process producer = new ProcessBuilder(java, "-cp", System.getProperty("java.class.path"),
-                                              TbrlmmHarness.class.getName(), "produce", busyFile, bootstrap,
-                                              Integer.toString(partitions), Double.toString(seconds))
+                                              TbrlmmHarness.class.getName(), "produce", bootstrap,
+                                              Integer.toString(partitions), Double.toString(seconds), busyFile)
             .redirectOutput(ProcessBuilder.Redirect.DISCARD).redirectError(ProcessBuilder.Redirect.INHERIT).start();
         try {
             while (state(manager, first) == null
@@ -321,12 +437,9 @@ public final class TbrlmmHarness {
             while (state(manager, last) != RemoteLogSegmentState.COPY_SEGMENT_FINISHED) {
                 checkDeadline(deadline, "TBRLMM did not apply the busy events in time");
                 for (int i = 0; i < 1000; i++) {
-                    RemoteLogSegmentMetadata md = live.get(random.nextInt(live.size()));
-                    int epoch = md.segmentLeaderEpochs().firstKey();
-                    long offset = md.startOffset()
-                        + (long) (random.nextDouble() * (md.endOffset() - md.startOffset()));
+                    Lookup lookup = lookups.get(count % lookups.size());
                     long t0 = System.nanoTime();
-                    manager.remoteLogSegmentMetadata(md.topicIdPartition(), epoch, offset);
+                    lookup(manager, lookup);
                     long took = System.nanoTime() - t0;
                     if (count == busyNs.length) {
                         busyNs = Arrays.copyOf(busyNs, count * 2);
