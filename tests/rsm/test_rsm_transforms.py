@@ -585,3 +585,13 @@ def test_changing_any_byte_of_the_chunk_index_or_the_wrapped_key_slot_is_refused
 def _each_byte_flipped(data: bytes, positions: Iterable[int]) -> Iterator[bytes]:
     for position in positions:
         yield data[:position] + bytes([data[position] ^ 0x01]) + data[position + 1 :]
+
+
+def test_every_compression_and_encryption_config_key_is_in_the_readme_section() -> None:
+    from rsm import keyring, transforms
+
+    readme = (Path(__file__).resolve().parents[2] / "rsm" / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Compression and encryption", 1)[1].split("\n## ", 1)[0]
+    names = [key.name for key in (*transforms.CONFIG_KEYS, *keyring.CONFIG_KEYS)] + ["transform.temp.dir"]
+    names += [f"{keyring.RING_PREFIX}<id>.{prop}" for prop in keyring.ENTRY_PROPERTIES]
+    assert [name for name in names if f"`{name}`" not in section] == []
