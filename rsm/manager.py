@@ -656,6 +656,8 @@ class RemoteStorageManager:
         self._closed.set()
         self._reader.close()
         self._cache.clear()
+        with self._decoded_lock:
+            self._decoded.clear()  # data keys of the segments read
         self._backend.close()
 
 
