@@ -228,29 +228,37 @@ class GcsBackend(StorageBackend):
 
     def _get(self, key: str, start: int, end: int | None, generation: str | None = None,
              resuming: bool = False) -> Any:
-        import requests
+        """The streamed response of one ranged GET, retried as the library retries its own calls."""
+        from google.api_core import exceptions as api
 
         url = f"{self._endpoint}/download/storage/v1/b/{quote(self._bucket_name, safe='')}/o/" \
               f"{quote(self._key(key), safe='')}?alt=media"
         if generation is not None:
             url += f"&generation={generation}"
         headers = {"Range": f"bytes={start}-{'' if end is None else end}", "Accept-Encoding": "identity"}
-        try:
+
+        def attempt() -> Any:
             response = self._session.get(url, headers=headers, stream=True, timeout=self._timeout)
-        except requests.RequestException as exc:
+            if response.status_code in (200, 206):
+                response.raw.decode_content = False
+                return response
+            try:
+                raise api.from_http_response(response)
+            finally:
+                response.close()
+
+        try:
+            return self._retry(attempt)()
+        except api.NotFound:
+            if resuming:
+                raise RemoteStorageError(f"{self.describe(key)} was replaced or deleted while being read") from None
+            raise RemoteResourceNotFoundError(f"no object at {self.describe(key)}") from None
+        except api.RequestRangeNotSatisfiable:
+            raise InvalidArgumentError(
+                f"start position {start} is at or past the end of {self.describe(key)}"
+            ) from None
+        except _client_errors() as exc:
             raise self._error("GET", key, exc) from exc
-        if response.status_code in (200, 206):
-            response.raw.decode_content = False
-            return response
-        detail = response.text[:300]
-        response.close()
-        if response.status_code == 404 and resuming:
-            raise RemoteStorageError(f"{self.describe(key)} was replaced or deleted while being read")
-        if response.status_code == 404:
-            raise RemoteResourceNotFoundError(f"no object at {self.describe(key)}")
-        if response.status_code == 416:
-            raise InvalidArgumentError(f"start position {start} is at or past the end of {self.describe(key)}")
-        raise RemoteStorageError(f"GCS GET failed for {self.describe(key)}: HTTP {response.status_code} {detail}")
 
     # -- delete and list ------------------------------------------------------------------------
 
