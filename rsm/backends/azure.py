@@ -127,7 +127,7 @@ class AzureBackend(StorageBackend):
         return f"{self._prefix}/{key}" if self._prefix else key
 
     def describe(self, key: str) -> str:
-        return f"Azure container {self._container_name!r}, blob {self._key(key)!r}"
+        return f"container {self._container_name!r}, blob {self._key(key)!r}"
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
@@ -209,7 +209,9 @@ class AzureBackend(StorageBackend):
             )
         except HttpResponseError as exc:
             if exc.status_code == 412 or (exc.status_code == 404 and etag):
-                raise RemoteStorageError(f"{self.describe(key)} was replaced or deleted while being read") from None
+                raise RemoteStorageError(
+                    f"Azure {self.describe(key)} was replaced or deleted while being read"
+                ) from None
             if exc.status_code == 404:
                 raise RemoteResourceNotFoundError(f"no object at {self.describe(key)}") from None
             if exc.status_code == 416:

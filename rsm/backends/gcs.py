@@ -163,7 +163,7 @@ class GcsBackend(StorageBackend):
         return f"{self._prefix}/{key}" if self._prefix else key
 
     def describe(self, key: str) -> str:
-        return f"GCS bucket {self._bucket_name!r}, key {self._key(key)!r}"
+        return f"bucket {self._bucket_name!r}, key {self._key(key)!r}"
 
     def _error(self, operation: str, key: str, exc: BaseException) -> RemoteStorageError:
         return RemoteStorageError(f"GCS {operation} failed for {self.describe(key)}: {exc}")
@@ -251,7 +251,7 @@ class GcsBackend(StorageBackend):
             return self._retry(attempt)()
         except api.NotFound:
             if resuming:
-                raise RemoteStorageError(f"{self.describe(key)} was replaced or deleted while being read") from None
+                raise RemoteStorageError(f"GCS {self.describe(key)} was replaced or deleted while being read") from None
             raise RemoteResourceNotFoundError(f"no object at {self.describe(key)}") from None
         except api.RequestRangeNotSatisfiable:
             raise InvalidArgumentError(
