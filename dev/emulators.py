@@ -33,7 +33,7 @@ class _Emulator:
 
     NAME = ""
 
-    def __init__(self, base_dir: Path, start_timeout: float = 30.0, stop_timeout: float = 10.0) -> None:
+    def __init__(self, base_dir: Path, start_timeout: float = 60.0, stop_timeout: float = 10.0) -> None:
         self.base_dir = base_dir
         self.port = free_ports(1)[0]
         self.start_timeout = start_timeout
