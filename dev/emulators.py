@@ -6,6 +6,7 @@ Both keep their objects in memory; `make azurite` (run by `make setup`) installs
 
 from __future__ import annotations
 
+import abc
 import http.client
 import subprocess
 import sys
@@ -28,7 +29,7 @@ class EmulatorError(RuntimeError):
     """An emulator is missing, exited while starting, or did not answer in time."""
 
 
-class _Emulator:
+class _Emulator(abc.ABC):
     """One emulator process: started with its log in `base_dir`, ready when it answers HTTP, stopped by PID."""
 
     NAME = ""
@@ -44,8 +45,9 @@ class _Emulator:
     def log_file(self) -> Path:
         return self.base_dir / f"{self.NAME}.log"
 
+    @abc.abstractmethod
     def command(self) -> list[str]:
-        raise NotImplementedError
+        """The emulator's command line, serving on 127.0.0.1:self.port."""
 
     def start(self) -> Self:
         self.base_dir.mkdir(parents=True, exist_ok=True)
