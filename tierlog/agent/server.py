@@ -55,6 +55,8 @@ from tierlog.agent.rlmm_metrics import RlmmCollector, kafka_end_offsets
 from tierlog.agent.servicers import build_services
 from tierlog.agent.storage_check import StorageCheck
 from tierlog.audit.metrics import AuditCollector
+from tierlog.migration.node import split_config as split_migration_config
+from tierlog.migration.node import wrap as in_migration_mode
 
 log = logging.getLogger("agent")
 
@@ -143,14 +145,15 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _PREFIXES = {"rlmm.": ComponentName.REMOTE_LOG_METADATA_MANAGER, "rsm.": ComponentName.REMOTE_STORAGE_MANAGER}
 
 
-def _create_rlmm(config: Mapping[str, Any], snapshot_source: Any | None = None) -> Any:
+def _create_rlmm(config: Mapping[str, Any], snapshot_source: Any | None = None,
+                 migration_config: Mapping[str, Any] | None = None) -> Any:
     from rlmm import RemoteLogMetadataManager
-    from tierlog.migration import node as migration
 
     # Without a logger librdkafka writes straight to stderr, unfiltered and unrotated.
-    own, migration_config = migration.split_config({"kafka.logger": client_logger(), **config})
+    own = {"kafka.logger": client_logger(), **config}
     # migration.mode=dual-write: the manager wrapped for a live migration from Kafka's built-in manager (issue 26).
-    return migration.wrap(RemoteLogMetadataManager(own, snapshot_source=snapshot_source), own, migration_config)
+    manager = RemoteLogMetadataManager(own, snapshot_source=snapshot_source)
+    return in_migration_mode(manager, own, migration_config or {})
 
 
 def _create_rsm(config: Mapping[str, Any]) -> Any:
@@ -207,7 +210,8 @@ class AgentServer:
 
     def _create_rlmm(self, config: Mapping[str, Any]) -> Any:
         own, archiving = split_archiving_config(config)
-        manager = _create_rlmm(own, self._snapshot_source or self._bucket_snapshots(own))
+        own, migration = split_migration_config(own)
+        manager = _create_rlmm(own, self._snapshot_source or self._bucket_snapshots(own), migration)
         self.archiving.configure(own, archiving)
         return manager
 

@@ -425,9 +425,9 @@ def _cluster_brokers(settings: Settings) -> list[int]:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
+    admin = AdminClient(settings.kafka_client())  # must outlive its future
     try:
-        found = AdminClient(settings.kafka_client()).describe_cluster(request_timeout=settings.timeout_s).result(
-            settings.timeout_s)
+        found = admin.describe_cluster(request_timeout=settings.timeout_s).result(settings.timeout_s)
     except KafkaException as exc:
         raise CommandError(f"cannot list the brokers of {settings.bootstrap()}: {exc}") from exc
     return sorted(node.id for node in found.nodes)
