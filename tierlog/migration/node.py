@@ -71,6 +71,8 @@ CONFIG_KEYS = (
 _WRITE_TIMEOUT_MS, _STARTUP_TIMEOUT_MS, _REPLICATION_FACTOR = 30_000, 60_000, 3
 CLIENT_PREFIX = "kafka."
 POLL_S = 0.2
+# is_ready answers the broker's call: its offset queries wait at most this long (the broker asks again).
+READY_QUERY_S = 5.0
 RETRY_PAUSE_S = 1.0
 CLOSE_TIMEOUT_S = 10.0
 
@@ -166,6 +168,7 @@ class MigratingManager:
         self._producer = Producer({**self._client, "acks": "all", "enable.idempotence": True,
                                    "message.timeout.ms": int(self._write_timeout_s * 1000)})
         self._committed = Consumer({**self._client, "group.id": self._group, "enable.auto.commit": False})
+        self._committed_lock = threading.Lock()  # is_ready runs on the broker's call threads
         self._threads = [threading.Thread(target=target, name=f"migration-{name}", daemon=True)
                          for name, target in (("producer", self._poll_producer), ("control", self._follow_control),
                                               ("import", self._import_loop))]
@@ -265,14 +268,15 @@ class MigratingManager:
     def _gate_passed(self, tp: TopicIdPartition, gate: _Gate) -> bool:
         k = gate.source_partition
         if gate.source_end is None:
-            gate.source_end = self._source_offsets.end_offsets([k], self._write_timeout_s)[k]
+            gate.source_end = self._source_offsets.end_offsets([k], READY_QUERY_S)[k]
         if gate.tierlog_end is None:
-            found = self._committed.committed([TopicPartition(self.source_topic, k)], timeout=self._write_timeout_s)
+            with self._committed_lock:
+                found = self._committed.committed([TopicPartition(self.source_topic, k)], timeout=READY_QUERY_S)
             if max(found[0].offset, 0) < gate.source_end:
                 return False
             mp = gate.metadata_partition = metadata_partition_for(tp.topic_id, tp.partition,
                                                                   self._manager.num_partitions)
-            gate.tierlog_end = self._tierlog_offsets.end_offsets([mp], self._write_timeout_s)[mp]
+            gate.tierlog_end = self._tierlog_offsets.end_offsets([mp], READY_QUERY_S)[mp]
         assert gate.metadata_partition is not None
         return bool(self._manager.applied_offsets().get(gate.metadata_partition, 0) >= gate.tierlog_end)
 
@@ -380,7 +384,8 @@ class MigratingManager:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._producer.flush(max(0.0, deadline - time.monotonic()))
-        self._committed.close()
+        with self._committed_lock:
+            self._committed.close()
         self._manager.close()
 
 

@@ -1,0 +1,159 @@
+"""A live migration on three brokers: a tiered topic under produce load, brokers rolled one by one from Kafka's
+TopicBasedRemoteLogMetadataManager to tierlog's in migration mode (dual writes) while tiering and local retention run,
+then `tierlog migrate finalize`. Every record produced reads back from offset 0, every segment object in the bucket is
+one tierlog knows, and the finished segments tile the log with no range uploaded twice."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaException
+from e2e_testkit import PartitionState, describe, finished, remote_segments, topic_log_objects, wait_in_isr
+
+from dev.demo import (
+    KAFKA_RLMM,
+    TIERLOG_RLMM,
+    PluginChoice,
+    S3Location,
+    broker_properties,
+    consume,
+    create_topic,
+    produce,
+    tiered_topic_config,
+    wait_for,
+    wait_until_tiered,
+)
+from dev.kafka import KafkaCluster
+from rlmm.types import RemoteLogSegmentMetadata, TopicIdPartition
+from tierlog.cli.main import main
+from tierlog.migration.control import DUAL_WRITE, read_control
+
+TOPIC = "rolled"
+CHUNK = 1000
+METADATA_PARTITIONS = 3
+
+
+class Load:
+    """Produces records in chunks on a thread until stopped; `produced` counts the acknowledged ones."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.produced = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                produce(self.bootstrap, TOPIC, self.produced, CHUNK)
+                self.produced += CHUNK
+                self._stop.wait(0.05)
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(150)
+        return self.produced
+
+
+def _in_migration_mode(bootstrap: str, broker: int, since_ms: int) -> bool:
+    """Whether the broker's rlmm announced migration mode after `since_ms` (tierlog.migration.control)."""
+    found = read_control({"bootstrap.servers": bootstrap}, "__tierlog_migration", 10)[0].nodes.get(broker)
+    return found is not None and found.state == DUAL_WRITE and found.started_ms >= since_ms
+
+
+def _described(bootstrap: str) -> tuple[TopicIdPartition, PartitionState] | None:
+    try:
+        return describe(bootstrap, TOPIC)
+    except KafkaException:  # a broker that has not seen the new topic yet
+        return None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _during(shutdowns: dict[int, tuple[int, int]], segment: RemoteLogSegmentMetadata) -> bool:
+    """Whether the segment's copy finished while the broker that copied it was shutting down."""
+    window = shutdowns.get(segment.broker_id)
+    return window is not None and window[0] <= segment.event_timestamp_ms <= window[1]
+
+
+def tierlog(*argv: str) -> tuple[int, Any]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main([*argv, "--json"])
+    return code, json.loads(out.getvalue())
+
+
+def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_and_copy_nothing(
+    tiered_cluster: Callable[..., KafkaCluster], plugin_jar: Path, socket_dir: Path, s3_location: S3Location,
+    tmp_path: Path,
+) -> None:
+    cluster = tiered_cluster(nodes=3, rlmm=KAFKA_RLMM, metadata_partitions=METADATA_PARTITIONS)
+    bootstrap = cluster.bootstrap
+    options = ["-o", f"bootstrap.servers={bootstrap}", "-o", f"metadata.topic.num.partitions={METADATA_PARTITIONS}",
+               "-o", "metadata.topic.replication.factor=3", "-o", f"state.dir={tmp_path / 'import'}"]
+    create_topic(bootstrap, TOPIC, replication_factor=3, config=tiered_topic_config(**{"min.insync.replicas": "2"}))
+    tp, state = wait_for(lambda: _described(bootstrap), 30, f"{TOPIC} to be known to every broker")
+    load = Load(bootstrap)
+    shutdowns: dict[int, tuple[int, int]] = {}  # broker -> when it was told to stop, and when it had stopped
+    try:
+        wait_until_tiered(cluster.log_dir(state.leader), TOPIC, min_local_start=2 * CHUNK)
+
+        # Step 1: import what TBRLMM wrote so far.
+        code, imported = tierlog("migrate", *options)
+        assert code == 0, imported
+        assert sum(imported["written"].values()) > 0
+
+        # Step 2: roll each broker to tierlog in migration mode; the others still run TBRLMM meanwhile.
+        cache = {k: v for k, v in cluster.properties.items() if k.startswith("rsm.config.fetch.chunk.cache.")}
+        cluster.set_properties(broker_properties(PluginChoice(
+            rlmm=TIERLOG_RLMM, s3=s3_location, metadata_replication_factor=3, metadata_partitions=METADATA_PARTITIONS,
+            extra={**cache, "rlmm.config.migration.mode": "dual-write", "rlmm.config.migration.heartbeat.ms": "1000"},
+        ), socket_dir, plugin_jar))
+        for node in cluster.node_ids:
+            stopping_ms = _now_ms()
+            cluster.stop_node(node)
+            shutdowns[node] = (stopping_ms, _now_ms())
+            cluster.start_node(node)
+            wait_in_isr(bootstrap, TOPIC, node)
+            wait_for(lambda n=node, since=stopping_ms: _in_migration_mode(bootstrap, n, since), 60,
+                     f"broker {node} to announce migration mode")
+        leader = describe(bootstrap, TOPIC)[1].leader
+        wait_until_tiered(cluster.log_dir(leader), TOPIC, min_local_start=load.produced, timeout=90)
+
+        # Step 3: finalize, checked.
+        code, finalized = tierlog("migrate", "finalize", *options)
+        assert code == 0, "\n".join(finalized["blockers"])
+        assert finalized["finalized"] and not finalized["not_yet_finalized"]
+    finally:
+        total = load.stop()
+    assert load.error is None, f"producing failed: {load.error}"
+
+    read = consume(bootstrap, TOPIC, total, timeout=120)
+    assert read.indexes == list(range(total))
+    assert not read.mismatched
+    segments = remote_segments(socket_dir, leader, tp)
+    known = {str(s.remote_log_segment_id.id) for s in segments}
+    orphans = [key for key in topic_log_objects(s3_location, TOPIC) if key.removesuffix(".log")[-36:] not in known]
+    assert not orphans, f"segment objects tierlog does not know: {orphans}"
+    copies = sorted(finished(segments), key=lambda s: (s.start_offset, s.end_offset))
+    assert copies[0].start_offset == 0
+    assert not [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset > a.end_offset + 1], "a gap"
+    # A range copied twice comes only from a leader finishing copies while it shuts down (its successor started
+    # from what it had seen finished): Kafka's RemoteLogManager does that with its own manager too.
+    twice = [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset <= a.end_offset
+             and not any(_during(shutdowns, s) for s in (a, b))]
+    assert not twice, f"ranges copied twice, not by a leader shutting down: {twice}"
