@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from dev.process import LOOPBACK, free_ports, stop_pid, tail, wait_until
 
@@ -103,6 +103,12 @@ class AzureEndpoint:
     key: str
     container: str
 
+    def rsm_config(self, prefix: str, **extra: Any) -> dict[str, Any]:
+        """An rsm config storing under `prefix` in this emulator's container."""
+        return {"storage.backend": "azure", "azure.endpoint.url": self.url, "azure.account.name": self.account,
+                "azure.account.key": self.key, "azure.container.name": self.container, "azure.prefix": prefix,
+                **extra}
+
 
 class Azurite(_Emulator):
     """Azurite's Blob service, in memory, with the development account; `container` is created at start."""
@@ -136,6 +142,11 @@ class Azurite(_Emulator):
 class GcsEndpoint:
     url: str
     bucket: str
+
+    def rsm_config(self, prefix: str, **extra: Any) -> dict[str, Any]:
+        """An rsm config storing under `prefix` in this emulator's bucket."""
+        return {"storage.backend": "gcs", "gcs.endpoint.url": self.url, "gcs.bucket.name": self.bucket,
+                "gcs.prefix": prefix, **extra}
 
 
 class GcsEmulator(_Emulator):

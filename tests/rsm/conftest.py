@@ -48,25 +48,15 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzureEndpoint]
         yield emulator.endpoint
 
 
-def gcs_config(endpoint: GcsEndpoint, prefix: str, **extra: Any) -> dict[str, Any]:
-    return {"storage.backend": "gcs", "gcs.endpoint.url": endpoint.url, "gcs.bucket.name": endpoint.bucket,
-            "gcs.prefix": prefix, **extra}
-
-
-def azure_config(endpoint: AzureEndpoint, prefix: str, **extra: Any) -> dict[str, Any]:
-    return {"storage.backend": "azure", "azure.endpoint.url": endpoint.url, "azure.account.name": endpoint.account,
-            "azure.account.key": endpoint.key, "azure.container.name": endpoint.container, "azure.prefix": prefix,
-            **extra}
-
-
 @pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.services), "gcs", "azure"])
 def backend_config(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> dict[str, Any]:
     if request.param == "filesystem":
         return {"storage.backend": "filesystem", "filesystem.root": str(tmp_path / "remote")}
-    if request.param == "gcs":
-        return gcs_config(request.getfixturevalue("gcs_emulator"), key_prefix)
-    if request.param == "azure":
-        return azure_config(request.getfixturevalue("azurite"), key_prefix)
+    if request.param in ("gcs", "azure"):
+        emulator: GcsEndpoint | AzureEndpoint = request.getfixturevalue(
+            "gcs_emulator" if request.param == "gcs" else "azurite"
+        )
+        return emulator.rsm_config(key_prefix)
     server: S3Server = request.getfixturevalue("s3_server")
     return server.rsm_config(key_prefix)
 

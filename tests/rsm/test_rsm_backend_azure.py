@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import azure_config
 from support.s3_proxy import CountingS3Proxy, RecordedRequest
 
 from dev.emulators import AzureEndpoint
@@ -30,7 +29,7 @@ def backend(
     endpoint: AzureEndpoint, prefix: str, url: str | None = None, metrics: Metrics | None = None,
     options: dict[str, Any] | None = None,
 ) -> StorageBackend:
-    config = azure_config(endpoint, prefix, **(options or {}))
+    config = endpoint.rsm_config(prefix, **(options or {}))
     del config["storage.backend"]
     if url is not None:
         config["azure.endpoint.url"] = url
