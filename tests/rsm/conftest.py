@@ -7,6 +7,7 @@ started once per session on free 127.0.0.1 ports (dev/emulators.py); each test g
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from collections.abc import Iterator
@@ -32,6 +33,21 @@ def s3_server(s3_config: dict[str, str]) -> S3Server:
 @pytest.fixture
 def key_prefix() -> str:
     return f"rsm-tests/{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """moto's server (S3, STS, KMS; it accepts any credentials) on a free 127.0.0.1 port, for what SeaweedFS lacks."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

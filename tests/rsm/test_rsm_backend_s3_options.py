@@ -9,9 +9,7 @@ read with botocore's event hooks.
 
 from __future__ import annotations
 
-import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,21 +40,11 @@ def record_requests(target: s3.S3Backend) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    """moto's server (S3 and STS) on a free 127.0.0.1 port, with a bucket."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="moto",
-                     aws_secret_access_key="moto").create_bucket(Bucket="tierlog")
-        yield endpoint
-    finally:
-        server.stop()
+def moto_bucket(moto_endpoint: str) -> str:
+    """moto's server (conftest.py) with the bucket these tests write to; its endpoint."""
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1", aws_access_key_id="moto",
+                 aws_secret_access_key="moto").create_bucket(Bucket="tierlog")
+    return moto_endpoint
 
 
 def moto_config(endpoint: str, **extra: Any) -> dict[str, Any]:
@@ -97,11 +85,11 @@ def test_storage_class_and_sse_s3_are_stored_with_single_and_multipart_uploads(
 
 
 def test_sse_kms_sends_the_key_id_with_every_upload_and_the_store_keeps_it(
-    moto_endpoint: str, tmp_path: Path
+    moto_bucket: str, tmp_path: Path
 ) -> None:
     big = tmp_path / "segment.log"
     big.write_bytes(b"k" * (6 << 20))
-    target = backend(moto_config(moto_endpoint, **{
+    target = backend(moto_config(moto_bucket, **{
         "s3.prefix": "sse-kms", "s3.sse.algorithm": "aws:kms", "s3.sse.kms.key.id": "alias/tierlog",
         "s3.multipart.threshold.bytes": 6 << 20, "s3.multipart.part.size.bytes": 5 << 20,
     }))
@@ -117,7 +105,7 @@ def test_sse_kms_sends_the_key_id_with_every_upload_and_the_store_keeps_it(
         assert request.headers["x-amz-server-side-encryption"] == b"aws:kms"
         assert request.headers["x-amz-server-side-encryption-aws-kms-key-id"] == b"alias/tierlog"
     for key in ("small", "big"):
-        stored = head(moto_endpoint, f"sse-kms/{key}")
+        stored = head(moto_bucket, f"sse-kms/{key}")
         assert (stored["ServerSideEncryption"], stored["SSEKMSKeyId"]) == ("aws:kms", "alias/tierlog"), key
 
 
@@ -169,11 +157,11 @@ def signing_keys(sent: list[Any]) -> list[str]:
     return [_CREDENTIAL.search(r.headers["Authorization"].decode()).group(1) for r in sent]  # type: ignore[union-attr]
 
 
-def test_an_assumed_role_signs_every_request_and_is_fetched_again_before_it_expires(moto_endpoint: str) -> None:
+def test_an_assumed_role_signs_every_request_and_is_fetched_again_before_it_expires(moto_bucket: str) -> None:
     # A 15-minute session is inside botocore's 15-minute refresh window from the start: every request refreshes.
-    target = backend(moto_config(moto_endpoint, **{
+    target = backend(moto_config(moto_bucket, **{
         "s3.prefix": "assume-role", "aws.sts.role.arn": ROLE, "aws.sts.role.external.id": "tierlog-cluster",
-        "aws.sts.role.session.duration": 900, "aws.sts.config.endpoint": moto_endpoint,
+        "aws.sts.role.session.duration": 900, "aws.sts.config.endpoint": moto_bucket,
     }))
     sent = record_requests(target)
     try:
@@ -189,13 +177,13 @@ def test_an_assumed_role_signs_every_request_and_is_fetched_again_before_it_expi
 
 
 def test_a_web_identity_token_file_is_read_again_at_each_refresh_and_a_failed_refresh_keeps_valid_keys(
-    moto_endpoint: str, tmp_path: Path
+    moto_bucket: str, tmp_path: Path
 ) -> None:
     token = tmp_path / "token"
     token.write_text("first-service-account-token")
-    config = moto_config(moto_endpoint, **{
+    config = moto_config(moto_bucket, **{
         "s3.prefix": "web-identity", "aws.sts.role.arn": ROLE, "aws.web.identity.token.file": str(token),
-        "aws.sts.role.session.duration": 900, "aws.sts.config.endpoint": moto_endpoint,
+        "aws.sts.role.session.duration": 900, "aws.sts.config.endpoint": moto_bucket,
     })
     del config["s3.access.key.id"], config["s3.secret.access.key"]
     target = backend(config)
