@@ -73,6 +73,7 @@ CLIENT_PREFIX = "kafka."
 POLL_S = 0.2
 # is_ready answers the broker's call: its offset queries wait at most this long (the broker asks again).
 READY_QUERY_S = 5.0
+IMPORT_SESSION_TIMEOUT_MS = 10_000
 RETRY_PAUSE_S = 1.0
 CLOSE_TIMEOUT_S = 10.0
 
@@ -285,8 +286,9 @@ class MigratingManager:
     def _import_loop(self) -> None:
         if self.finalized:
             return
+        # A node that died without leaving the group holds its partitions (and the gates waiting on them) this long.
         consumer = Consumer({**self._client, "group.id": self._group, "enable.auto.commit": False,
-                             "auto.offset.reset": "earliest"})
+                             "auto.offset.reset": "earliest", "session.timeout.ms": IMPORT_SESSION_TIMEOUT_MS})
         consumer.subscribe([self.source_topic], on_revoke=_commit_positions)
         try:
             while not self._stop.is_set() and not self.finalized:
