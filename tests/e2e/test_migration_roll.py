@@ -157,3 +157,39 @@ def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_an
     twice = [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset <= a.end_offset
              and not any(_during(shutdowns, s) for s in (a, b))]
     assert not twice, f"ranges copied twice, not by a leader shutting down: {twice}"
+
+
+def test_a_broker_rolled_back_to_tbrlmm_before_finalize_serves_what_it_tiered_in_migration_mode(
+    tiered_cluster: Callable[..., KafkaCluster], plugin_jar: Path, socket_dir: Path, s3_location: S3Location,
+    tmp_path: Path,
+) -> None:
+    cluster = tiered_cluster(nodes=1, rlmm=KAFKA_RLMM, metadata_partitions=METADATA_PARTITIONS)
+    bootstrap, batch = cluster.bootstrap, 10_000
+    tbrlmm_properties = dict(cluster.properties)
+    create_topic(bootstrap, TOPIC)
+    produce(bootstrap, TOPIC, 0, batch)
+    wait_until_tiered(cluster.log_dir(0), TOPIC, min_local_start=batch // 2)
+    code, imported = tierlog("migrate", "-o", f"bootstrap.servers={bootstrap}", "-o",
+                             f"metadata.topic.num.partitions={METADATA_PARTITIONS}", "-o",
+                             "metadata.topic.replication.factor=1", "-o", f"state.dir={tmp_path / 'import'}")
+    assert code == 0, imported
+
+    # In migration mode the broker tiers the next records: tierlog and, by the dual writes, __remote_log_metadata.
+    cache = {k: v for k, v in cluster.properties.items() if k.startswith("rsm.config.fetch.chunk.cache.")}
+    cluster.set_properties(broker_properties(PluginChoice(
+        rlmm=TIERLOG_RLMM, s3=s3_location, metadata_partitions=METADATA_PARTITIONS,
+        extra={**cache, "rlmm.config.migration.mode": "dual-write"}), socket_dir, plugin_jar))
+    cluster.restart_node(0)
+    produce(bootstrap, TOPIC, batch, batch)
+    wait_until_tiered(cluster.log_dir(0), TOPIC, min_local_start=batch + batch // 2)
+
+    # Rolled back: Kafka's manager rebuilds from __remote_log_metadata and finds every segment, then tiers on.
+    cluster.set_properties(tbrlmm_properties)
+    cluster.restart_node(0)
+    produce(bootstrap, TOPIC, 2 * batch, batch)
+    wait_until_tiered(cluster.log_dir(0), TOPIC, min_local_start=2 * batch + batch // 2)
+    read = consume(bootstrap, TOPIC, 3 * batch)
+    assert read.indexes == list(range(3 * batch))
+    assert not read.mismatched
+    starts = [key.rsplit("/", 1)[-1].split("-", 1)[0] for key in topic_log_objects(s3_location, TOPIC)]
+    assert len(starts) == len(set(starts)), f"a range uploaded twice: {sorted(starts)}"
