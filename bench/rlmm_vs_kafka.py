@@ -606,6 +606,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="logical events appended at --paced-rate while lookups are timed (0: no such step)")
     parser.add_argument("--paced-rate", type=float, default=2_000.0,
                         help="events/s of the paced step: the same for both systems (TBRLMM applies ~8k/s at most)")
+    parser.add_argument("--unhosted-cold", action="store_true",
+                        help="also rebuild a node hosting nothing from the compacted topic (RSS per non-hosted "
+                             "segment; without it, derived from the cold rebuilds of two hosted fractions)")
     parser.add_argument("--snapshot-from", choices=("view", "archive"), default="view",
                         help="write the snapshot from a tierlog node's view, or archive the topic and fold it")
     parser.add_argument("--tbrlmm-heap", default="4g", help="the harness JVM's -Xmx (TBRLMM holds ~600 MiB at 1M)")
@@ -750,7 +753,7 @@ def _run(args: argparse.Namespace, fractions: list[float], classpath: str, work:
                         # Nothing hosted: what the view costs in RAM for partitions the node does not host.
                         steps.append(("tierlog_restart_unhosted", partial(
                             tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{d}", 0.0)))
-                        if compacted:
+                        if compacted and args.unhosted_cold:
                             steps.append(("tierlog_cold_compacted_unhosted", partial(
                                 tierlog, COMPACTED_TOPIC, work / "tierlog-c-unhosted", 0.0)))
                     # Alternate the systems step by step, and which goes first from round to round, so that load
@@ -762,6 +765,9 @@ def _run(args: argparse.Namespace, fractions: list[float], classpath: str, work:
                         print(f"hosting {fraction:g}, round {r}: {name}", file=sys.stderr, flush=True)
                         with stage(f"{name}@{fraction:g}#{r}"):
                             measured[name] = step()
+                        # The step's figures as they come, so that a run stopped early still tells them.
+                        print(json.dumps({k: v for k, v in measured[name].items() if isinstance(v, (int, float))}),
+                              file=sys.stderr, flush=True)
                     runs.append(measured)
                 by_fraction[f"{fraction:g}"] = {"runs": runs, "median": medians(runs, events)}
             # Last, on the first round's restarted nodes (the records appended would make later steps' topics
@@ -826,32 +832,48 @@ def medians(runs: list[dict[str, Any]], events: int) -> dict[str, dict[str, floa
 
 
 def derive_per_segment(result: dict[str, Any]) -> None:
-    """RSS per hosted and per non-hosted live segment (bytes), from nodes on the same topic that host the fraction
-    and host nothing: RSS - RSS before the manager started = hosted * h + (live - hosted) * n, n from the node
-    hosting nothing; TBRLMM holds only what it hosts, so its figure is (RSS - RSS before) / hosted. The view's bytes
-    on disk per live segment: the cold node's state dir."""
+    """RSS per hosted and per non-hosted live segment (bytes). A node's RSS less its RSS before the manager started
+    is taken as hosted * h + (live - hosted) * n. n comes from a node on the same topic that hosts nothing (a
+    restart; a cold rebuild of the compacted topic with --unhosted-cold), else, for cold rebuilds, from the
+    uncompacted rebuilds of the smallest and the largest hosted fraction of the run (two equations). TBRLMM holds
+    only what it hosts: its figure is (RSS - RSS before) / hosted. The view's bytes on disk per live segment: the
+    cold node's state dir."""
     live = result["live_segments"] + result["newcomer_segments"]
-    first = result["by_fraction"][f"{result['hosted_fractions'][0]:g}"]["median"]
-    nothing = {"cold": first.get("tierlog_cold_compacted_unhosted"), "restart": first.get("tierlog_restart_unhosted")}
-    for entry in result["by_fraction"].values():
+    by_fraction = result["by_fraction"]
+    first = by_fraction[f"{result['hosted_fractions'][0]:g}"]["median"]
+
+    def grown(step: dict[str, float], after_reads: bool = True) -> float:
+        return (step["rss_after_reads_mib" if after_reads else "rss_mib"] - step["rss_before_mib"]) * 2**20
+
+    # kind -> (the hosted step, RSS growth per non-hosted segment)
+    per_other: dict[str, tuple[str, float]] = {}
+    if "tierlog_restart_unhosted" in first:
+        per_other["restart"] = ("tierlog_restart", grown(first["tierlog_restart_unhosted"], False) / live)
+    if "tierlog_cold_compacted_unhosted" in first:
+        per_other["cold"] = ("tierlog_cold_compacted", grown(first["tierlog_cold_compacted_unhosted"], False) / live)
+    elif len(by_fraction) > 1:
+        low, high = (by_fraction[f"{f:g}"]["median"]["tierlog_cold"] for f in (min(result["hosted_fractions"]),
+                                                                               max(result["hosted_fractions"])))
+        h1, h2 = low["hosted_live_segments"], high["hosted_live_segments"]
+        # grown = h * hosted + n * (live - hosted), for both: solve for n.
+        own = (grown(high) - grown(low)) / (h2 - h1) if h2 != h1 else float("nan")  # h - n
+        n = (grown(low) - own * h1) / live
+        per_other["cold"] = ("tierlog_cold", n)
+    for entry in by_fraction.values():
         m = entry["median"]
         derived: dict[str, float] = {}
-        for kind, hosted_step in (("cold", "tierlog_cold_compacted"), ("restart", "tierlog_restart")):
-            base = nothing[kind]
-            if base is None or hosted_step not in m:
-                continue
-            per_other = (base["rss_mib"] - base["rss_before_mib"]) * 2**20 / live
-            derived[f"tierlog_{kind}_rss_per_nonhosted_segment_b"] = round(per_other, 1)
+        for kind, (hosted_step, other) in per_other.items():
+            derived[f"tierlog_{kind}_rss_per_nonhosted_segment_b"] = round(other, 1)
             step = m[hosted_step]
             hosted = step["hosted_live_segments"]
             if hosted:
-                own = (step["rss_after_reads_mib"] - step["rss_before_mib"]) * 2**20 - per_other * (live - hosted)
-                derived[f"tierlog_{kind}_rss_per_hosted_segment_b"] = round(own / hosted, 1)
+                derived[f"tierlog_{kind}_rss_per_hosted_segment_b"] = round(
+                    (grown(step) - other * (live - hosted)) / hosted, 1)
         for kind in ("cold", "restart"):
             step = m.get(f"tbrlmm_{kind}")
             if step and step["hosted_live_segments"]:
                 derived[f"tbrlmm_{kind}_rss_per_hosted_segment_b"] = round(
-                    (step["rss_mib"] - step["rss_before_mib"]) * 2**20 / step["hosted_live_segments"], 1)
+                    grown(step, False) / step["hosted_live_segments"], 1)
                 derived[f"tbrlmm_{kind}_heap_per_hosted_segment_b"] = round(
                     step["heap_used_mib"] * 2**20 / step["hosted_live_segments"], 1)
         derived["tierlog_view_bytes_per_live_segment"] = round(m["tierlog_cold"]["state_dir_bytes"] / live, 1)
