@@ -16,6 +16,8 @@ from migrate_testkit import (
     assert_answers_as_kafka,
     kafka_model,
     produce_history,
+    run_tierlog,
+    tierlog_options,
     workload_history,
 )
 from rlmm_testkit import make_tp, manager_config, segment, update_of
@@ -140,3 +142,25 @@ def test_finalize_stops_dual_writes_and_the_import(
     assert _source_records(kafka_bootstrap, node.source_topic) == []
     # A node started later finds the migration finalized.
     assert migrating_node().finalized
+
+
+def test_a_node_goes_on_where_tierlog_migrate_stopped(kafka_bootstrap: str, unique_topic: str, tmp_path: Path,
+                                                      migrating_node: Callable[[], MigratingManager]) -> None:
+    node = migrating_node()
+    source = node.source_topic
+    node.close()  # only its source topic is wanted: the bulk import runs while no node is in migration mode
+    history = workload_history(seed=9, partitions=2, uploads=6)
+    produce_history(kafka_bootstrap, source, history)
+    code, done = run_tierlog("migrate", "--source-topic", source,
+                             *tierlog_options(kafka_bootstrap, unique_topic, tmp_path / "import"))
+    assert code == 0, done
+
+    node = migrating_node()
+    # One more upload per user partition, after the import: the node imports those and nothing before them.
+    model = kafka_model(history)
+    later = [segment(tp, 10_000, 10_099, {99: 10_000}) for tp in {call.topic_id_partition for call in history}
+             if not model.is_deleted(tp)]
+    produce_history(kafka_bootstrap, source, later)
+    _wait(lambda: node.imported == len(later), "the node to import the later uploads")
+    assert (node.skipped, node.dropped) == (0, 0)
+    assert_answers_as_kafka(kafka_model([*history, *later]), node.view, [*history, *later])

@@ -381,6 +381,8 @@ class MigratingManager:
     # --- lifecycle ----------------------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         deadline = time.monotonic() + CLOSE_TIMEOUT_S
         for thread in self._threads:
