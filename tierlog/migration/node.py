@@ -2,9 +2,9 @@
 TopicBasedRemoteLogMetadataManager (TBRLMM), it keeps both metadata stores whole so each side sees the other's writes.
 
 - Import: the nodes share a consumer group on `__remote_log_metadata`; the owner of each of its partitions writes what
-  TBRLMM brokers append there into tierlog (tierlog.migration.records, as `tierlog migrate` does), one record at a
-  time, committing the group's offset after each write. Records a tierlog node wrote there carry its broker id
-  (records.WRITER_HEADER) and are skipped: tierlog has them already.
+  TBRLMM brokers append there into tierlog (tierlog.migration.records, as `tierlog migrate` does), each user
+  partition's records in order, committing the group's offsets after each batch. Records a tierlog node wrote there
+  carry its broker id (records.WRITER_HEADER) and are skipped: tierlog has them already.
 - Dual writes: each add, update and partition delete of this node goes to tierlog's topic and, in Kafka's format, to
   `__remote_log_metadata` (the partition TBRLMM's partitioner picks); its future completes when both are acknowledged.
 - Readiness: a partition registered here is ready once tierlog's manager says so and, in addition, the import has
@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from tierlog.migration.records import (
     WRITER_HEADER,
     Skipped,
     SourceProblem,
+    SourceRecord,
     TopicMetadata,
     decode_source_record,
     start_write,
@@ -292,19 +294,18 @@ class MigratingManager:
         consumer.subscribe([self.source_topic], on_revoke=_commit_positions)
         try:
             while not self._stop.is_set() and not self.finalized:
-                messages = consumer.consume(500, timeout=POLL_S)
-                failed: set[int] = set()
-                for message in messages:
-                    partition = message.partition() or 0
-                    if message.error() is not None or partition in failed:
-                        continue
-                    if not self._import_one(consumer, message):
-                        failed.add(partition)
-                        consumer.seek(TopicPartition(self.source_topic, partition, message.offset() or 0))
-                if messages and not failed:
+                messages = [m for m in consumer.consume(500, timeout=POLL_S) if m.error() is None]
+                if not messages:
+                    continue
+                if self._import_batch(messages):
                     _commit_positions(consumer, [])
-                elif failed:
-                    self._stop.wait(RETRY_PAUSE_S)
+                    continue
+                firsts: dict[int, int] = {}
+                for message in messages:  # read the batch again: what it wrote already is found in the view
+                    firsts.setdefault(message.partition() or 0, message.offset() or 0)
+                for partition, offset in firsts.items():
+                    consumer.seek(TopicPartition(self.source_topic, partition, offset))
+                self._stop.wait(RETRY_PAUSE_S)
         except Exception:
             log.exception("importing %s into %s stopped; restart the agent to resume (the group's committed offsets "
                           "say where)", self.source_topic, self._manager.metadata_topic)
@@ -312,38 +313,51 @@ class MigratingManager:
         finally:
             consumer.close()  # leaves the group: another node's import takes its partitions
 
-    def _import_one(self, consumer: Consumer, message: Any) -> bool:
-        """Import one record (True), or fail to for now (False: the caller retries it)."""
-        record = decode_source_record(self.source_topic, self.source_partitions, message)
-        if isinstance(record, SourceProblem):
-            log.error("not imported into %s: %s", self._manager.metadata_topic, record)
-            return True
-        if record.tierlog_writer is not None:
-            self.skipped += 1  # a tierlog node's own dual write: tierlog holds it already
-            return True
+    def _import_batch(self, messages: list[Any]) -> bool:
+        """Import a batch of source records: each user partition's in their order, one write in flight per user
+        partition and all partitions' at once. False when a write failed (the caller reads the batch again)."""
+        queues: dict[TopicIdPartition, deque[SourceRecord]] = {}
+        for message in messages:
+            record = decode_source_record(self.source_topic, self.source_partitions, message)
+            if isinstance(record, SourceProblem):
+                log.error("not imported into %s: %s", self._manager.metadata_topic, record)
+            elif record.tierlog_writer is not None:
+                self.skipped += 1  # a tierlog node's own dual write: tierlog holds it already
+            else:
+                queues.setdefault(record.metadata.topic_id_partition, deque()).append(record)
+        refused_once: set[TopicIdPartition] = set()
         try:
-            for attempt in (1, 2):
-                outcome = start_write(self._manager, record.metadata)
-                if not isinstance(outcome, Skipped):
-                    outcome.result(timeout=self._write_timeout_s + CLOSE_TIMEOUT_S)
+            while queues:
+                in_flight: list[tuple[TopicIdPartition, Future[None]]] = []
+                for tp, waiting in queues.items():
+                    record = waiting[0]
+                    outcome = start_write(self._manager, record.metadata)
+                    if not isinstance(outcome, Skipped):
+                        in_flight.append((tp, outcome))
+                        continue
+                    if outcome.reason is not None and tp not in refused_once:
+                        refused_once.add(tp)  # asked again once this view caught up (below)
+                        continue
+                    if outcome.reason is None:
+                        self.skipped += 1
+                    else:
+                        self.dropped += 1
+                        log.info("not imported, as Kafka's rules drop it (%s): %s-%d offset %d: %s", outcome.reason,
+                                 self.source_topic, record.partition, record.offset, record.metadata)
+                    waiting.popleft()
+                    refused_once.discard(tp)
+                for tp, future in in_flight:
+                    future.result(timeout=self._write_timeout_s + CLOSE_TIMEOUT_S)
                     self.imported += 1
-                    break
-                if outcome.reason is None:
-                    self.skipped += 1
-                    break
-                if attempt == 1:
-                    # The write this record follows may be another node's, acknowledged but not applied here yet.
+                    queues[tp].popleft()
+                    refused_once.discard(tp)
+                if refused_once:
+                    # The write a refused record follows may be another node's, acknowledged but not applied here yet.
                     self._manager.wait_caught_up(self._write_timeout_s)
-                    continue
-                self.dropped += 1
-                log.info("not imported, as Kafka's rules drop it (%s): %s-%d offset %d: %s", outcome.reason,
-                         self.source_topic, record.partition, record.offset, record.metadata)
+                queues = {tp: waiting for tp, waiting in queues.items() if waiting}
         except (RemoteStorageError, TimeoutError) as exc:
-            log.warning("importing %s-%d offset %d failed (%s); retrying", self.source_topic, record.partition,
-                        record.offset, exc)
+            log.warning("importing from %s failed (%s); reading the batch again", self.source_topic, exc)
             return False
-        consumer.commit(offsets=[TopicPartition(self.source_topic, record.partition, record.offset + 1)],
-                        asynchronous=False)
         return True
 
     # --- control ------------------------------------------------------------------------------------------
