@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message
 
-from rlmm import codec, fresh_load, state
+from rlmm import codec, events, fresh_load, state
+from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
 from rlmm.event_log import EventConsumer, OffsetReader
 from rlmm.events import SEGMENT_KEY_PREFIX, segment_key_ids
@@ -359,6 +360,10 @@ class MetadataApplier:
                          "%d records, %s in %.1f s%s", self._settings.metadata_topic, window.records, read_s,
                          replayed, how, time.monotonic() - started - read_s, "" if caught_up else "; reading on")
                 if caught_up or self._stop.is_set():
+                    # The decoders' caches served the backlog; kept, their entries (spread over the allocator's
+                    # arenas among the backlog's freed objects) would hold some 20 MiB of them.
+                    _clear_decode_caches()
+                    _release_free_memory()
                     return
 
     def _fill(self, window: CompactedWindow, messages: list[Message]) -> bool:
@@ -793,6 +798,11 @@ def _fix_mmap_threshold() -> None:
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is not None:
         mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+
+
+def _clear_decode_caches() -> None:
+    for module in (codec, events, vf):
+        module.clear_caches()
 
 
 def _release_free_memory() -> None:

@@ -374,3 +374,9 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
     except (InvalidArgumentError, KeyError, ValueError, TypeError) as exc:
         raise DecodeError(f"{name} holds invalid values: {exc}") from exc
     raise DecodeError(f"no event type for schema {name}")
+
+
+def clear_caches() -> None:
+    """Empty the decoding caches (a node clears them once a backlog is applied; they refill as needed)."""
+    _topic_id_partition.cache_clear()
+    _displaced_id.cache_clear()

@@ -215,3 +215,9 @@ def key_of(event: MetadataEvent) -> RecordKey:
 def metadata_partition_for(topic_id: uuid.UUID, partition: int, num_partitions: int) -> int:
     """Every event of one user partition goes to one metadata partition, so its events are ordered."""
     return zlib.crc32(topic_id.bytes + partition.to_bytes(4, "big")) % num_partitions
+
+
+def clear_caches() -> None:
+    """Empty the decoding caches (a node clears them once a backlog is applied; they refill as needed)."""
+    _topic_id.cache_clear()
+    _user_partition_key.cache_clear()

@@ -200,3 +200,9 @@ def encode_offset(offset: int) -> bytes:
 
 def decode_offset(raw: bytes) -> int:
     return int(_OFFSET.unpack(raw)[0])
+
+
+def clear_caches() -> None:
+    """Empty the decoding caches (a node clears them once a backlog is applied; they refill as needed)."""
+    tp_key.cache_clear()
+    decode_owed.cache_clear()
