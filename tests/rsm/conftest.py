@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rsm_testkit import S3Server, SegmentFactory, SegmentFixture, metadata_for
+from rsm_testkit import S3Server, SegmentFactory, SegmentFixture, config_of_backend, metadata_for
 from support.s3_proxy import CountingS3Proxy
 from support.services import broker_log_dir
 
@@ -66,15 +66,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzureEndpoint]
 
 @pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.services), "gcs", "azure"])
 def backend_config(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> dict[str, Any]:
-    if request.param == "filesystem":
-        return {"storage.backend": "filesystem", "filesystem.root": str(tmp_path / "remote")}
-    if request.param in ("gcs", "azure"):
-        emulator: GcsEndpoint | AzureEndpoint = request.getfixturevalue(
-            "gcs_emulator" if request.param == "gcs" else "azurite"
-        )
-        return emulator.rsm_config(key_prefix)
-    server: S3Server = request.getfixturevalue("s3_server")
-    return server.rsm_config(key_prefix)
+    return config_of_backend(request, tmp_path, key_prefix)
 
 
 @pytest.fixture

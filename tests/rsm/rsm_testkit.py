@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata
@@ -74,3 +75,16 @@ def metadata_for(
 
 
 SegmentFactory = Callable[..., SegmentFixture]
+
+
+def config_of_backend(request: Any, tmp_path: Path, key_prefix: str) -> dict[str, Any]:
+    """The rsm config of the backend `request.param` names, its server or emulator started if need be."""
+    if request.param == "filesystem":
+        return {"storage.backend": "filesystem", "filesystem.root": str(tmp_path / "remote")}
+    if request.param in ("gcs", "azure"):
+        emulator = request.getfixturevalue(
+            "gcs_emulator" if request.param == "gcs" else "azurite"
+        )
+        return emulator.rsm_config(key_prefix)
+    server: S3Server = request.getfixturevalue("s3_server")
+    return server.rsm_config(key_prefix)
