@@ -11,7 +11,7 @@ STAMPS := .dev/stamps
 # The JVM adapter is rebuilt only when its sources or the shared protocol change.
 JVM_SOURCES := $(wildcard jvm/pom.xml) $(shell find jvm/src -type f 2>/dev/null) $(wildcard schemas/*.proto)
 
-.PHONY: setup venv python-deps kafka-jars azurite jvm jvm-test dist services-up services-down services-status demo test lint bench bench-kafka
+.PHONY: setup venv python-deps kafka-jars azurite jvm jvm-test dist services-up services-down services-status demo test test-soak lint bench bench-kafka
 
 setup: python-deps kafka-jars azurite jvm
 
@@ -75,10 +75,14 @@ demo: setup
 # Two workers: most tests wait on a broker, S3 or a JVM, so two share the machine's two cores well.
 PYTEST_WORKERS ?= 2
 test: setup jvm-test
-	@status=0; $(PYTHON) -m pytest -q -rfEs --durations=20 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) \
-		|| status=$$?; \
+	@status=0; $(PYTHON) -m pytest -q -rfEs --durations=20 -n $(PYTEST_WORKERS) --dist loadgroup -m 'not soak' \
+		$(PYTEST_ARGS) || status=$$?; \
 	if [ $$status = 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
 	exit $$status
+
+# Long end-to-end scenarios (a 3-broker roll from Kafka's manager to tierlog): minutes each, outside `make test`.
+test-soak: setup
+	$(PYTHON) -m pytest -q -rfEs -m soak
 
 # Test directories are checked one by one: each has its own conftest.py, which mypy would
 # otherwise see as one module defined twice.

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaException
 from e2e_testkit import PartitionState, describe, finished, remote_segments, topic_log_objects, wait_in_isr
 
@@ -97,6 +98,9 @@ def tierlog(*argv: str) -> tuple[int, Any]:
     return code, json.loads(out.getvalue())
 
 
+# 110-180 s, and in one run of five its finalize refused (the stores disagreed on one segment: the ordering limit
+# docs/operations.md describes), so it runs in `make test-soak`, not in the suite's budget.
+@pytest.mark.soak
 def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_and_copy_nothing(
     tiered_cluster: Callable[..., KafkaCluster], plugin_jar: Path, socket_dir: Path, s3_location: S3Location,
     tmp_path: Path,
