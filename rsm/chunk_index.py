@@ -131,24 +131,27 @@ class ChunkIndex:
         return min(position // self.chunk_size, self.count - 1)
 
 
-def read_chunks(path: Path, chunk_size: int) -> Iterator[bytes]:
-    """The file at `path` in chunk-size pieces (the last one shorter), read once."""
+def read_chunks(path: Path, chunk_size: int, pace: Callable[[int], object] | None = None) -> Iterator[bytes]:
+    """The file at `path` in chunk-size pieces (the last one shorter), read once; `pace` is told each piece's
+    length before it is handed out (an upload's rate limit)."""
     try:
         with open(path, "rb", buffering=0) as source:
             while piece := source.read(chunk_size):
                 # A short read before the end (not expected from a regular file) would shift every later chunk.
                 while len(piece) < chunk_size and (more := source.read(chunk_size - len(piece))):
                     piece += more
+                if pace is not None:
+                    pace(len(piece))
                 yield piece
     except OSError as exc:
         raise RemoteStorageError(f"cannot read the segment {path} to checksum its chunks: {exc}") from exc
 
 
-def build(path: Path, chunk_size: int) -> ChunkIndex:
-    """The chunk index of the file at `path` stored as it is."""
+def build(path: Path, chunk_size: int, pace: Callable[[int], object] | None = None) -> ChunkIndex:
+    """The chunk index of the file at `path` stored as it is (`pace`: as in read_chunks)."""
     checksums = []
     size = 0
-    for piece in read_chunks(path, chunk_size):
+    for piece in read_chunks(path, chunk_size, pace):
         checksums.append(checksum(piece))
         size += len(piece)
     return ChunkIndex(chunk_size, size, tuple(checksums))

@@ -43,6 +43,7 @@ from rsm.packed_index import (
     pack,
     parse_header,
 )
+from rsm.rate_limit import MIN_BYTES_PER_SECOND, THROTTLED_MS, UploadRateLimiter
 from rsm.transforms import ChunkCodec, SegmentCipher, batches_compressed, write_transformed
 from rsm.types import IndexType, LogSegmentData
 
@@ -118,6 +119,11 @@ CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("fetch.chunk.cache.lease.ms", parse_int, 30_000, check=lambda v: v > 0, requirement="> 0"),
     # Where a compressed or encrypted segment is staged before its upload (empty: the system's temp dir).
     ConfigKey("transform.temp.dir", parse_str, default=""),
+    # Bytes/s every upload of this rsm together reads from disk (Aiven's key); unset: no limit.
+    ConfigKey(
+        "upload.rate.limit.bytes.per.second", parse_int, None, check=lambda v: v >= MIN_BYTES_PER_SECOND,
+        requirement=f">= {MIN_BYTES_PER_SECOND} (1 MiB/s)",
+    ),
     *transforms.CONFIG_KEYS,
     *keyring.CONFIG_KEYS,
 )
@@ -195,6 +201,8 @@ class RemoteStorageManager:
         self._compression_heuristic: bool = core["compression.heuristic.enabled"]
         self._zstd_level: int = core["compression.zstd.level"]
         self._temp_dir: str | None = core["transform.temp.dir"] or None
+        limit = core["upload.rate.limit.bytes.per.second"]
+        self._upload_limiter = None if limit is None else UploadRateLimiter(limit)
         self._decoded: OrderedDict[uuid.UUID, ChunkedSegment] = OrderedDict()
         self._decoded_lock = threading.Lock()
         self._lease_s: float = core["fetch.chunk.cache.lease.ms"] / 1000.0
@@ -270,14 +278,14 @@ class RemoteStorageManager:
     def _upload_log(self, key: str, log_segment: Path, codec: ChunkCodec) -> chunk_index.ChunkIndex:
         """Upload the `.log` object (transformed into a staging file first if the codec says so); its chunk index."""
         if codec.identity:
-            chunks = chunk_index.build(log_segment, self._chunk_size)
+            chunks = chunk_index.build(log_segment, self._chunk_size, self._pace_upload)
             self._backend.put(key, log_segment)
             return chunks
         try:
             with tempfile.TemporaryDirectory(prefix="tierlog-rsm-", dir=self._temp_dir) as staging:
                 staged = Path(staging) / "segment"
                 with open(staged, "wb") as out:
-                    chunks = write_transformed(log_segment, out, self._chunk_size, codec)
+                    chunks = write_transformed(log_segment, out, self._chunk_size, codec, self._pace_upload)
                 self._backend.put(key, staged)
         except OSError as exc:
             raise RemoteStorageError(
@@ -287,6 +295,13 @@ class RemoteStorageManager:
         self._metrics.increment(TRANSFORM_ORIGINAL_BYTES, chunks.original_size)
         self._metrics.increment(TRANSFORM_STORED_BYTES, chunks.stored_size)
         return chunks
+
+    def _pace_upload(self, nbytes: int) -> None:
+        """Charge `nbytes` of a segment read for upload to the rate limit, if one is set."""
+        if self._upload_limiter is not None:
+            waited = self._upload_limiter.acquire(nbytes)
+            if waited > 0:
+                self._metrics.increment(THROTTLED_MS, round(waited * 1000))
 
     def _require_in_log_dirs(self, data: LogSegmentData) -> None:
         if not self._log_dirs and not self._detect_log_dirs:

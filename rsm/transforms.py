@@ -150,14 +150,17 @@ class ChunkCodec:
 IDENTITY = ChunkCodec()
 
 
-def write_transformed(source: Path, out: BinaryIO, chunk_size: int, codec: ChunkCodec) -> ChunkIndex:
-    """Read the segment at `source` once, writing each chunk's stored form to `out`; its chunk index."""
+def write_transformed(
+    source: Path, out: BinaryIO, chunk_size: int, codec: ChunkCodec, pace: Callable[[int], object] | None = None
+) -> ChunkIndex:
+    """Read the segment at `source` once, writing each chunk's stored form to `out`; its chunk index (`pace`: as in
+    chunk_index.read_chunks)."""
     stored_lengths: list[int] = []
     checksums: list[int] = []
     plain_checksums: list[int] = []
     compressed: list[bool] = []
     size = 0
-    for chunk, plain in enumerate(read_chunks(source, chunk_size)):
+    for chunk, plain in enumerate(read_chunks(source, chunk_size, pace)):
         stored, is_compressed = codec.encode(chunk, plain)
         out.write(stored)
         stored_lengths.append(len(stored))
