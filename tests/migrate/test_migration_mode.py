@@ -1,6 +1,7 @@
 """A tierlog node in migration mode (tierlog.migration.node) against the real broker: it imports what TBRLMM brokers
-append to `__remote_log_metadata`, writes its own events there in Kafka's format (imported back as no-ops), gates a
-partition's readiness on the import, and stops both once the migration is finalized."""
+append to `__remote_log_metadata`, writes its own events only there in Kafka's format until finalize (they reach
+tierlog through the import, so both stores apply one order), gates a partition's readiness on the import, and writes
+to tierlog directly once the migration is finalized."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from migrate_testkit import (
 from rlmm_testkit import make_tp, manager_config, segment, update_of
 
 from rlmm import RemoteLogMetadataManager
-from rlmm.types import RemoteLogSegmentState
+from rlmm.errors import InvalidArgumentError
+from rlmm.types import RemoteLogSegmentState, TopicIdPartition
 from tierlog.migration.control import FINALIZE_KEY, FINALIZED, Finalize, read_control
 from tierlog.migration.node import MigratingManager, split_config, wrap
 from tierlog.migration.records import SourceRecord, decode_source_record
@@ -93,25 +95,64 @@ def test_records_tbrlmm_brokers_append_are_imported_as_kafka_rules_apply_them(
     assert_answers_as_kafka(kafka_model(history), node.view, history)
 
 
-def test_own_writes_go_to_both_topics_and_come_back_as_no_ops(
-        kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
-    node = migrating_node()
-    tp = make_tp("dual", 0)
+def _ready(node: MigratingManager, name: str) -> TopicIdPartition:
+    tp = make_tp(name, 0)
     node.on_partition_leadership_changes([tp], [])
     _wait(lambda: node.is_ready(tp), "the partition to be ready")
+    return tp
+
+
+def test_own_writes_go_to_the_source_topic_only_and_reach_tierlog_through_the_import(
+        kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
+    node = migrating_node()
+    tp = _ready(node, "own")
     added = segment(tp, 0, 99, {0: 0})
     finished = update_of(added, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
     node.add_remote_log_segment_metadata(added).result(DEADLINE_S)
+    assert node.view.segment(added.remote_log_segment_id) == added  # the call completes once this view holds it
     node.update_remote_log_segment_metadata(finished).result(DEADLINE_S)
 
     mirrored = _source_records(kafka_bootstrap, node.source_topic)
     assert [r.metadata for r in mirrored] == [added, finished]
     assert [r.tierlog_writer for r in mirrored] == [0, 0]
-    digest = node.view_digest()
-    _wait(lambda: node.skipped == 2, "the import to pass the node's own records")
-    assert node.imported == 0
-    assert node.view_digest() == digest
+    assert (node.imported, node.skipped, node.dropped) == (2, 0, 0)
     assert node.list_remote_log_segments(tp)[0].state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+
+
+def test_a_tbrlmm_leader_and_its_successor_copying_the_same_offsets_end_alike_in_both_stores(
+        kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
+    """The roll's race: the old leader (TBRLMM) finishes its copy after its successor (migration mode) started copying
+    the same offsets. Both stores apply the source topic's order, so lookups find the same segment in both."""
+    node = migrating_node()
+    tp = _ready(node, "race")
+    old, new = segment(tp, 0, 99, {0: 0}), segment(tp, 0, 99, {0: 0})
+    produce_history(kafka_bootstrap, node.source_topic, [old])
+    _wait(lambda: node.view.segment(old.remote_log_segment_id) is not None, "the old leader's copy to be imported")
+    node.add_remote_log_segment_metadata(new).result(DEADLINE_S)
+    produce_history(kafka_bootstrap, node.source_topic, [update_of(old, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)])
+    node.update_remote_log_segment_metadata(update_of(new, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+                                            ).result(DEADLINE_S)
+    # The successor's finish came after the old leader's on the source topic, so this view holds both already.
+    assert {s.state for s in node.list_remote_log_segments(tp)} == {RemoteLogSegmentState.COPY_SEGMENT_FINISHED}
+    history = [r.metadata for r in _source_records(kafka_bootstrap, node.source_topic)]
+    assert len(history) == 4
+    assert_answers_as_kafka(kafka_model(history), node.view, history)
+    assert node.remote_log_segment_metadata(tp, 0, 50).remote_log_segment_id == new.remote_log_segment_id
+
+
+def test_an_own_write_the_import_drops_fails_as_the_manager_refuses_it(
+        kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
+    node = migrating_node()
+    tp = _ready(node, "refused")
+    copied = segment(tp, 0, 99, {0: 0})
+    node.add_remote_log_segment_metadata(copied).result(DEADLINE_S)
+    # Another broker (on TBRLMM) starts deleting it; this node's finish of the copy comes after on the source topic.
+    produce_history(kafka_bootstrap, node.source_topic,
+                    [update_of(copied, RemoteLogSegmentState.DELETE_SEGMENT_STARTED)])
+    with pytest.raises(InvalidArgumentError, match=r"COPY_SEGMENT_FINISHED|dropped on import"):
+        node.update_remote_log_segment_metadata(update_of(copied, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+                                                ).result(DEADLINE_S)
+    assert node.list_remote_log_segments(tp)[0].state is RemoteLogSegmentState.DELETE_SEGMENT_STARTED
 
 
 def test_a_partition_is_ready_only_once_its_tbrlmm_records_are_imported(
@@ -126,7 +167,7 @@ def test_a_partition_is_ready_only_once_its_tbrlmm_records_are_imported(
     assert_answers_as_kafka(kafka_model(ours), node.view, ours)
 
 
-def test_finalize_stops_dual_writes_and_the_import(
+def test_after_finalize_own_writes_go_to_tierlog_directly_and_the_import_takes_in_writes_in_flight(
         kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
     node = migrating_node()
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
@@ -140,6 +181,9 @@ def test_finalize_stops_dual_writes_and_the_import(
     node.on_partition_leadership_changes([tp], [])
     node.add_remote_log_segment_metadata(segment(tp, 0, 9, {0: 0})).result(DEADLINE_S)
     assert _source_records(kafka_bootstrap, node.source_topic) == []
+    in_flight = segment(make_tp("in-flight", 0), 0, 9, {0: 0})  # written by a node that had not seen finalize yet
+    produce_history(kafka_bootstrap, node.source_topic, [in_flight])
+    _wait(lambda: node.view.segment(in_flight.remote_log_segment_id) == in_flight, "the import of a write in flight")
     # A node started later finds the migration finalized.
     assert migrating_node().finalized
 

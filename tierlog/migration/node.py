@@ -1,16 +1,21 @@
 """A tierlog node in migration mode (`migration.mode=dual-write`): during a roll from Kafka's
-TopicBasedRemoteLogMetadataManager (TBRLMM), it keeps both metadata stores whole so each side sees the other's writes.
+TopicBasedRemoteLogMetadataManager (TBRLMM), it keeps both metadata stores whole so each side sees the other's writes,
+and both apply one sequence of events in one order.
 
-- Import: the nodes share a consumer group on `__remote_log_metadata`; the owner of each of its partitions writes what
-  TBRLMM brokers append there into tierlog (tierlog.migration.records, as `tierlog migrate` does), each user
-  partition's records in order, committing the group's offsets after each batch. Records a tierlog node wrote there
-  carry its broker id (records.WRITER_HEADER) and are skipped: tierlog has them already.
-- Dual writes: each add, update and partition delete of this node goes to tierlog's topic and, in Kafka's format, to
-  `__remote_log_metadata` (the partition TBRLMM's partitioner picks); its future completes when both are acknowledged.
+- One order: until finalize, `__remote_log_metadata` is the only topic written first. A node's own add, update and
+  partition delete goes there only, in Kafka's format (the partition TBRLMM's partitioner picks, with its broker id
+  in records.WRITER_HEADER, which TBRLMM ignores), after the manager's own checks against its view; the import below
+  brings it into tierlog like a TBRLMM broker's record, and the call completes once this node's view holds it. So
+  every user partition's events reach tierlog's topic in their order on `__remote_log_metadata`: TBRLMM's replay and
+  tierlog's view apply the same sequence (two leaders copying the same offsets during a roll end alike in both).
+- Import: the nodes share a consumer group on `__remote_log_metadata`; the owner of each of its partitions writes
+  every record there into tierlog (tierlog.migration.records, as `tierlog migrate` does), each user partition's
+  records in order, committing the group's offsets after each batch. A record tierlog holds already is a no-op.
+  The import goes on after finalize, idle, to take in the writes that were in flight then.
 - Readiness: a partition registered here is ready once tierlog's manager says so and, in addition, the import has
   taken in what `__remote_log_metadata` held for it when first asked, and this view has applied that import.
-- Control: the node announces itself and a heartbeat on the control topic (tierlog.migration.control) and stops
-  importing and dual-writing when `tierlog migrate finalize` appends its record there.
+- Control: the node announces itself and a heartbeat on the control topic (tierlog.migration.control); once
+  `tierlog migrate finalize` appends its record there, its writes go to tierlog's topic directly.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from confluent_kafka.admin import AdminClient
 
 from rlmm.client_security import librdkafka_settings
 from rlmm.config import ConfigKey, parse_config, parse_int, parse_str
-from rlmm.errors import ConfigError, MetadataLogError, RemoteStorageError
+from rlmm.errors import ConfigError, InvalidArgumentError, MetadataLogError, MetadataTimeoutError, RemoteStorageError
 from rlmm.event_log import OffsetReader
 from rlmm.events import metadata_partition_for
 from rlmm.kafka_format import encode, metadata_partition
@@ -42,6 +47,7 @@ from rlmm.types import (
 from tierlog.migration.control import (
     DEFAULT_CONTROL_TOPIC,
     DUAL_WRITE,
+    FINALIZE_KEY,
     FINALIZED,
     Announcement,
     ensure_control_topic,
@@ -55,7 +61,9 @@ from tierlog.migration.records import (
     SourceProblem,
     SourceRecord,
     TopicMetadata,
+    check_call,
     decode_source_record,
+    reflected,
     start_write,
 )
 
@@ -73,6 +81,9 @@ CONFIG_KEYS = (
 _WRITE_TIMEOUT_MS, _STARTUP_TIMEOUT_MS, _REPLICATION_FACTOR = 30_000, 60_000, 3
 CLIENT_PREFIX = "kafka."
 POLL_S = 0.2
+# How often an own write is checked for having reached this view through the import (a write waits this long at most
+# beyond that), and how long the import waits for the source's next records.
+SETTLE_POLL_S = IMPORT_POLL_S = 0.02
 # is_ready answers the broker's call: its offset queries wait at most this long (the broker asks again).
 READY_QUERY_S = 5.0
 IMPORT_SESSION_TIMEOUT_MS = 10_000
@@ -115,26 +126,13 @@ class _Gate:
     tierlog_end: int | None = None
 
 
-def both(first: Future[None], second: Future[None]) -> Future[None]:
-    """A future that completes once both have, failing with the first one's error if any, else the second's."""
-    done: Future[None] = Future()
-    remaining = [2]
-    lock = threading.Lock()
+@dataclass(frozen=True)
+class _Pending:
+    """An own write acknowledged on the source topic, waiting for the import to bring it into this node's view."""
 
-    def settle(_: Future[None]) -> None:
-        with lock:
-            remaining[0] -= 1
-            if remaining[0]:
-                return
-        error = first.exception() or second.exception()
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(None)
-
-    first.add_done_callback(settle)
-    second.add_done_callback(settle)
-    return done
+    metadata: TopicMetadata
+    future: Future[None]
+    deadline: float
 
 
 class MigratingManager:
@@ -167,13 +165,17 @@ class MigratingManager:
         if control.finalize is not None:
             self._finalized.set()
         self._started_ms = now_ms()
-        self.imported = self.skipped = self.dropped = 0
+        self.imported = self.skipped = self.dropped = self.source_write_failures = 0
+        self._route_lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: dict[tuple[int, int], _Pending] = {}  # by (source partition, offset)
+        self._refused: dict[tuple[int, int], str] = {}  # own records the import dropped, and why
         self._producer = Producer({**self._client, "acks": "all", "enable.idempotence": True,
                                    "message.timeout.ms": int(self._write_timeout_s * 1000)})
         self._committed = Consumer({**self._client, "group.id": self._group, "enable.auto.commit": False})
         self._committed_lock = threading.Lock()  # is_ready runs on the broker's call threads
         self._threads = [threading.Thread(target=target, name=f"migration-{name}", daemon=True)
-                         for name, target in (("producer", self._poll_producer), ("control", self._follow_control),
+                         for name, target in (("producer", self._deliver_and_settle), ("control", self._follow_control),
                                               ("import", self._import_loop))]
         for thread in self._threads:
             thread.start()
@@ -194,44 +196,86 @@ class MigratingManager:
     def finalized(self) -> bool:
         return self._finalized.is_set()
 
-    # --- dual writes ------------------------------------------------------------------------------------------
+    # --- writes: through the source topic until finalize --------------------------------------------------
 
     def add_remote_log_segment_metadata(self, metadata: RemoteLogSegmentMetadata) -> Future[None]:
-        return self._dual(metadata, self._manager.add_remote_log_segment_metadata)
+        return self._write(metadata, self._manager.add_remote_log_segment_metadata)
 
     def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> Future[None]:
-        return self._dual(update, self._manager.update_remote_log_segment_metadata)
+        return self._write(update, self._manager.update_remote_log_segment_metadata)
 
     def put_remote_partition_delete_metadata(self, metadata: RemotePartitionDeleteMetadata) -> Future[None]:
-        return self._dual(metadata, self._manager.put_remote_partition_delete_metadata)
+        return self._write(metadata, self._manager.put_remote_partition_delete_metadata)
 
-    def _dual(self, metadata: TopicMetadata, write: Any) -> Future[None]:
-        written: Future[None] = write(metadata)  # the manager's checks raise before anything is written anywhere
-        if self.finalized:
-            return written
-        mirrored: Future[None] = Future()
+    def _write(self, metadata: TopicMetadata, write: Any) -> Future[None]:
+        with self._route_lock:  # finalize switches under it: a write before it is produced before the switch ends
+            if not self.finalized:
+                check_call(self._manager.view, metadata)  # the manager's checks: raises before anything is written
+                return self._through_source(metadata)
+        return write(metadata)
+
+    def _through_source(self, metadata: TopicMetadata) -> Future[None]:
+        done: Future[None] = Future()
         tp = metadata.topic_id_partition
         partition = metadata_partition(tp, self.source_partitions)
+        deadline = time.monotonic() + self._write_timeout_s
 
-        def delivered(error: KafkaError | None, _message: Any) -> None:
+        def delivered(error: KafkaError | None, message: Any) -> None:
             if error is None:
-                mirrored.set_result(None)
-            else:
-                mirrored.set_exception(MetadataLogError(
-                    f"writing {type(metadata).__name__} of {tp} to {self.source_topic}-{partition} for the brokers "
-                    f"still on TopicBasedRemoteLogMetadataManager failed: {error.str()}"))
+                with self._pending_lock:
+                    self._pending[(partition, message.offset())] = _Pending(metadata, done, deadline)
+                return
+            self.source_write_failures += 1
+            done.set_exception(MetadataLogError(
+                f"writing {type(metadata).__name__} of {tp} to {self.source_topic}-{partition} (the one order both "
+                f"managers apply during the migration) failed: {error.str()}"))
 
         try:
             self._producer.produce(self.source_topic, value=encode(metadata), partition=partition,
                                    headers=[(WRITER_HEADER, str(self.broker_id).encode("ascii"))],
                                    on_delivery=delivered)
         except (BufferError, KafkaException) as exc:
-            mirrored.set_exception(MetadataLogError(f"cannot write to {self.source_topic}-{partition}: {exc}"))
-        return both(written, mirrored)
+            self.source_write_failures += 1
+            done.set_exception(MetadataLogError(f"cannot write to {self.source_topic}-{partition}: {exc}"))
+        return done
 
-    def _poll_producer(self) -> None:
+    def _deliver_and_settle(self) -> None:
+        """Serve the producer's delivery reports, and complete each own write once this view holds it (or fail it when
+        the import dropped it, or by its deadline)."""
         while not self._stop.is_set():
-            self._producer.poll(POLL_S)
+            self._producer.poll(SETTLE_POLL_S)
+            with self._pending_lock:
+                pending = list(self._pending.items())
+            for at, write in pending:
+                outcome = self._settled(at, write)
+                if outcome is None:
+                    continue
+                with self._pending_lock:
+                    del self._pending[at]
+                    self._refused.pop(at, None)
+                if isinstance(outcome, RemoteStorageError):
+                    write.future.set_exception(outcome)
+                else:
+                    write.future.set_result(None)
+
+    def _settled(self, at: tuple[int, int], write: _Pending) -> bool | RemoteStorageError | None:
+        """True once this view holds the write, an error once it cannot, None while it is on its way."""
+        if reflected(self._manager.view, write.metadata):
+            return True
+        tp = write.metadata.topic_id_partition
+        with self._pending_lock:
+            reason = self._refused.get(at)
+        if reason is not None:
+            return InvalidArgumentError(f"{type(write.metadata).__name__} of {tp}, written to {self.source_topic}-"
+                                        f"{at[0]} offset {at[1]}, was dropped on import as Kafka's rules drop it: "
+                                        f"{reason} (another write of the partition came first)")
+        if time.monotonic() > write.deadline:
+            return MetadataTimeoutError(
+                f"{type(write.metadata).__name__} of {tp}, written to {self.source_topic}-{at[0]} offset {at[1]}, was "
+                f"not imported into {self._manager.metadata_topic} and applied here within "
+                f"{self._write_timeout_s:g} s: is a node in migration mode importing that partition (the "
+                f"{self._group} group)?")
+        return None
 
     # --- registration and readiness -----------------------------------------------------------------------
 
@@ -286,15 +330,13 @@ class MigratingManager:
     # --- the import ---------------------------------------------------------------------------------------
 
     def _import_loop(self) -> None:
-        if self.finalized:
-            return
         # A node that died without leaving the group holds its partitions (and the gates waiting on them) this long.
         consumer = Consumer({**self._client, "group.id": self._group, "enable.auto.commit": False,
                              "auto.offset.reset": "earliest", "session.timeout.ms": IMPORT_SESSION_TIMEOUT_MS})
         consumer.subscribe([self.source_topic], on_revoke=_commit_positions)
         try:
-            while not self._stop.is_set() and not self.finalized:
-                messages = [m for m in consumer.consume(500, timeout=POLL_S) if m.error() is None]
+            while not self._stop.is_set():
+                messages = [m for m in consumer.consume(500, timeout=IMPORT_POLL_S) if m.error() is None]
                 if not messages:
                     continue
                 if self._import_batch(messages):
@@ -321,8 +363,6 @@ class MigratingManager:
             record = decode_source_record(self.source_topic, self.source_partitions, message)
             if isinstance(record, SourceProblem):
                 log.error("not imported into %s: %s", self._manager.metadata_topic, record)
-            elif record.tierlog_writer is not None:
-                self.skipped += 1  # a tierlog node's own dual write: tierlog holds it already
             else:
                 queues.setdefault(record.metadata.topic_id_partition, deque()).append(record)
         refused_once: set[TopicIdPartition] = set()
@@ -342,6 +382,9 @@ class MigratingManager:
                         self.skipped += 1
                     else:
                         self.dropped += 1
+                        if record.tierlog_writer == self.broker_id:  # its call fails with the reason
+                            with self._pending_lock:
+                                self._refused[(record.partition, record.offset)] = outcome.reason
                         log.info("not imported, as Kafka's rules drop it (%s): %s-%d offset %d: %s", outcome.reason,
                                  self.source_topic, record.partition, record.offset, record.metadata)
                     waiting.popleft()
@@ -375,9 +418,11 @@ class MigratingManager:
                 message = consumer.poll(POLL_S)
                 if message is None or message.error() is not None:
                     continue
-                if message.key() == b"finalize" and message.value() is not None and not self.finalized:
-                    self._finalized.set()
-                    log.info("the migration was finalized: no more imports from or writes to %s", self.source_topic)
+                if message.key() == FINALIZE_KEY and message.value() is not None and not self.finalized:
+                    with self._route_lock:
+                        self._finalized.set()
+                    log.info("the migration was finalized: writes go to %s directly, no more to %s (whose import "
+                             "goes on for the writes in flight)", self._manager.metadata_topic, self.source_topic)
                     next_heartbeat = 0.0
         except Exception:
             log.exception("following the migration control topic %s stopped", self.control_topic)
@@ -402,6 +447,12 @@ class MigratingManager:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._producer.flush(max(0.0, deadline - time.monotonic()))
+        with self._pending_lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for write in pending:  # on the source topic: another node's import brings it into tierlog
+            write.future.set_exception(MetadataTimeoutError(
+                f"{type(write.metadata).__name__} of {write.metadata.topic_id_partition} is on {self.source_topic} "
+                f"but broker {self.broker_id}'s migration mode closed before the import brought it here"))
         with self._committed_lock:
             self._committed.close()
         self._manager.close()

@@ -105,6 +105,17 @@ def reflected(view: state.StateReader, metadata: TopicMetadata) -> bool:
     return view.partition_delete(metadata.topic_id_partition) == metadata
 
 
+def check_call(view: state.StateReader, metadata: TopicMetadata) -> None:
+    """Raise as the manager's API call writing `metadata` would on `view` (InvalidArgumentError,
+    RemoteResourceNotFoundError, ...), before anything is written."""
+    if isinstance(metadata, RemoteLogSegmentMetadata):
+        state.prepare_add(view, metadata)
+    elif isinstance(metadata, RemoteLogSegmentMetadataUpdate):
+        state.prepare_update(view, metadata)
+    else:
+        state.prepare_partition_delete(view, metadata)
+
+
 @dataclass(frozen=True, slots=True)
 class Skipped:
     """A record not written: tierlog holds it already (`reason` None), or Kafka's rules drop it (`reason` says why)."""
