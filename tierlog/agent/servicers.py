@@ -287,7 +287,9 @@ class RemoteStorageServicer(Servicer):
     def FetchLogSegment(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         metadata = messages.segment_metadata(request.metadata)
         end = request.end_position if request.HasField("end_position") else None
-        fetched = self.rsm(context).fetch_log_segment(metadata, request.start_position, end)
+        rsm = self.rsm(context)
+        self._hint_next_segment(rsm, metadata, None)
+        fetched = rsm.fetch_log_segment(metadata, request.start_position, end)
         yield from self._chunks(fetched, "FetchLogSegment")
 
     @stream
@@ -307,12 +309,8 @@ class RemoteStorageServicer(Servicer):
         metadata = messages.segment_metadata(request.metadata)
         end = request.end_position if request.HasField("end_position") else None
         rsm = self.rsm(context)
-        following = (
-            messages.segment_metadata(request.next_segment) if request.HasField("next_segment")
-            else self._next_segment(metadata)
-        )
-        if following is not None:
-            rsm.hint_next_segment(metadata, following)
+        named = messages.segment_metadata(request.next_segment) if request.HasField("next_segment") else None
+        self._hint_next_segment(rsm, metadata, named)
         files = rsm.fetch_log_segment_files(metadata, request.start_position, end, request.max_bytes or None)
         if files is None:
             return pb.SegmentFiles(stream_instead=FILES_UNAVAILABLE)
@@ -327,6 +325,13 @@ class RemoteStorageServicer(Servicer):
     def ReleaseSegmentFiles(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.rsm(context).release_segment_files(request.lease_id)
         return EMPTY
+
+    def _hint_next_segment(self, rsm: Any, metadata: Any, named: Any | None) -> None:
+        """Tell the rsm the segment after `metadata` (the one the request named, else the rlmm's), so a reader
+        nearing its end finds the next segment's first chunks prefetched."""
+        following = named if named is not None else self._next_segment(metadata)
+        if following is not None:
+            rsm.hint_next_segment(metadata, following)
 
     def _next_segment(self, metadata: Any) -> Any | None:
         """The partition's next segment from this agent's rlmm, if it hosts one: the segment holding the offset
