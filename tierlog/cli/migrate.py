@@ -34,13 +34,16 @@ from rlmm.types import (
 )
 from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, Settings
 from tierlog.cli.kafka_metadata import (
+    Comparison,
     KafkaRulesReplay,
     TopicDescription,
-    compare_stores,
     describe_topic,
     end_offsets,
+    fold_tierlog,
+    partition_answers,
     read_source,
     require_source,
+    store_differences,
 )
 from tierlog.cli.output import ProgressBar, emit, print_table
 from tierlog.migration.records import Skipped, SourceProblem, SourceRecord, TopicMetadata, start_write
@@ -56,6 +59,9 @@ REPORT_EVERY_S = 10.0
 SETTLE_GRACE_S = 60.0
 SHOWN_PROBLEMS = 20
 COMPARE_RETRY_S = 1.0
+# The newest records of a user partition on the source topic that tierlog may not hold yet when finalize compares the
+# stores (writes on their way through a node's import; see compare_in_one_order).
+IN_FLIGHT_RECORDS = 8
 
 
 def record_type(metadata: TopicMetadata) -> str:
@@ -433,6 +439,62 @@ def _cluster_brokers(settings: Settings) -> list[int]:
     return sorted(node.id for node in found.nodes)
 
 
+def compare_in_one_order(settings: Settings, source: TopicDescription, show: bool | None) -> Comparison:
+    """The stores compared before finalize: as `tierlog verify migration` compares them, but tierlog's topic is read
+    first. In migration mode every event reaches tierlog through the import of the source topic, in its order, so each
+    user partition's events in tierlog are then a prefix of its records on the source read after. A partition whose
+    answers differ still agrees when tierlog answers as Kafka's rules over its source records without at most
+    IN_FLIGHT_RECORDS of the newest (writes on their way through an import, under load); any other difference is
+    real, and reading again does not make it go away."""
+    tierlog = fold_tierlog(settings, show)
+    ends = end_offsets(settings, source)
+    replay = KafkaRulesReplay()
+    problems: list[SourceProblem] = []
+    tbrlmm_writes: dict[int, int] = {}
+    read = 0
+    with ProgressBar(f"replaying {source.name}", sum(ends.values()), show) as bar:
+        for batch in read_source(settings, source, ends):
+            for item in batch:
+                if isinstance(item, SourceProblem):
+                    problems.append(item)
+                    continue
+                replay.apply(item.metadata)
+                if item.tierlog_writer is None:
+                    broker = item.metadata.broker_id
+                    tbrlmm_writes[broker] = max(tbrlmm_writes.get(broker, 0), item.timestamp_ms)
+            read += len(batch)
+            bar.update(read)
+        bar.finish(read)
+    differences = store_differences(replay.store, tierlog, "TBRLMM", "tierlog")
+    for tp in _behind_by_writes_in_flight(settings, source, ends, tierlog, set(differences)):
+        del differences[tp]
+    partitions = len({*replay.store.user_partitions(), *tierlog.user_partitions()})
+    return Comparison(read, partitions, differences, problems, tbrlmm_writes)
+
+
+def _behind_by_writes_in_flight(settings: Settings, source: TopicDescription, ends: Mapping[int, int], tierlog: Any,
+                                differing: set[TopicIdPartition]) -> set[TopicIdPartition]:
+    """Of the `differing` user partitions, those where tierlog answers as Kafka's rules over the partition's source
+    records below `ends` without some of the newest IN_FLIGHT_RECORDS."""
+    if not differing:
+        return set()
+    histories: dict[TopicIdPartition, list[TopicMetadata]] = {tp: [] for tp in differing}
+    for batch in read_source(settings, source, ends):
+        for item in batch:
+            if isinstance(item, SourceRecord) and item.metadata.topic_id_partition in histories:
+                histories[item.metadata.topic_id_partition].append(item.metadata)
+    behind = set()
+    for tp, history in histories.items():
+        held = partition_answers(tierlog, tp)
+        replay = KafkaRulesReplay()
+        for i, metadata in enumerate(history):
+            if i >= len(history) - IN_FLIGHT_RECORDS and partition_answers(replay.store, tp) == held:
+                behind.add(tp)
+                break
+            replay.apply(metadata)
+    return behind
+
+
 def finalize_blockers(brokers: list[int], control: Any, tbrlmm_writes: Mapping[int, int], now_ms: int,
                       max_heartbeat_age_ms: int) -> list[str]:
     """What keeps the migration from being finalized: a broker not (or no longer) in migration mode, or a broker that
@@ -486,12 +548,12 @@ def cmd_finalize(args: argparse.Namespace, settings: Settings) -> int:
         emit(args, result, lambda: print(f"the migration was already finalized at {finalized_ms} ms"))
         return EXIT_OK
     brokers = _cluster_brokers(settings)
-    comparison = compare_stores(settings, source, args.progress)
-    for _ in range(args.attempts - 1):  # writes in flight between reading the two topics differ for a moment only
+    comparison = compare_in_one_order(settings, source, args.progress)
+    for _ in range(args.attempts - 1):  # an import more than IN_FLIGHT_RECORDS behind catches up in a moment
         if comparison.ok:
             break
         time.sleep(COMPARE_RETRY_S)
-        comparison = compare_stores(settings, source, args.progress)
+        comparison = compare_in_one_order(settings, source, args.progress)
     control, _ = read_control(client, control_topic, settings.timeout_s)
     blockers = finalize_blockers(brokers, control, comparison.tbrlmm_writes, now_ms(), args.max_heartbeat_age_s * 1000)
     blockers += [f"{tp}: {line}" for tp, lines in comparison.differences.items() for line in lines]
