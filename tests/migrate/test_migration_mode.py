@@ -26,6 +26,7 @@ from rlmm_testkit import make_tp, manager_config, segment, update_of
 from rlmm import RemoteLogMetadataManager
 from rlmm.errors import InvalidArgumentError
 from rlmm.types import RemoteLogSegmentState, TopicIdPartition
+from tierlog.agent.rlmm_metrics import RlmmCollector
 from tierlog.migration.control import FINALIZE_KEY, FINALIZED, Finalize, read_control
 from tierlog.migration.node import MigratingManager, split_config, wrap
 from tierlog.migration.records import SourceRecord, decode_source_record
@@ -208,3 +209,26 @@ def test_a_node_goes_on_where_tierlog_migrate_stopped(kafka_bootstrap: str, uniq
     _wait(lambda: node.imported == len(later), "the node to import the later uploads")
     assert (node.skipped, node.dropped) == (0, 0)
     assert_answers_as_kafka(kafka_model([*history, *later]), node.view, [*history, *later])
+
+
+def test_the_agents_metrics_show_the_import_its_lag_and_the_finalized_state(
+        kafka_bootstrap: str, migrating_node: Callable[[], MigratingManager]) -> None:
+    node = migrating_node()
+    history = workload_history(seed=13, partitions=2, uploads=3)
+    produce_history(kafka_bootstrap, node.source_topic, history)
+
+    def samples() -> dict[tuple[str, str], float]:
+        collector = RlmmCollector(lambda: node, lambda _topic, partitions: dict.fromkeys(partitions, 0))
+        return {(s.name, s.labels.get("outcome") or s.labels.get("partition", "")): s.value
+                for family in collector.collect() if family.name.startswith("tierlog_migration_")
+                for s in family.samples}
+
+    _wait(lambda: sum(v for (name, _), v in samples().items() if name == "tierlog_migration_import_lag_records") == 0
+          and node.imported + node.skipped + node.dropped == len(history), "the import to be committed")
+    found = samples()
+    assert found[("tierlog_migration_records_total", "imported")] == node.imported > 0
+    assert found[("tierlog_migration_records_total", "dropped")] == node.dropped
+    assert [k for k in found if k[0] == "tierlog_migration_import_lag_records"] == [
+        ("tierlog_migration_import_lag_records", str(p)) for p in range(SOURCE_PARTITIONS)]
+    assert found[("tierlog_migration_source_write_failures_total", "")] == 0
+    assert found[("tierlog_migration_finalized", "")] == 0

@@ -24,6 +24,8 @@ from prometheus_client.registry import Collector
 from rlmm.event_log import OffsetReader
 from rlmm.manager import CLIENT_PREFIX
 from rlmm.types import RemoteLogSegmentState
+from tierlog.migration.metrics import migration_families
+from tierlog.migration.node import MigratingManager
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +153,7 @@ class RlmmCollector(Collector):
         self._end_offsets = end_offsets
         self._ends: _Cached[dict[int, int]] = _Cached(END_OFFSETS_TTL_S, clock)
         self._totals = ViewScan(clock)
+        self._migration_lag: _Cached[dict[int, int]] = _Cached(END_OFFSETS_TTL_S, clock)
 
     def collect(self) -> Iterator[Any]:
         manager = self._manager()
@@ -208,6 +211,9 @@ class RlmmCollector(Collector):
             f"1 if the metadata partitions' end offsets (cached {END_OFFSETS_TTL_S:g} s) could be read from Kafka",
             value=0 if ends is None else 1,
         )
+        if isinstance(manager, MigratingManager):  # migration mode (issue 26): tierlog.migration.metrics
+            lag = self._migration_lag.get(manager, lambda: manager.import_lag(END_OFFSETS_TIMEOUT_S))
+            yield from migration_families(manager, lag)
         totals = self._totals.get(manager, applied)
         if totals is not None:
             segments = GaugeMetricFamily(

@@ -329,6 +329,15 @@ class MigratingManager:
 
     # --- the import ---------------------------------------------------------------------------------------
 
+    def import_lag(self, timeout_s: float) -> dict[int, int]:
+        """Per source partition, the records the import group has not committed yet (every node's import)."""
+        partitions = list(range(self.source_partitions))
+        ends = self._source_offsets.end_offsets(partitions, timeout_s)
+        with self._committed_lock:
+            found = self._committed.committed([TopicPartition(self.source_topic, p) for p in partitions],
+                                              timeout=timeout_s)
+        return {tp.partition: max(ends[tp.partition] - max(tp.offset, 0), 0) for tp in found}
+
     def _import_loop(self) -> None:
         # A node that died without leaving the group holds its partitions (and the gates waiting on them) this long.
         consumer = Consumer({**self._client, "group.id": self._group, "enable.auto.commit": False,
