@@ -3,14 +3,19 @@ the agent's file-path RPC (FetchLogSegmentFiles: the client reads the chunk cach
 adapter does), cold (nothing cached) and warm; GETs per cold whole-segment read; copy and index-fetch latency.
 Filesystem backend by default, so only the hop shows; `--backend s3` uses the dev services' S3.
 
-Usage: python bench/agent_stream.py [--segment-mib 64] [--repeat 5] [--window-mib 8] [--backend filesystem|s3];
-prints one JSON document.
+With `--curve 1,4,16`: the concurrency curve instead, N readers each reading a different segment at once, cold,
+through the agent's file path and its byte stream (each reader a process of its own, as brokers' fetch threads are
+not the agent's) and from the rsm called directly (N threads of one process); aggregate MiB/s per N.
+
+Usage: python bench/agent_stream.py [--segment-mib 64] [--repeat 5] [--window-mib 8] [--backend filesystem|s3]
+[--curve 1,4,16]; prints one JSON document.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -19,6 +24,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +35,7 @@ if str(REPO_ROOT) not in sys.path:
 import grpc  # noqa: E402
 
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition  # noqa: E402
-from rsm import IndexType, RemoteStorageManager  # noqa: E402
+from rsm import IndexType, LogSegmentData, RemoteStorageManager  # noqa: E402
 from tierlog.agent import messages  # noqa: E402
 from tierlog.agent.components import ComponentName  # noqa: E402
 from tierlog.agent.proto import agent_pb2 as pb  # noqa: E402
@@ -65,6 +71,136 @@ def _gets(rsm: Any) -> int:
     return int(rsm.metrics()["operations"].get("backend.get", {}).get("requests", 0))
 
 
+def _read_files(storage: Any, stored_msg: Any, size: int, window: int) -> int:
+    """Read a segment as the JVM adapter does: per window, open every file, release the lease, read the ranges."""
+    position = received = 0
+    while position < size:
+        answer = storage.FetchLogSegmentFiles(
+            pb.FetchSegmentFilesRequest(metadata=stored_msg, start_position=position, max_bytes=window), timeout=300
+        )
+        assert not answer.stream_instead, answer.stream_instead
+        descriptors = [os.open(r.path, os.O_RDONLY) for r in answer.ranges]
+        storage.ReleaseSegmentFiles(pb.SegmentFilesLease(lease_id=answer.lease_id), timeout=30)
+        for fd, piece in zip(descriptors, answer.ranges, strict=True):
+            offset, end = piece.offset, piece.offset + piece.length
+            while offset < end:
+                received += len(os.pread(fd, min(READ_BYTES, end - offset), offset))
+                offset += READ_BYTES
+            os.close(fd)
+        position = answer.end_position + 1
+    return received
+
+
+def _read_stream(storage: Any, stored_msg: Any) -> int:
+    fetch = pb.FetchSegmentRequest(metadata=stored_msg, start_position=0)
+    return sum(len(c.data) for c in storage.FetchLogSegment(fetch, timeout=300))
+
+
+def _curve_reader(
+    socket: str, path: str, segment: bytes, size: int, window: int, ready: Any, start: Any, done: Any
+) -> None:
+    """One reader process: connect, say it is ready, wait for the start, read its segment whole, report when it
+    finished."""
+    channel = grpc.insecure_channel(f"unix:{socket}", options=[("grpc.max_receive_message_length", 64 << 20)])
+    grpc.channel_ready_future(channel).result(timeout=120)
+    storage = pb_grpc.RemoteStorageStub(channel)
+    stored_msg = pb.RemoteLogSegmentMetadata.FromString(segment)
+    ready.put(True)
+    start.wait(600)
+    received = _read_files(storage, stored_msg, size, window) if path == "files" else _read_stream(storage, stored_msg)
+    done.put((received, time.monotonic()))
+    channel.close()
+
+
+def _curve(args: argparse.Namespace, base: Path, backend: dict[str, Any], counts: list[int]) -> dict[str, Any]:
+    """Aggregate MiB/s of N concurrent cold whole-segment reads, each of its own segment, for each N."""
+    size, window = args.segment_mib * MIB, args.window_mib * MIB
+    log_dir = base / "curve-0"
+    log_dir.mkdir()
+    tp = TopicIdPartition(uuid.uuid4(), "bench", 0)
+    stored: list[RemoteLogSegmentMetadata] = []
+    with RemoteStorageManager(backend) as writer:
+        for _ in range(max(counts)):
+            segment = RemoteLogSegmentMetadata(RemoteLogSegmentId(tp, uuid.uuid4()), 0, 999_999, 1, 1, 1, size, {0: 0})
+            log = log_dir / f"{segment.remote_log_segment_id.id}.log"
+            log.write_bytes(os.urandom(size))
+            index = log_dir / f"{segment.remote_log_segment_id.id}.index"
+            index.write_bytes(b"\0" * 8 * 1024)
+            data = LogSegmentData(log, index, index, None, index, b"0\n1\n0 0\n")
+            custom = writer.copy_log_segment_data(segment, data)
+            stored.append(RemoteLogSegmentMetadata(
+                **{**{f: getattr(segment, f) for f in segment.__slots__}, "custom_metadata": custom}
+            ))
+    context = multiprocessing.get_context("spawn")
+    runs: dict[str, dict[int, list[float]]] = {
+        name: {n: [] for n in counts} for name in ("agent_files", "agent_stream", "direct_rsm_uncached")
+    }
+    for n in counts * args.repeat:
+        segments = stored[:n]
+        with RemoteStorageManager(backend) as direct:
+            def read_direct(metadata: RemoteLogSegmentMetadata, rsm: RemoteStorageManager = direct) -> int:
+                received = 0
+                with rsm.fetch_log_segment(metadata, 0) as stream:
+                    while chunk := stream.read(READ_BYTES):
+                        received += len(chunk)
+                return received
+
+            with ThreadPoolExecutor(n) as pool:
+                started = time.monotonic()
+                assert sum(pool.map(read_direct, segments)) == n * size
+                runs["direct_rsm_uncached"][n].append(n * size / MIB / (time.monotonic() - started))
+        for path in ("files", "stream"):
+            # A fresh agent and cache each time: every read is cold (the store's bytes are in the page cache).
+            cache = base / f"curve-cache-{n}-{path}"
+            socket = base / f"c{n}{path[0]}.sock"
+            server = AgentServer({}, socket).start()
+            try:
+                config = {**backend, "fetch.chunk.cache.class": "disk", "fetch.chunk.cache.size": 2 * n * size,
+                          "fetch.chunk.cache.path": str(cache)}
+                with grpc.insecure_channel(f"unix:{socket}") as channel:
+                    pb_grpc.AgentStub(channel).Configure(pb.ConfigureRequest(
+                        component=pb.REMOTE_STORAGE_MANAGER, config={k: str(v) for k, v in config.items()}
+                    ), timeout=30)
+                ready, start, done = context.Queue(), context.Event(), context.Queue()
+                readers = [
+                    context.Process(target=_curve_reader, args=(
+                        str(socket), path, messages.segment_metadata_msg(m).SerializeToString(), size, window, ready,
+                        start, done,
+                    ))
+                    for m in segments
+                ]
+                for reader in readers:
+                    reader.start()
+                for _ in readers:  # every reader's interpreter is up and connected before the clock starts
+                    ready.get(timeout=300)
+                started = time.monotonic()
+                start.set()
+                finished = [done.get(timeout=600) for _ in readers]
+                for reader in readers:
+                    reader.join(60)
+                assert sum(received for received, _ in finished) == n * size
+                elapsed = max(at for _, at in finished) - started
+                runs[f"agent_{path}"][n].append(n * size / MIB / elapsed)
+            finally:
+                server.stop(grace=1)
+                shutil.rmtree(cache, ignore_errors=True)
+    return {
+        "benchmark": "agent_stream_concurrency_curve",
+        "backend": args.backend,
+        "segment_mib": args.segment_mib,
+        "files_window_mib": args.window_mib,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "repeat": args.repeat,
+        "aggregate_mib_per_s_by_readers_median": {
+            name: {n: round(statistics.median(rates), 1) for n, rates in by_n.items()} for name, by_n in runs.items()
+        },
+        "aggregate_mib_per_s_by_readers_best": {
+            name: {n: round(max(rates), 1) for n, rates in by_n.items()} for name, by_n in runs.items()
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--segment-mib", type=int, default=64)
@@ -73,7 +209,15 @@ def main() -> None:
     parser.add_argument("--backend", choices=("filesystem", "s3"), default="filesystem")
     parser.add_argument("--prefetch-mib", type=int, default=None,
                         help="fetch.chunk.cache.prefetch.max.size in MiB (default: the rsm's)")
+    parser.add_argument("--curve", default=None, help="reader counts, e.g. 1,4,16: the concurrency curve only")
     args = parser.parse_args()
+    if args.curve is not None:
+        with tempfile.TemporaryDirectory(prefix="tlb-") as tmp:
+            (Path(tmp) / "meta.properties").write_text("version=1\n")
+            print(json.dumps(_curve(
+                args, Path(tmp), _backend_config(args.backend, Path(tmp)), [int(n) for n in args.curve.split(",")]
+            ), indent=2))
+        return
     size = args.segment_mib * MIB
     window = args.window_mib * MIB
     with tempfile.TemporaryDirectory(prefix="tlb-") as tmp:
@@ -134,31 +278,10 @@ def main() -> None:
                 storage.CopyLogSegmentData(request, timeout=300)
 
             def stream_through_agent() -> None:
-                fetch = pb.FetchSegmentRequest(metadata=stored_msg, start_position=0)
-                received = sum(len(c.data) for c in storage.FetchLogSegment(fetch, timeout=300))
-                assert received == size
+                assert _read_stream(storage, stored_msg) == size
 
             def files_through_agent(max_bytes: int = window) -> None:
-                # As the JVM adapter does: per window, open every file, release the lease, read the ranges.
-                position = received = 0
-                while position < size:
-                    answer = storage.FetchLogSegmentFiles(
-                        pb.FetchSegmentFilesRequest(
-                            metadata=stored_msg, start_position=position, max_bytes=max_bytes
-                        ),
-                        timeout=300,
-                    )
-                    assert not answer.stream_instead, answer.stream_instead
-                    descriptors = [os.open(r.path, os.O_RDONLY) for r in answer.ranges]
-                    storage.ReleaseSegmentFiles(pb.SegmentFilesLease(lease_id=answer.lease_id), timeout=30)
-                    for fd, piece in zip(descriptors, answer.ranges, strict=True):
-                        offset, end = piece.offset, piece.offset + piece.length
-                        while offset < end:
-                            received += len(os.pread(fd, min(READ_BYTES, end - offset), offset))
-                            offset += READ_BYTES
-                        os.close(fd)
-                    position = answer.end_position + 1
-                assert received == size
+                assert _read_files(storage, stored_msg, size, max_bytes) == size
 
             def cold_gets(read: Callable[[], None], rsm: Any, before: Callable[[], None]) -> int:
                 before()
