@@ -586,9 +586,9 @@ def cmd_finalize(args: argparse.Namespace, settings: Settings) -> int:
         print(f"brokers {brokers}; {source.name} and {settings.metadata_topic()} compared over "
               f"{comparison.partitions} user partitions ({comparison.records} records)")
         if finalize:
-            print("finalized: nodes stop writing to and importing from "
-                  f"{source.name}" + (f" (not yet confirmed by brokers {result['not_yet_finalized']})"
-                                      if result["not_yet_finalized"] else ""))
+            print(f"finalized: nodes write to {settings.metadata_topic()} directly, no longer to {source.name}"
+                  + (f" (not yet confirmed by brokers {result['not_yet_finalized']})"
+                     if result["not_yet_finalized"] else ""))
         elif not blockers:
             print("ready to finalize (--dry-run: nothing written)")
 
