@@ -21,7 +21,8 @@ from rlmm.types import (
 
 DEFAULT_SOURCE_TOPIC = "__remote_log_metadata"
 # A record a tierlog node in migration mode wrote to the source topic carries its broker id under this header.
-# TBRLMM reads only record values, so the header is invisible to it; a migrating node's import skips such records.
+# TBRLMM reads only record values, so the header is invisible to it; the import takes such records in like any other,
+# and `tierlog migrate finalize` tells TBRLMM's writes from them by it.
 WRITER_HEADER = "tierlog.writer"
 TopicMetadata = RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate | RemotePartitionDeleteMetadata
 
