@@ -1,7 +1,8 @@
 """A live migration on three brokers: a tiered topic under produce load, brokers rolled one by one from Kafka's
-TopicBasedRemoteLogMetadataManager to tierlog's in migration mode (dual writes) while tiering and local retention run,
-then `tierlog migrate finalize`. Every record produced reads back from offset 0, every segment object in the bucket is
-one tierlog knows, and the finished segments tile the log with no range uploaded twice."""
+TopicBasedRemoteLogMetadataManager to tierlog's in migration mode while tiering and local retention run, then
+`tierlog migrate finalize`, whose comparison of the two stores passes under the load. Every record produced reads back
+from offset 0, every segment object in the bucket is one tierlog knows, and the finished segments tile the log with no
+range uploaded twice but by a leader finishing its copy in flight as it stops (as Kafka's RemoteLogManager does)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from tierlog.migration.control import DUAL_WRITE, read_control
 
 TOPIC = "rolled"
 CHUNK = 1000
+LOAD_PAUSE_S = 0.5  # ~1 segment (SEGMENT_BYTES) every 3 s: copies go on throughout the roll, and reading back is short
 METADATA_PARTITIONS = 3
 
 
@@ -58,7 +60,7 @@ class Load:
             while not self._stop.is_set():
                 produce(self.bootstrap, TOPIC, self.produced, CHUNK)
                 self.produced += CHUNK
-                self._stop.wait(0.05)
+                self._stop.wait(LOAD_PAUSE_S)
         except BaseException as exc:
             self.error = exc
 
@@ -98,8 +100,7 @@ def tierlog(*argv: str) -> tuple[int, Any]:
     return code, json.loads(out.getvalue())
 
 
-# 110-180 s, and in one run of five its finalize refused (the stores disagreed on one segment: the ordering limit
-# docs/operations.md describes), so it runs in `make test-soak`, not in the suite's budget.
+# ~90 s, most of it three broker restarts (~17 s each on 2 shared cores); in `make test-soak` until the lead moves it.
 @pytest.mark.soak
 def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_and_copy_nothing(
     tiered_cluster: Callable[..., KafkaCluster], plugin_jar: Path, socket_dir: Path, s3_location: S3Location,
@@ -156,11 +157,14 @@ def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_an
     copies = sorted(finished(segments), key=lambda s: (s.start_offset, s.end_offset))
     assert copies[0].start_offset == 0
     assert not [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset > a.end_offset + 1], "a gap"
-    # A range copied twice comes only from a leader finishing copies while it shuts down (its successor started
-    # from what it had seen finished): Kafka's RemoteLogManager does that with its own manager too.
-    twice = [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset <= a.end_offset
-             and not any(_during(shutdowns, s) for s in (a, b))]
+    # A range copied twice comes only from a leader whose copy was in flight when it shut down: Kafka's
+    # RemoteLogManager.copyLogSegment writes COPY_SEGMENT_FINISHED after the upload without asking whether its task was
+    # cancelled meanwhile, and the successor copies on from the highest offset it finds finished. So each shutdown
+    # leaves at most one such pair of this one partition, the stopping leader's copy finished within its shutdown.
+    overlapping = [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset <= a.end_offset]
+    twice = [(a, b) for a, b in overlapping if not any(_during(shutdowns, s) for s in (a, b))]
     assert not twice, f"ranges copied twice, not by a leader shutting down: {twice}"
+    assert len(overlapping) <= len(shutdowns), f"more ranges copied twice than brokers stopped: {overlapping}"
 
 
 def test_a_broker_rolled_back_to_tbrlmm_before_finalize_serves_what_it_tiered_in_migration_mode(
