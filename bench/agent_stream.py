@@ -132,23 +132,34 @@ def _curve(args: argparse.Namespace, base: Path, backend: dict[str, Any], counts
                 **{**{f: getattr(segment, f) for f in segment.__slots__}, "custom_metadata": custom}
             ))
     context = multiprocessing.get_context("spawn")
-    runs: dict[str, dict[int, list[float]]] = {
-        name: {n: [] for n in counts} for name in ("agent_files", "agent_stream", "direct_rsm_uncached")
-    }
+    names = ("agent_files", "agent_stream", "direct_rsm_uncached", "direct_rsm_disk_cache_cold")
+    runs: dict[str, dict[int, list[float]]] = {name: {n: [] for n in counts} for name in names}
+    # CPU seconds of this process (the agent, or the direct rsm) per wall second: near 1.0 while it is the only
+    # thing running means one interpreter's lock bounds it; well below 1.0, something else (disk, the readers).
+    cores: dict[str, dict[int, list[float]]] = {name: {n: [] for n in counts} for name in names}
     for n in counts * args.repeat:
         segments = stored[:n]
-        with RemoteStorageManager(backend) as direct:
-            def read_direct(metadata: RemoteLogSegmentMetadata, rsm: RemoteStorageManager = direct) -> int:
-                received = 0
-                with rsm.fetch_log_segment(metadata, 0) as stream:
-                    while chunk := stream.read(READ_BYTES):
-                        received += len(chunk)
-                return received
+        for name, cache in (("direct_rsm_uncached", None), ("direct_rsm_disk_cache_cold", base / f"direct-{n}")):
+            config = backend if cache is None else {
+                **backend, "fetch.chunk.cache.class": "disk", "fetch.chunk.cache.size": 2 * n * size,
+                "fetch.chunk.cache.path": str(cache),
+            }
+            with RemoteStorageManager(config) as direct:
+                def read_direct(metadata: RemoteLogSegmentMetadata, rsm: RemoteStorageManager = direct) -> int:
+                    received = 0
+                    with rsm.fetch_log_segment(metadata, 0) as stream:
+                        while chunk := stream.read(READ_BYTES):
+                            received += len(chunk)
+                    return received
 
-            with ThreadPoolExecutor(n) as pool:
-                started = time.monotonic()
-                assert sum(pool.map(read_direct, segments)) == n * size
-                runs["direct_rsm_uncached"][n].append(n * size / MIB / (time.monotonic() - started))
+                with ThreadPoolExecutor(n) as pool:
+                    started, cpu = time.monotonic(), time.process_time()
+                    assert sum(pool.map(read_direct, segments)) == n * size
+                    elapsed = time.monotonic() - started
+                    runs[name][n].append(n * size / MIB / elapsed)
+                    cores[name][n].append((time.process_time() - cpu) / elapsed)
+            if cache is not None:
+                shutil.rmtree(cache, ignore_errors=True)
         for path in ("files", "stream"):
             # A fresh agent and cache each time: every read is cold (the store's bytes are in the page cache).
             cache = base / f"curve-cache-{n}-{path}"
@@ -173,7 +184,7 @@ def _curve(args: argparse.Namespace, base: Path, backend: dict[str, Any], counts
                     reader.start()
                 for _ in readers:  # every reader's interpreter is up and connected before the clock starts
                     ready.get(timeout=300)
-                started = time.monotonic()
+                started, cpu = time.monotonic(), time.process_time()
                 start.set()
                 finished = [done.get(timeout=600) for _ in readers]
                 for reader in readers:
@@ -181,6 +192,7 @@ def _curve(args: argparse.Namespace, base: Path, backend: dict[str, Any], counts
                 assert sum(received for received, _ in finished) == n * size
                 elapsed = max(at for _, at in finished) - started
                 runs[f"agent_{path}"][n].append(n * size / MIB / elapsed)
+                cores[f"agent_{path}"][n].append((time.process_time() - cpu) / elapsed)
             finally:
                 server.stop(grace=1)
                 shutil.rmtree(cache, ignore_errors=True)
@@ -197,6 +209,9 @@ def _curve(args: argparse.Namespace, base: Path, backend: dict[str, Any], counts
         },
         "aggregate_mib_per_s_by_readers_best": {
             name: {n: round(max(rates), 1) for n, rates in by_n.items()} for name, by_n in runs.items()
+        },
+        "serving_process_cpu_cores_median": {
+            name: {n: round(statistics.median(c), 2) for n, c in by_n.items()} for name, by_n in cores.items()
         },
     }
 

@@ -1,0 +1,133 @@
+"""A Java consumer reading a tiered topic from offset 0 through a real broker: tierlog's plugins (agent, rsm on the
+filesystem backend with its disk chunk cache, the adapter reading the cache's files) against the same broker config
+with Kafka's own TopicBasedRemoteLogMetadataManager and in-JVM LocalTieredStorage (the kafka-storage test-fixtures
+jar dev/kafka fetches), over the same records. One broker at a time, the first read cold, then warm ones.
+
+Usage: python bench/broker_tiered_read.py [--mib 128] [--segment-mib 16] [--repeat 3]; prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from dev.demo import (  # noqa: E402
+    KAFKA_LOCAL_RSM,
+    KAFKA_RLMM,
+    PluginChoice,
+    S3Location,
+    broker_properties,
+    create_topic,
+    ensure_plugin_jar,
+    produce,
+    tiered_topic_config,
+    wait_until_tiered,
+)
+from dev.kafka import KafkaCluster, ensure_kafka_libs, java_executable  # noqa: E402
+
+MIB = 1 << 20
+RECORD_BYTES = 1000
+CONSUMER_SOURCE = Path(__file__).resolve().parent / "broker_read" / "ConsumerThroughput.java"
+TOPIC = "bench"
+
+
+def _compile_consumer(libs: Path, out: Path) -> str:
+    """The consumer's classpath, after compiling it against the broker's own kafka-clients jar."""
+    clients = next(libs.glob("kafka-clients-*.jar"))
+    subprocess.run(["javac", "-cp", str(clients), "-d", str(out), str(CONSUMER_SOURCE)], check=True)
+    return f"{out}:{libs}/*"
+
+
+def _consume(classpath: str, bootstrap: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [java_executable(), "-cp", classpath, "ConsumerThroughput", bootstrap, TOPIC, "600"],
+        check=True, capture_output=True, text=True, timeout=660,
+    )
+    read: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    read["mib_per_s"] = round(read["bytes"] / MIB / read["seconds"], 1)
+    return read
+
+
+def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argparse.Namespace,
+         classpath: str) -> dict[str, Any]:
+    """Start a broker with `choice`, tier `args.mib` of records, read them `args.repeat` times from offset 0."""
+    records = args.mib * MIB // RECORD_BYTES
+    segment_records = args.segment_mib * MIB // RECORD_BYTES
+    properties = broker_properties(choice, sockets, ensure_plugin_jar())
+    with KafkaCluster(base / name, 1, properties=properties) as kafka:
+        create_topic(kafka.bootstrap, TOPIC, config=tiered_topic_config(**{
+            "segment.bytes": str(args.segment_mib * MIB),
+        }))
+        started = time.monotonic()
+        produce(kafka.bootstrap, TOPIC, 0, records, size=RECORD_BYTES)
+        # Every closed segment tiered and deleted locally: only the active one (and one rolling) stays.
+        local_start = wait_until_tiered(
+            kafka.log_dir(0), TOPIC, min_local_start=records - 2 * segment_records, timeout=600
+        )
+        tiered_s = time.monotonic() - started
+        reads = [_consume(classpath, kafka.bootstrap) for _ in range(args.repeat)]
+    if any(r["records"] != records for r in reads):
+        raise AssertionError(f"{name}: a read did not return all {records} records: {reads}")
+    return {
+        "records": records,
+        "tiered_fraction": round(local_start / records, 3),
+        "produce_and_tier_s": round(tiered_s, 1),
+        "cold_mib_per_s": reads[0]["mib_per_s"],
+        "warm_mib_per_s": [r["mib_per_s"] for r in reads[1:]],
+        "median_mib_per_s": statistics.median(r["mib_per_s"] for r in reads),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=128, help="MiB of records in the topic")
+    parser.add_argument("--segment-mib", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3, help="reads per broker (the first one cold)")
+    args = parser.parse_args()
+    libs = ensure_kafka_libs()
+    with tempfile.TemporaryDirectory(prefix="tlbr-") as tmp, tempfile.TemporaryDirectory(prefix="tl-") as sockets:
+        base = Path(tmp)
+        classpath = _compile_consumer(libs, base / "classes")
+        # broker_properties wants an S3 location for tierlog's rsm; the filesystem backend overrides it.
+        unused_s3 = S3Location("http://127.0.0.1:1", "unused", "unused", "unused", "unused")
+        tierlog = PluginChoice(s3=unused_s3, extra={
+            "rsm.config.storage.backend": "filesystem",
+            "rsm.config.filesystem.root": str(base / "tierlog-remote"),
+            "rsm.config.fetch.chunk.cache.class": "disk",
+            "rsm.config.fetch.chunk.cache.path": str(base / "tierlog-cache"),
+        })
+        kafka = PluginChoice(rlmm=KAFKA_RLMM, rsm=KAFKA_LOCAL_RSM, local_tiered_storage_dir=base / "local-tiered")
+        results = {
+            "tierlog": _run("tierlog", tierlog, Path(sockets), base, args, classpath),
+            "kafka_local_tiered_storage": _run("kafka", kafka, Path(sockets), base, args, classpath),
+        }
+    ours, theirs = results["tierlog"], results["kafka_local_tiered_storage"]
+    print(json.dumps({
+        "benchmark": "broker_tiered_read",
+        "topic_mib": args.mib,
+        "segment_mib": args.segment_mib,
+        "record_bytes": RECORD_BYTES,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        **results,
+        "ratio_tierlog_to_kafka": {
+            "cold": round(ours["cold_mib_per_s"] / theirs["cold_mib_per_s"], 3),
+            "median": round(ours["median_mib_per_s"] / theirs["median_mib_per_s"], 3),
+        },
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
