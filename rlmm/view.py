@@ -11,9 +11,11 @@ import enum
 import gc
 import logging
 import shutil
+import threading
 import uuid
 from collections import deque
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
@@ -119,6 +121,9 @@ class MetadataView:
     def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
         self._read_only = read_only
+        # Held by every write of content or offsets (a commit, a load's ingest and its offsets) and while a point in
+        # time is taken: what `point_in_time` sees lies between two commits, in every column family alike.
+        self._write_lock = threading.RLock()
         self._open()
         # Reads go to self._cf as it is then: reopen() replaces the column families.
         self.model = ReadModel(lambda tp_key: read_partition(self._cf, tp_key))
@@ -332,26 +337,37 @@ class MetadataView:
         return (vf.decode_segment(bytes(v)) for v in self._cf[vf.SEGMENTS].values())
 
     def applied_offsets(self, metadata_topic: str) -> dict[int, int]:
-        prefix = metadata_topic.encode() + b"\0"
-        return {
-            int.from_bytes(k[len(prefix):], "big"): vf.decode_offset(v)
-            for k, v in self._scan(vf.APPLIED, prefix)
-        }
+        return _applied_offsets(self._cf, metadata_topic)
 
     def entries(self) -> Iterator[tuple[str, bytes, bytes]]:
         """The content as (column family, key, value), families by name and keys in RocksDB's byte order."""
-        for family in sorted(vf.CONTENT_FAMILIES):
-            for key, value in self._cf[family].items():
-                yield family, bytes(key), bytes(value)
+        return _entries(self._cf)
 
     def digest(self) -> str:
         """sha256 of the view's content, equal on every node that applied the same metadata log."""
-        digest = state.ViewDigest()
-        for family in sorted(vf.CONTENT_FAMILIES):
-            items = self._cf[family].items()
-            while run := list(islice(items, _DIGEST_RUN)):
-                digest.add(family, list(map(itemgetter(0), run)), list(map(itemgetter(1), run)))
-        return digest.hexdigest()
+        return _digest(self._cf)
+
+    @contextmanager
+    def point_in_time(self) -> Iterator[ViewPointInTime]:
+        """The committed view as it is now, read while commits go on (a RocksDB snapshot of every family, taken
+        between two commits): what a bootstrap snapshot of a live node's view is written from."""
+        # A secondary instance of the database: it reads the files as they are when it opens (taken between two
+        # commits, under the lock) and never follows the primary afterwards. RocksDB opens every table file at
+        # once, so a compaction that deletes one meanwhile does not take it away. (rocksdict's snapshots do not
+        # isolate reads from later writes.)
+        secondary = self.path.parent / f"{self.path.name}.moment-{uuid.uuid4().hex[:12]}"
+        families = {name: _family_options() for name in vf.ALL_FAMILIES}
+        with self._write_lock:
+            db = Rdict(str(self.path), Options(raw_mode=True), column_families=families,
+                       access_type=AccessType.secondary(str(secondary)))
+        moment: dict[str, Any] = {}
+        try:
+            moment.update((name, db.get_column_family(name)) for name in vf.ALL_FAMILIES)
+            yield ViewPointInTime(moment)
+        finally:
+            moment.clear()
+            db.close()
+            shutil.rmtree(secondary, ignore_errors=True)
 
     def batch(self) -> ViewBatch:
         return ViewBatch(self)
@@ -392,7 +408,8 @@ class MetadataView:
 
     def _write(self, batch: WriteBatch) -> None:
         options = WriteOptions()
-        self._db.write(batch, options)
+        with self._write_lock:
+            self._db.write(batch, options)
 
     def _holds(self, family: str) -> bool:
         return next(iter(self._cf[family].keys()), None) is not None
@@ -435,18 +452,60 @@ class MetadataView:
 
     def _ingest(self, metadata_topic: str, files: Iterable[tuple[str, Path]], next_offsets: Mapping[int, int]) -> None:
         """Move table files (column family, file) into the view, then write the offsets they reach."""
-        try:
-            ingest = IngestExternalFileOptions()
-            ingest.set_move_files(True)
-            # One file per call: files of one family may overlap (distinct keys, interleaved ranges).
-            for family, file in files:
-                self._cf[family].ingest_external_file([str(file)], ingest)
-        finally:
-            shutil.rmtree(self.path.parent / f"{self.path.name}.tables", ignore_errors=True)
-        batch = WriteBatch(raw_mode=True)
-        for partition, offset in next_offsets.items():
-            batch.put(vf.applied_key(metadata_topic, partition), vf.encode_offset(offset), self._handles[vf.APPLIED])
-        self._write(batch)
+        with self._write_lock:
+            try:
+                ingest = IngestExternalFileOptions()
+                ingest.set_move_files(True)
+                # One file per call: files of one family may overlap (distinct keys, interleaved ranges).
+                for family, file in files:
+                    self._cf[family].ingest_external_file([str(file)], ingest)
+            finally:
+                shutil.rmtree(self.path.parent / f"{self.path.name}.tables", ignore_errors=True)
+            batch = WriteBatch(raw_mode=True)
+            for partition, offset in next_offsets.items():
+                batch.put(vf.applied_key(metadata_topic, partition), vf.encode_offset(offset),
+                          self._handles[vf.APPLIED])
+            self._write(batch)
+
+
+class ViewPointInTime:
+    """A view's column families as they were at one moment (MetadataView.point_in_time)."""
+
+    def __init__(self, families: Mapping[str, Any]) -> None:
+        self._families = families
+
+    def applied_offsets(self, metadata_topic: str) -> dict[int, int]:
+        return _applied_offsets(self._families, metadata_topic)
+
+    def digest(self) -> str:
+        return _digest(self._families)
+
+    def snapshot_entries(self) -> Iterator[tuple[str, bytes, bytes]]:
+        """What a bootstrap snapshot holds (rlmm.snapshot): the content, then each user partition's bookkeeping."""
+        yield from _entries(self._families)
+        for key, value in self._families[vf.PARTITION_META].items():
+            yield vf.PARTITION_META, bytes(key), bytes(value)
+
+
+def _applied_offsets(families: Mapping[str, Any], metadata_topic: str) -> dict[int, int]:
+    prefix = metadata_topic.encode() + b"\0"
+    return {int.from_bytes(k[len(prefix):], "big"): vf.decode_offset(v)
+            for k, v in prefixed(families[vf.APPLIED], prefix)}
+
+
+def _entries(families: Mapping[str, Any]) -> Iterator[tuple[str, bytes, bytes]]:
+    for family in sorted(vf.CONTENT_FAMILIES):
+        for key, value in families[family].items():
+            yield family, bytes(key), bytes(value)
+
+
+def _digest(families: Mapping[str, Any]) -> str:
+    digest = state.ViewDigest()
+    for family in sorted(vf.CONTENT_FAMILIES):
+        items = families[family].items()
+        while run := list(islice(items, _DIGEST_RUN)):
+            digest.add(family, list(map(itemgetter(0), run)), list(map(itemgetter(1), run)))
+    return digest.hexdigest()
 
 
 def write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], tables: Path, view: Path,

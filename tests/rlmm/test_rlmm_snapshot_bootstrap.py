@@ -27,6 +27,7 @@ from rlmm.bootstrap import (
     list_snapshots,
     snapshot_key,
 )
+from rlmm.errors import RemoteStorageError
 from rlmm.event_log import check_topic
 from rlmm.lineage import pending_checkpoint
 from rlmm.snapshot import holds_everything_until, snapshot_entries
@@ -37,7 +38,13 @@ from rsm.snapshot_source import BucketSnapshotSource
 from tierlog.agent.components import ComponentName
 from tierlog.agent.server import AgentServer
 from tierlog.audit.archiver import Archiver, ArchiverSettings
-from tierlog.audit.snapshots import SnapshotSettings, archived_records, metadata_topic_now, write_snapshot_now
+from tierlog.audit.snapshots import (
+    SnapshotSettings,
+    archived_records,
+    metadata_topic_now,
+    write_snapshot_now,
+    write_snapshot_of_view,
+)
 from tierlog.pipeline.locations import open_store
 
 PARTITIONS = 2
@@ -521,3 +528,42 @@ def test_a_snapshot_of_an_archive_that_lags_the_topic_is_dated_by_its_newest_rec
     assert current is not None
     newest = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)[0]
     assert newest.key == current and newest.created_ms >= asked_ms
+
+
+def test_a_snapshot_written_from_a_live_nodes_view_bootstraps_a_new_node_to_the_same_digest(
+    make_manager: Callable[..., RemoteLogMetadataManager], kafka_bootstrap: str, metadata_topic: str,
+    store: StorageBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The agent of metadata partition 0's leader writes snapshots from its own view: no archive is read. The node
+    goes on writing while it does; the snapshot holds what its view held at one moment, and its name the time
+    until which that includes every record."""
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=21, partitions=2)
+    topic_id = _topic_id(kafka_bootstrap, metadata_topic)
+    ends = metadata_topic_now({"bootstrap.servers": kafka_bootstrap}, metadata_topic)[1]
+    before_ms = int(time.time() * 1000)
+    key = write_snapshot_of_view(store, SnapshotSettings(LOCATION, metadata_topic), topic_id, writer.view,
+                                 writer.applied_offsets, lambda: ends)
+    (ref,) = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)
+    assert ref.key == key and ref.created_ms >= before_ms
+    header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
+    assert dict(header.end_offsets) == ends
+
+    _history(writer, seed=22, partitions=1)  # the tail a new node reads from the topic after the snapshot
+    expected = writer.view_digest()
+    with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
+            _node(kafka_bootstrap, metadata_topic, tmp_path / "node", BucketSnapshotSource(store)) as node:
+        assert any("bootstrapped" in r.getMessage() for r in caplog.records)
+        wait_digest(node, expected)
+
+
+def test_a_snapshot_of_a_view_that_does_not_reach_the_topics_end_is_refused_by_its_deadline(
+    make_manager: Callable[..., RemoteLogMetadataManager], metadata_topic: str, store: StorageBackend,
+) -> None:
+    writer = make_manager(partitions=PARTITIONS)
+    _history(writer, seed=23, partitions=1)
+    unreachable = {p: offset + 1000 for p, offset in writer.applied_offsets().items()}
+    with pytest.raises(RemoteStorageError, match="did not reach the topic's end offsets"):
+        write_snapshot_of_view(store, SnapshotSettings(LOCATION, metadata_topic), "id", writer.view,
+                               writer.applied_offsets, lambda: unreachable, timeout_s=0.5)
+    assert not list(store.list(""))

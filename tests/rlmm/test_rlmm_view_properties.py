@@ -15,6 +15,7 @@ from rlmm_strategies import PARTITIONS, PROPERTY_SETTINGS, Scenario, assert_same
 from rlmm_testkit import LogRecord, compacted, replay
 
 from rlmm import view_format as vf
+from rlmm.snapshot import snapshot_entries
 from rlmm.view import ConsumedRecord, MetadataView, apply_records
 
 TOPIC = "tierlog-test-metadata"
@@ -132,5 +133,28 @@ def test_a_view_holding_only_hosted_partitions_applies_and_answers_like_one_hold
             for tp in PARTITIONS:
                 view.partition_delete(tp)  # every partition now read whole from RocksDB, and held
             assert_same_answers(scenario, view.batch())
+        finally:
+            view.close()
+
+
+# Each example also opens the view a second time (as a secondary instance, about a second): fewer examples.
+@settings(VIEW_SETTINGS, max_examples=6)
+@given(histories(), st.integers(0, 200))
+def test_a_point_in_time_of_the_view_holds_what_it_held_then_whatever_is_committed_after(
+    scenario: Scenario, cut: int
+) -> None:
+    """A bootstrap snapshot is written from a live node's view while its applier commits: what it reads is the
+    view between two commits, its entries, offsets and digest alike."""
+    log = scenario.writer.log
+    cut = min(cut, len(log))
+    with tempfile.TemporaryDirectory() as directory:
+        view = MetadataView.open(directory)
+        try:
+            apply_in_batches(view, log[:cut], [])
+            then = (list(snapshot_entries(view)), view.applied_offsets(TOPIC), view.digest())
+            with view.point_in_time() as moment:
+                apply_in_batches(view, log, [], start=cut)
+                assert view.applied_offsets(TOPIC) == ({0: len(log)} if log else {})
+                assert (list(moment.snapshot_entries()), moment.applied_offsets(TOPIC), moment.digest()) == then
         finally:
             view.close()

@@ -64,20 +64,23 @@ def audit_settings(archiving: Mapping[str, Any], bootstrap_servers: str, metadat
 
 
 def audit_loop(store: StorageBackend, settings: AuditSettings, client: Mapping[str, Any],
-               broker_id: int | None) -> AuditLoop:
-    """A loop archiving the metadata partitions `broker_id` leads (None: every partition)."""
+               broker_id: int | None, manager: Callable[[], Any | None] = lambda: None) -> AuditLoop:
+    """A loop archiving the metadata partitions `broker_id` leads (None: every partition); snapshots from the view of
+    `manager()` when it gives the node's metadata manager."""
     topic = settings.archiver.metadata_topic
     describer = MetadataTopicDescriber({"bootstrap.servers": settings.archiver.bootstrap_servers, **client}, topic,
                                        broker_id)
-    return AuditLoop(store, settings, describer.assignment, describer.end_offsets)
+    return AuditLoop(store, settings, describer.assignment, describer.end_offsets, manager)
 
 
 class ArchivingComponent:
     """The agent's audit loop: started once the rlmm's config (`configure`) and the rsm's bucket (`store()`, None
     until the rsm exists) are both there, replaced when the rlmm is configured again, closed with a deadline."""
 
-    def __init__(self, store: Callable[[], StorageBackend | None], logger: logging.Logger | None = None) -> None:
+    def __init__(self, store: Callable[[], StorageBackend | None], logger: logging.Logger | None = None,
+                 manager: Callable[[], Any | None] = lambda: None) -> None:
         self._store = store
+        self._manager = manager  # the agent's metadata manager once created: snapshots are written from its view
         self._logger = logger
         self._lock = threading.Lock()
         self._loop: AuditLoop | None = None
@@ -112,7 +115,7 @@ class ArchivingComponent:
             if self._closed.wait(0.5) or generation != self._generation:
                 return
             store = self._store()
-        loop = audit_loop(store, settings, client, broker_id)
+        loop = audit_loop(store, settings, client, broker_id, self._manager)
         with self._lock:
             if self._closed.is_set() or generation != self._generation:
                 return

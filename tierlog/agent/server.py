@@ -202,7 +202,7 @@ class AgentServer:
         self.metrics_port = metrics_port
         self.metrics_address = metrics_address
         # Archives the metadata partitions this broker leads, into the rsm's bucket (tierlog.agent.archiving).
-        self.archiving = ArchivingComponent(self._rsm_backend, client_logger())
+        self.archiving = ArchivingComponent(self._rsm_backend, client_logger(), self._rlmm)
         self._snapshot_source = snapshot_source
         self._storage_check: StorageCheck | None = None
         self._end_offsets: Any = None

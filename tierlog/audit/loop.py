@@ -13,11 +13,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from rsm.backend import StorageBackend
 from rsm.failure_log import RETRY_MAX_S, RepeatedFailureLog
 from tierlog.audit.archiver import Archiver, ArchiverSettings
-from tierlog.audit.snapshots import SnapshotSettings, write_snapshot_now
+from tierlog.audit.snapshots import SnapshotSettings, write_snapshot_now, write_snapshot_of_view
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,11 @@ class AuditLoop:
     end offsets for a snapshot's creation time."""
 
     def __init__(self, store: StorageBackend, settings: AuditSettings, assign: Callable[[], Assignment],
-                 topic_ends: Callable[[], Mapping[int, int]]) -> None:
+                 topic_ends: Callable[[], Mapping[int, int]], manager: Callable[[], Any | None] = lambda: None
+                 ) -> None:
         self._store = store
+        # The node's own metadata manager, when it runs one: snapshots are then written from its view.
+        self._manager = manager
         self._settings = settings
         self._assign = assign
         self._topic_ends = topic_ends
@@ -222,7 +226,13 @@ class AuditLoop:
         assert snapshots is not None
         if self._archiver is not None:
             self._archiver.flush()  # the snapshot holds what this loop has read
-        key = write_snapshot_now(self._store, snapshots, assignment.topic_id, topic_ends=self._topic_ends)
+        manager = self._manager()
+        if manager is not None and manager.metadata_topic == snapshots.metadata_topic:
+            # The node's own view: a snapshot costs one read of it, where folding the archive grew with history.
+            key: str | None = write_snapshot_of_view(self._store, snapshots, assignment.topic_id, manager.view,
+                                                     manager.applied_offsets, self._topic_ends)
+        else:
+            key = write_snapshot_now(self._store, snapshots, assignment.topic_id, topic_ends=self._topic_ends)
         self._next_snapshot = time.monotonic() + snapshots.interval_s
         with self._lock:
             self._progress.last_snapshot_s = time.time()

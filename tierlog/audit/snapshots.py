@@ -48,6 +48,10 @@ class SnapshotSettings:
             raise ValueError(f"keep must be >= 1, got {self.keep}")
 
 
+# How long a snapshot of a node's own view waits for the view to reach the topic's end offsets.
+VIEW_CATCH_UP_S = 60.0
+
+
 def archived_records(store: StorageBackend, metadata_topic: str, after: Mapping[int, int]
                      ) -> Iterator[dict[str, Any]]:
     """Every archived datum of the topic at or past `after` (per partition), file by file, in offset order."""
@@ -110,6 +114,36 @@ def write_snapshot_now(store: StorageBackend, settings: SnapshotSettings, topic_
     store.put(key, data)
     log.info("wrote snapshot %s (%d bytes) up to offsets %s, holding every record until %d", key, len(data), ends,
              created)
+    _prune(store, settings, topic_id)
+    return key
+
+
+def write_snapshot_of_view(store: StorageBackend, settings: SnapshotSettings, topic_id: str, view: MetadataView,
+                           applied: Callable[[], Mapping[int, int]], topic_ends: Callable[[], Mapping[int, int]],
+                           timeout_s: float = VIEW_CATCH_UP_S) -> str:
+    """Write a snapshot of a live node's own view (its RocksDB files as they are at one moment): no archive is read
+    or folded, so writing one costs a read of the view, whatever history the topic has. `applied` gives the offsets
+    the node's manager applied; its view must reach the topic's end offsets asked now (`topic_ends`) within
+    `timeout_s` (else RemoteStorageError), so that the snapshot holds every record written until now: its time."""
+    topic = settings.metadata_topic
+    asked_ms = int(time.time() * 1000)
+    ends_then = topic_ends()
+    deadline = time.monotonic() + timeout_s
+    while (behind := {p: end for p, end in ends_then.items() if applied().get(p, 0) < end}):
+        if time.monotonic() > deadline:
+            raise RemoteStorageError(f"the node's view of {topic} did not reach the topic's end offsets within "
+                                     f"{timeout_s:.0f} s (behind on partitions {sorted(behind)}); no snapshot written")
+        time.sleep(0.2)
+    with tempfile.TemporaryDirectory(prefix="tierlog-snapshot-") as work:
+        path = Path(work) / "snapshot.avro"
+        with view.point_in_time() as moment:
+            ends = moment.applied_offsets(topic)
+            with path.open("wb") as out:
+                write_view_snapshot(out, topic, moment.snapshot_entries(), ends, moment.digest(), topic_id, asked_ms)
+        data = path.read_bytes()
+    key = snapshot_key(settings.location, topic, topic_id, asked_ms, data)
+    store.put(key, data)
+    log.info("wrote snapshot %s (%d bytes) of this node's view at offsets %s", key, len(data), ends)
     _prune(store, settings, topic_id)
     return key
 
