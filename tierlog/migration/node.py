@@ -283,9 +283,9 @@ class MigratingManager:
                                         follower_partitions: Iterable[TopicIdPartition]) -> None:
         leaders, followers = list(leader_partitions), list(follower_partitions)
         self._manager.on_partition_leadership_changes(leaders, followers)
-        with self._lock:
+        with self._lock:  # a new leader must see what its predecessor wrote: a gate asked afresh
             for tp in [*leaders, *followers]:
-                self._gates.setdefault(tp, _Gate(metadata_partition(tp, self.source_partitions)))
+                self._gates[tp] = _Gate(metadata_partition(tp, self.source_partitions))
 
     def on_stop_partitions(self, partitions: Iterable[TopicIdPartition]) -> None:
         stopped = list(partitions)
