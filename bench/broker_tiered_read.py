@@ -32,10 +32,12 @@ from dev.demo import (  # noqa: E402
     create_topic,
     ensure_plugin_jar,
     produce,
+    prometheus_samples,
     tiered_topic_config,
     wait_until_tiered,
 )
 from dev.kafka import KafkaCluster, ensure_kafka_libs, java_executable  # noqa: E402
+from dev.process import free_ports  # noqa: E402
 
 MIB = 1 << 20
 RECORD_BYTES = 1000
@@ -60,6 +62,30 @@ def _consume(classpath: str, bootstrap: str) -> dict[str, Any]:
     return read
 
 
+def _agent_calls(port: int) -> dict[str, tuple[float, float]]:
+    """Per agent method: (calls, seconds spent answering them), from the agent's metrics endpoint."""
+    samples = prometheus_samples(port)
+    calls: dict[str, tuple[float, float]] = {}
+    for sample, value in samples.items():
+        if sample.startswith("tierlog_agent_call_seconds_count{"):
+            method = sample.split('method="', 1)[1].split('"', 1)[0]
+            total = samples[sample.replace("_count{", "_sum{", 1)]
+            calls[method] = (value, total)
+    return calls
+
+
+def _agent_calls_during(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]],
+                        reads: int) -> dict[str, dict[str, float]]:
+    """The agent's calls per read of the topic and their mean latency, between two `_agent_calls` snapshots."""
+    during = {}
+    for method, (count, seconds) in after.items():
+        calls = count - before.get(method, (0.0, 0.0))[0]
+        if calls > 0:
+            spent = seconds - before.get(method, (0.0, 0.0))[1]
+            during[method] = {"calls_per_read": round(calls / reads), "mean_ms": round(1000 * spent / calls, 2)}
+    return during
+
+
 def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argparse.Namespace,
          classpath: str) -> dict[str, Any]:
     """Start a broker with `choice`, tier `args.mib` of records, read them `args.repeat` times from offset 0."""
@@ -77,7 +103,10 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
             kafka.log_dir(0), TOPIC, min_local_start=records - 2 * segment_records, timeout=600
         )
         tiered_s = time.monotonic() - started
+        port = choice.metrics_port
+        before = {} if port is None else _agent_calls(port)
         reads = [_consume(classpath, kafka.bootstrap) for _ in range(args.repeat)]
+        agent = None if port is None else _agent_calls_during(before, _agent_calls(port), args.repeat)
     if any(r["records"] != records for r in reads):
         raise AssertionError(f"{name}: a read did not return all {records} records: {reads}")
     return {
@@ -87,6 +116,7 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         "cold_mib_per_s": reads[0]["mib_per_s"],
         "warm_mib_per_s": [r["mib_per_s"] for r in reads[1:]],
         "median_mib_per_s": statistics.median(r["mib_per_s"] for r in reads),
+        **({} if agent is None else {"agent_calls_during_reads": agent}),
     }
 
 
@@ -95,6 +125,8 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=128, help="MiB of records in the topic")
     parser.add_argument("--segment-mib", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3, help="reads per broker (the first one cold)")
+    parser.add_argument("--files-window-mib", type=int, default=None,
+                        help="the adapter's agent.fetch.files.window.bytes in MiB (default: the adapter's, 8)")
     args = parser.parse_args()
     libs = ensure_kafka_libs()
     with tempfile.TemporaryDirectory(prefix="tlbr-") as tmp, tempfile.TemporaryDirectory(prefix="tl-") as sockets:
@@ -102,11 +134,14 @@ def main() -> None:
         classpath = _compile_consumer(libs, base / "classes")
         # broker_properties wants an S3 location for tierlog's rsm; the filesystem backend overrides it.
         unused_s3 = S3Location("http://127.0.0.1:1", "unused", "unused", "unused", "unused")
-        tierlog = PluginChoice(s3=unused_s3, extra={
+        tierlog = PluginChoice(s3=unused_s3, metrics_port=free_ports(1)[0], extra={
             "rsm.config.storage.backend": "filesystem",
             "rsm.config.filesystem.root": str(base / "tierlog-remote"),
             "rsm.config.fetch.chunk.cache.class": "disk",
             "rsm.config.fetch.chunk.cache.path": str(base / "tierlog-cache"),
+            **({} if args.files_window_mib is None else {
+                "rsm.config.agent.fetch.files.window.bytes": str(args.files_window_mib * MIB),
+            }),
         })
         kafka = PluginChoice(rlmm=KAFKA_RLMM, rsm=KAFKA_LOCAL_RSM, local_tiered_storage_dir=base / "local-tiered")
         results = {
@@ -119,6 +154,7 @@ def main() -> None:
         "topic_mib": args.mib,
         "segment_mib": args.segment_mib,
         "record_bytes": RECORD_BYTES,
+        "files_window_mib": args.files_window_mib or "adapter default (8)",
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
         **results,
