@@ -234,6 +234,7 @@ class MetadataApplier:
         self._consumer.assign(starts)
         # A new node's fold worker for its first window (rlmm.fresh_load), started before it reads a large backlog.
         self._worker = self._worker_for(starts)
+        self._catching_up = False  # while a backlog is read (_catch_up): its commits borrow partitions
         self._stop = threading.Event()
         self._registrations = threading.Event()  # set when partitions register: resolve their targets at once
         self._threads = [
@@ -346,7 +347,7 @@ class MetadataApplier:
 
         A crash between windows resumes from the last one committed: every record it skipped is superseded by a
         record the resumed node reads again or has applied."""
-        with _cyclic_gc_paused():
+        with _cyclic_gc_paused(), self._borrowing():
             while True:
                 # A view without segments (a new node's first window) holds none a tombstone could name.
                 holds = partial(holds_segment, self._view) if self._view.holds_segments() else _holds_nothing
@@ -355,16 +356,29 @@ class MetadataApplier:
                 caught_up = self._fill(window, messages)
                 messages = []
                 read_s = time.monotonic() - started
-                replayed, how = self._apply_window(window)
+                replayed, how = self._apply_window(window, last=caught_up)
                 log.info("metadata topic %s: a backlog window of %d records read in %.1f s; the newest of each key, "
                          "%d records, %s in %.1f s%s", self._settings.metadata_topic, window.records, read_s,
                          replayed, how, time.monotonic() - started - read_s, "" if caught_up else "; reading on")
                 if caught_up or self._stop.is_set():
-                    # The decoders' caches served the backlog; kept, their entries (spread over the allocator's
-                    # arenas among the backlog's freed objects) would hold some 20 MiB of them.
-                    _clear_decode_caches()
-                    _release_free_memory()
                     return
+
+    @contextmanager
+    def _borrowing(self) -> Iterator[None]:
+        """While a backlog is read, its commits borrow the partitions they touch (ReadModel.borrow); then those are
+        given back and the decoders' caches emptied: kept, their objects (spread over the allocator's arenas among the
+        backlog's freed ones) would hold on to most of the memory the backlog used."""
+        self._catching_up = True
+        try:
+            yield
+        finally:
+            self._end_backlog()
+            _release_free_memory()
+
+    def _end_backlog(self) -> None:
+        self._catching_up = False
+        self._view.model.return_borrowed()
+        _clear_decode_caches()
 
     def _fill(self, window: CompactedWindow, messages: list[Message]) -> bool:
         """Add records to the window until it is full (False) or the backlog ended (True)."""
@@ -442,7 +456,7 @@ class MetadataApplier:
                 newest[key] = (partition, offset, key, value, None,  # type: ignore[assignment]
                                partition in after_cleaning if before is None else before[3] is not None)
 
-    def _apply_window(self, window: CompactedWindow) -> tuple[int, str]:
+    def _apply_window(self, window: CompactedWindow, last: bool = False) -> tuple[int, str]:
         """Replay the window: into a view that applied nothing yet, loaded at once (`_load_fresh`); else in commits
         of at most WINDOW_COMMIT_RECORDS records, the last one with the window's ends, so that a record and the state
         it builds are held decoded only until its commit. A commit before the last reaches the records it applied;
@@ -474,9 +488,9 @@ class MetadataApplier:
                 self._commit_records(records, requests, {})
             else:
                 # A partition halted while the window was read or applied keeps the offset its halt committed.
-                last = {partition: end for partition, end in window.ends.items() if partition not in self.halted}
+                ends = {partition: end for partition, end in window.ends.items() if partition not in self.halted}
                 # Free memory goes back to the OS after every window (a few ms), before anyone hears of its offsets.
-                self._commit_records(records, requests, {**last, **stopped}, release_memory=True)
+                self._commit_records(records, requests, {**ends, **stopped}, release_memory=True, backlog_done=last)
         return replayed, "applied"
 
     def _load_fresh(self, replay: list[WindowRecord], ends: dict[int, int]) -> bool:
@@ -581,7 +595,7 @@ class MetadataApplier:
 
     def _commit_records(
         self, records: list[ConsumedRecord], requests: dict[tuple[int, int], str | None], ends: dict[int, int],
-        release_memory: bool = False,
+        release_memory: bool = False, backlog_done: bool = False,
     ) -> None:
         """Apply the records and commit them with the offsets they reach (at least `ends`: a window's end, past
         the records it skipped); a record that cannot be applied halts its partition at its offset."""
@@ -602,6 +616,8 @@ class MetadataApplier:
                            if r.metadata_partition != bad.metadata_partition or r.offset < bad.offset]
                 ends[bad.metadata_partition] = bad.offset
                 continue
+            if backlog_done:
+                self._end_backlog()  # before anyone hears the view caught up, as the memory released below
             if release_memory:
                 # Before anyone hears the view caught up, so a rebuilt node holds what a restarted one holds.
                 _release_free_memory()
@@ -658,7 +674,7 @@ class MetadataApplier:
 
     def _commit(self, records: list[ConsumedRecord], next_offsets: dict[int, int]) -> list[state.Outcome]:
         """Apply the batch and commit it with the offsets it reaches, as one WriteBatch."""
-        batch = self._view.batch()
+        batch = self._view.batch(borrow=self._catching_up)
         outcomes = []
         for record in records:
             try:

@@ -323,6 +323,12 @@ class _Relisting:
         return listings, everything
 
 
+# Segments of the partitions the applier may borrow while it reads a backlog (ReadModel.borrow): about 1 KiB each,
+# so a rebuild holds at most about 1 GiB of them at once, whatever the cluster's size (a cluster of more applies the
+# rest key by key from RocksDB, or reads a partition again once it was given back).
+BORROW_MAX_SEGMENTS = 1_000_000
+
+
 class SnapshotSlot:
     """Where a reader keeps one watched partition's snapshot: the model replaces `snapshot` whole as each batch folds
     in (one reference, an atomic store under the GIL), so the reader gets the newest in one attribute read, with no
@@ -353,6 +359,9 @@ class ReadModel:
         # The partitions kept once read: None keeps every one (a view opened alone); a manager's view keeps those
         # its node hosts (hold_hosted, host, unhost).
         self.hosted: set[bytes] | None = None
+        # Partitions the applier borrowed while it reads a backlog (`borrow`), with their segment counts, oldest first.
+        self._borrowed: dict[bytes, int] = {}
+        self._borrowed_segments = 0
 
     def get(self, tp_key: bytes) -> PartitionModel | None:
         """The partition, read from RocksDB if not held; kept only if it is to be held (see `holds`)."""
@@ -396,6 +405,34 @@ class ReadModel:
                 self.snapshots.pop(tp_key, None)
                 self._slots.pop(tp_key, None)
             self._let_go(keys)
+
+    def borrow(self, tp_key: bytes) -> PartitionModel | None:
+        """For the applier while it reads a backlog: the partition, read whole and kept until `return_borrowed`, so
+        that the backlog's records of it apply in memory rather than key by key from RocksDB (a rebuild two to three
+        times as fast). At most BORROW_MAX_SEGMENTS segments of borrowed partitions are kept: past that, the first
+        borrowed go first."""
+        with self.lock:
+            if tp_key in self.partitions:
+                return self.partitions[tp_key]
+            partition = self.partitions[tp_key] = self._read(tp_key)
+            size = 1 if partition is None else 1 + len(partition.segments)
+            self._borrowed[tp_key] = size
+            self._borrowed_segments += size
+            while self._borrowed_segments > BORROW_MAX_SEGMENTS and len(self._borrowed) > 1:
+                self._give_back(next(iter(self._borrowed)))
+            return partition
+
+    def return_borrowed(self) -> None:
+        """The backlog is applied: let go of every borrowed partition not served now (a hosted one is read again when
+        first asked for), so that nothing the backlog built outlives it."""
+        with self.lock:
+            for tp_key in list(self._borrowed):
+                self._give_back(tp_key)
+
+    def _give_back(self, tp_key: bytes) -> None:
+        self._borrowed_segments -= self._borrowed.pop(tp_key)
+        if tp_key not in self.snapshots:
+            self.partitions.pop(tp_key, None)
 
     def _let_go(self, tp_keys: Iterable[bytes]) -> None:
         for tp_key in tp_keys:

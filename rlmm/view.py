@@ -369,8 +369,10 @@ class MetadataView:
             db.close()
             shutil.rmtree(secondary, ignore_errors=True)
 
-    def batch(self) -> ViewBatch:
-        return ViewBatch(self)
+    def batch(self, borrow: bool = False) -> ViewBatch:
+        """A batch over the committed view; with `borrow` (a backlog), it reads partitions the model does not hold
+        whole, and the model keeps them until the backlog is applied (ReadModel.borrow)."""
+        return ViewBatch(self, borrow)
 
     def fresh_tables(self, fresh: FreshState) -> FreshTables:
         """Write a state folded in memory as RocksDB tables beside the view, for `load_fresh` to ingest (so that a
@@ -563,9 +565,10 @@ class ViewBatch(MetadataView):
     until commit, which encodes each changed value once.
     """
 
-    def __init__(self, view: MetadataView) -> None:
+    def __init__(self, view: MetadataView, borrow: bool = False) -> None:
         self._view = view
         self._base = view.model
+        self._borrow = borrow
         self._cf = view._cf
         self._handles = view._handles
         # Per user partition key: the overlay of each kind of state (None = deleted in this batch).
@@ -592,8 +595,11 @@ class ViewBatch(MetadataView):
         not hold it: then read from RocksDB key by key (`stored_*`)."""
         base = self._base
         partition = base.partitions.get(key, _UNREAD)
-        if partition is _UNREAD and base.hosted is None:  # a view opened alone keeps what it reads
-            return base.get(key)
+        if partition is _UNREAD:
+            if base.hosted is None:  # a view opened alone keeps what it reads
+                return base.get(key)
+            if self._borrow:
+                return base.borrow(key)
         return partition
 
     # --- overlay reads -------------------------------------------------------------------------------

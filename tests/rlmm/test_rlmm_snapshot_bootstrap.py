@@ -547,7 +547,7 @@ def test_a_snapshot_written_from_a_live_nodes_view_bootstraps_a_new_node_to_the_
     (ref,) = list_snapshots(BucketSnapshotSource(store), LOCATION, metadata_topic, topic_id)
     assert ref.key == key and ref.created_ms >= before_ms
     header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
-    assert dict(header.end_offsets) == ends
+    assert dict(header.end_offsets) == {p: end for p, end in ends.items() if end}  # a partition never written: none
 
     _history(writer, seed=22, partitions=1)  # the tail a new node reads from the topic after the snapshot
     expected = writer.view_digest()
