@@ -12,7 +12,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
@@ -124,6 +124,10 @@ class RemoteLogMetadataManager:
         native = ReadableTable is not None and self._cfg["lookup.native"]
         self._readable_now: dict[tuple[int, int], _Readable] | ReadableTable = ReadableTable() if native else {}
         self._closed = False
+        # A partition's first lookups are answered from the view on disk while this thread reads it whole and builds
+        # its snapshot (_cold_lookup): a restart or a newly hosted partition never waits for that on the fetch path.
+        self._loading: set[tuple[int, int]] = set()
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tierlog-rlmm-load-{self.broker_id}")
         admin = AdminClient(client)
         if self._cfg["metadata.topic.create"]:
             topic = ensure_topic(admin, TopicSettings(
@@ -292,7 +296,9 @@ class RemoteLogMetadataManager:
     def _check_readable_locked(self, tp: TopicIdPartition) -> int:
         """Raise what Kafka's manager raises for a read of tp now; else tp's metadata partition."""
         self._check_open()
-        if tp not in self._registered or state.is_deleted(self._view, tp):
+        # The partition's delete state from the read model if it holds the partition, else from disk (reading it
+        # whole here would put that on the fetch path: _cold_lookup).
+        if tp not in self._registered or state.is_deleted(self._view.batch(), tp):
             raise RemoteResourceNotFoundError(
                 f"no remote log metadata for {tp} on broker {self.broker_id}: the partition is not assigned "
                 f"here (on_partition_leadership_changes) or its remote data was deleted"
@@ -338,7 +344,32 @@ class RemoteLogMetadataManager:
                 count = len(segments)
                 position = bisect_right(bounds, offset, 0, count)
                 return segments[position - 1] if position and offset <= bounds[count + position - 1] else None
+        return self._cold_lookup(tp, leader_epoch, offset)
+
+    def _cold_lookup(self, tp: TopicIdPartition, leader_epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+        """A lookup of a partition not served from memory yet (the first after a restart, or after the node began
+        hosting it): answered key by key from the view on disk, after the same checks, while the loader thread reads
+        the partition whole and publishes its snapshot for the lookups after it."""
+        _require(tp, TopicIdPartition, "topic_id_partition")
+        with self._lock:
+            self._check_readable_locked(tp)
+            key = vf.tp_key_of(tp)
+            if key not in self._model.partitions:
+                ident = (tp.topic_id.int, tp.partition)
+                if ident not in self._loading:
+                    self._loading.add(ident)
+                    self._loader.submit(self._load, tp, ident)
+                return state.segment_for_offset(self._view.batch(), tp, leader_epoch, offset)
         return self._snapshot(tp).segment_for_offset(leader_epoch, offset)
+
+    def _load(self, tp: TopicIdPartition, ident: tuple[int, int]) -> None:
+        try:
+            self._snapshot(tp)  # reads the partition whole, and publishes it for lookups without the lock
+        except Exception as exc:  # stopped, deleted or closed meanwhile: its next lookup checks again
+            log.debug("reading %s for its lookups: %s", tp, exc)
+        finally:
+            with self._lock:
+                self._loading.discard(ident)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
         _require_int(leader_epoch, "leader_epoch")
@@ -416,6 +447,7 @@ class RemoteLogMetadataManager:
                 return
             self._closed = True
             self._readable_now.clear()
+        self._loader.shutdown(wait=True, cancel_futures=True)  # a load in progress takes milliseconds
         self._applier.close(timeout_s=10)
         self._writer.close(timeout_s=5)
         self._consumer.close()

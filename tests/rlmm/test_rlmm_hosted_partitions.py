@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from rlmm_testkit import ApiWrite, drive, make_tp, register, wait_digest, workload
+from support import wait_until
 
 from rlmm import RemoteLogMetadataManager
 from rlmm import view_format as vf
@@ -93,3 +95,35 @@ def later_uploads(rng: random.Random, manager: RemoteLogMetadataManager, tp: Top
         {epoch + epochs_from: start + by for epoch, start in write.segment_leader_epochs.items()},
         write.custom_metadata, write.state, write.txn_idx_empty,
     ) if isinstance(write, RemoteLogSegmentMetadata) else write for write in workload(rng, tp, uploads=6)]
+
+
+def lookups(manager: RemoteLogMetadataManager, tp: TopicIdPartition, segments: list[RemoteLogSegmentMetadata]
+            ) -> dict[tuple[int, int], RemoteLogSegmentMetadata | None]:
+    epochs = sorted({epoch for md in segments for epoch in md.segment_leader_epochs} | {0})
+    offsets = sorted({o for md in segments for o in (md.start_offset, md.end_offset, md.end_offset + 1)})
+    return {(epoch, offset): manager.remote_log_segment_metadata(tp, epoch, offset)
+            for epoch in epochs for offset in offsets}
+
+
+def test_the_first_lookups_after_a_restart_are_answered_from_disk_exactly_as_from_memory(
+    make_manager: MakeManager, tmp_path: Path,
+) -> None:
+    """A restarted node does not read a partition whole on the fetch path: its first lookups are answered key by
+    key from the view on disk while the partition is read in the background, and answer what it answers after."""
+    tps = [make_tp("orders", p) for p in range(3)]
+    first = make_manager(broker_id=0, partitions=PARTITIONS, state_dir=tmp_path / "node")
+    register(first, *tps)
+    drive(first, {tp: workload(random.Random(tp.partition), tp, uploads=12) for tp in tps})
+    first.wait_caught_up(CAUGHT_UP_S)
+    segments = {tp: first.list_remote_log_segments(tp) for tp in tps}
+    warm = {tp: lookups(first, tp, segments[tp]) for tp in tps}
+    first.close()
+
+    restarted = make_manager(broker_id=0, partitions=PARTITIONS, state_dir=tmp_path / "node")
+    register(restarted, *tps)
+    assert not held(restarted), "a restart read partitions before any lookup"
+    cold = {tp: lookups(restarted, tp, segments[tp]) for tp in tps}
+    assert cold == warm
+    wait_until(lambda: held(restarted) == keys(tps), timeout=CAUGHT_UP_S,
+               description="the partitions read in the background")
+    assert {tp: lookups(restarted, tp, segments[tp]) for tp in tps} == warm
