@@ -287,9 +287,10 @@ class Comparison:
         return not self.differences and not self.problems
 
 
-def compare_stores(settings: Settings, source: TopicDescription, show: bool | None) -> Comparison:
-    """What TBRLMM's store answers (the source replayed) against what tierlog's metadata topic answers, now."""
-    ends = end_offsets(settings, source)
+def replay_source(settings: Settings, source: TopicDescription, ends: Mapping[int, int], show: bool | None
+                  ) -> tuple[KafkaRulesReplay, list[SourceProblem], dict[int, int], int]:
+    """The source below `ends` replayed under Kafka's rules (TBRLMM's store), the records it could not read, the
+    newest time each broker wrote a record TBRLMM wrote (no tierlog writer), and how many records were read."""
     replay = KafkaRulesReplay()
     problems: list[SourceProblem] = []
     tbrlmm_writes: dict[int, int] = {}
@@ -307,6 +308,13 @@ def compare_stores(settings: Settings, source: TopicDescription, show: bool | No
             read += len(batch)
             bar.update(read)
         bar.finish(read)
+    return replay, problems, tbrlmm_writes, read
+
+
+def compare_stores(settings: Settings, source: TopicDescription, show: bool | None) -> Comparison:
+    """What TBRLMM's store answers (the source replayed) against what tierlog's metadata topic answers, now."""
+    ends = end_offsets(settings, source)
+    replay, problems, tbrlmm_writes, read = replay_source(settings, source, ends, show)
     tierlog = fold_tierlog(settings, show)
     partitions = len({*replay.store.user_partitions(), *tierlog.user_partitions()})
     return Comparison(read, partitions, store_differences(replay.store, tierlog, "TBRLMM", "tierlog"), problems,

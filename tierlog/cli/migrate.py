@@ -42,6 +42,7 @@ from tierlog.cli.kafka_metadata import (
     fold_tierlog,
     partition_answers,
     read_source,
+    replay_source,
     require_source,
     store_differences,
 )
@@ -448,23 +449,7 @@ def compare_in_one_order(settings: Settings, source: TopicDescription, show: boo
     real, and reading again does not make it go away."""
     tierlog = fold_tierlog(settings, show)
     ends = end_offsets(settings, source)
-    replay = KafkaRulesReplay()
-    problems: list[SourceProblem] = []
-    tbrlmm_writes: dict[int, int] = {}
-    read = 0
-    with ProgressBar(f"replaying {source.name}", sum(ends.values()), show) as bar:
-        for batch in read_source(settings, source, ends):
-            for item in batch:
-                if isinstance(item, SourceProblem):
-                    problems.append(item)
-                    continue
-                replay.apply(item.metadata)
-                if item.tierlog_writer is None:
-                    broker = item.metadata.broker_id
-                    tbrlmm_writes[broker] = max(tbrlmm_writes.get(broker, 0), item.timestamp_ms)
-            read += len(batch)
-            bar.update(read)
-        bar.finish(read)
+    replay, problems, tbrlmm_writes, read = replay_source(settings, source, ends, show)
     differences = store_differences(replay.store, tierlog, "TBRLMM", "tierlog")
     for tp in _behind_by_writes_in_flight(settings, source, ends, tierlog, set(differences)):
         del differences[tp]
