@@ -104,6 +104,7 @@ bench: setup services-up
 	done; [ $$found = 1 ] || echo "no benchmarks in bench/" >&2
 
 # tierlog's metadata manager against Kafka's own TopicBasedRemoteLogMetadataManager on a Kafka it starts
-# (quick: 200k events, a few minutes; BENCH_ARGS=--full for 1M). JSON on stdout, the ratio table on stderr.
+# (quick: 40k live segments hosting every partition, a few minutes; BENCH_ARGS=--full for 1M hosting 10% and all).
+# JSON on stdout, the ratio table on stderr.
 bench-kafka: setup services-up
 	$(PYTHON) bench/rlmm_vs_kafka.py $(BENCH_ARGS)
