@@ -68,6 +68,22 @@ class StorageBackend(abc.ABC):
         """Release connections and threads."""
 
 
+class PrefixedStore:
+    """What the object-store backends share: their keys under a configured prefix, and error texts with the
+    configured credentials taken out."""
+
+    _prefix: str
+    _secrets: Sequence[str] = ()
+
+    def _key(self, key: str) -> str:
+        return f"{self._prefix}/{key}" if self._prefix else key
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "<redacted>")
+        return text
+
+
 class BackendModule(Protocol):
     """What a module in rsm.backends provides so that the manager can find and build it by name."""
 

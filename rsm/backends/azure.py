@@ -14,7 +14,7 @@ from typing import Any
 
 from rlmm.config import ConfigKey, parse_int, parse_str
 from rlmm.errors import ConfigError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
-from rsm.backend import ObjectInfo, RangeStream, Source, StorageBackend
+from rsm.backend import ObjectInfo, PrefixedStore, RangeStream, Source, StorageBackend
 from rsm.keys import normalize_prefix
 from rsm.metrics import Metrics
 
@@ -77,7 +77,7 @@ def _check_credentials(config: dict[str, Any]) -> None:
                           "with azure.account.name (or use azure.connection.string)")
 
 
-class AzureBackend(StorageBackend):
+class AzureBackend(PrefixedStore, StorageBackend):
     def __init__(self, config: dict[str, Any], metrics: Metrics) -> None:
         from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
         from azure.storage.blob import BlobServiceClient, ExponentialRetry
@@ -123,16 +123,8 @@ class AzureBackend(StorageBackend):
     def __repr__(self) -> str:
         return f"AzureBackend(account={self._account!r}, container={self._container_name!r}, prefix={self._prefix!r})"
 
-    def _key(self, key: str) -> str:
-        return f"{self._prefix}/{key}" if self._prefix else key
-
     def describe(self, key: str) -> str:
         return f"container {self._container_name!r}, blob {self._key(key)!r}"
-
-    def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "<redacted>")
-        return text
 
     def _error(self, operation: str, key: str, exc: BaseException) -> RemoteStorageError:
         return RemoteStorageError(f"Azure {operation} failed for {self.describe(key)}: {self._scrub(_summary(exc))}")

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from rlmm.config import ConfigKey, parse_bool, parse_int, parse_str
 from rlmm.errors import ConfigError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
-from rsm.backend import ObjectInfo, RangeStream, Source, StorageBackend
+from rsm.backend import ObjectInfo, PrefixedStore, RangeStream, Source, StorageBackend
 from rsm.keys import normalize_prefix
 from rsm.metrics import Metrics
 
@@ -121,7 +121,7 @@ def _client_errors(*more: type[BaseException]) -> tuple[type[BaseException], ...
     return GoogleAPIError, GoogleAuthError, InvalidResponse, DataCorruption, requests.RequestException, *more
 
 
-class GcsBackend(StorageBackend):
+class GcsBackend(PrefixedStore, StorageBackend):
     def __init__(self, config: dict[str, Any], metrics: Metrics, credentials: Any) -> None:
         import requests
         from google.api_core.client_options import ClientOptions
@@ -158,9 +158,6 @@ class GcsBackend(StorageBackend):
 
     def __repr__(self) -> str:
         return f"GcsBackend(bucket={self._bucket_name!r}, prefix={self._prefix!r})"
-
-    def _key(self, key: str) -> str:
-        return f"{self._prefix}/{key}" if self._prefix else key
 
     def describe(self, key: str) -> str:
         return f"bucket {self._bucket_name!r}, key {self._key(key)!r}"

@@ -36,7 +36,7 @@ from botocore.utils import FileWebIdentityTokenLoader
 
 from rlmm.config import ConfigKey, parse_bool, parse_int, parse_str
 from rlmm.errors import ConfigError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
-from rsm.backend import ObjectInfo, RangeStream, Source, StorageBackend
+from rsm.backend import ObjectInfo, PrefixedStore, RangeStream, Source, StorageBackend
 from rsm.keys import normalize_prefix
 from rsm.metrics import Metrics
 
@@ -245,7 +245,7 @@ class _CredentialScrubber(logging.Filter):
             for secret in secrets:
                 self._secrets[secret] = self._secrets.get(secret, 0) + 1
 
-    def remove(self, secrets: tuple[str, ...]) -> None:
+    def remove(self, secrets: Sequence[str]) -> None:
         with self._lock:
             for secret in secrets:
                 left = self._secrets.get(secret, 0) - 1
@@ -293,7 +293,7 @@ def _status(exc: BaseException) -> int:
     return 0
 
 
-class S3Backend(StorageBackend):
+class S3Backend(PrefixedStore, StorageBackend):
     def __init__(self, config: dict[str, Any], metrics: Metrics) -> None:
         self._bucket: str = config["s3.bucket"]
         self._prefix = normalize_prefix(config["s3.prefix"], "s3.prefix")
@@ -366,16 +366,8 @@ class S3Backend(StorageBackend):
     def __repr__(self) -> str:
         return f"S3Backend(bucket={self._bucket!r}, prefix={self._prefix!r})"
 
-    def _key(self, key: str) -> str:
-        return f"{self._prefix}/{key}" if self._prefix else key
-
     def describe(self, key: str) -> str:
         return f"bucket {self._bucket!r}, key {self._key(key)!r}"
-
-    def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "<redacted>")
-        return text
 
     def _error(self, operation: str, key: str, exc: BaseException) -> RemoteStorageError:
         return RemoteStorageError(
