@@ -76,9 +76,16 @@ def test_three_node_cluster_places_a_topic_with_replication_factor_three_on_ever
         kafka_cluster3.bootstrap, unique_topic_name("rf3"), partitions=2, replication_factor=3
     )
 
-    metadata = admin_client(kafka_cluster3.bootstrap).list_topics(topic=topic, timeout=10).topics[topic]
+    # A fresh client may ask a broker that has not applied the new topic's metadata yet (KRaft brokers
+    # apply it each on their own), which answers with no partitions: wait until it has them.
+    client = admin_client(kafka_cluster3.bootstrap)
 
-    assert {p: sorted(m.replicas) for p, m in metadata.partitions.items()} == {0: [0, 1, 2], 1: [0, 1, 2]}
+    def placement() -> dict[int, list[int]]:
+        metadata = client.list_topics(topic=topic, timeout=10).topics[topic]
+        return {p: sorted(m.replicas) for p, m in metadata.partitions.items()}
+
+    wait_until(lambda: len(placement()) == 2, timeout=30, description=f"both partitions of {topic} listed")
+    assert placement() == {0: [0, 1, 2], 1: [0, 1, 2]}
 
 
 def test_node_restarted_with_a_wiped_log_dir_replicates_its_partitions_again(
