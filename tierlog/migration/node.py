@@ -41,6 +41,7 @@ from rlmm.kafka_format import encode, metadata_partition
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     TopicIdPartition,
 )
@@ -260,7 +261,7 @@ class MigratingManager:
 
     def _settled(self, at: tuple[int, int], write: _Pending) -> bool | RemoteStorageError | None:
         """True once this view holds the write, an error once it cannot, None while it is on its way."""
-        if reflected(self._manager.view, write.metadata):
+        if reflected(self._manager.view, write.metadata) or _segment_forgotten(self._manager.view, write.metadata):
             return True
         tp = write.metadata.topic_id_partition
         with self._pending_lock:
@@ -465,6 +466,15 @@ class MigratingManager:
         with self._committed_lock:
             self._committed.close()
         self._manager.close()
+
+
+def _segment_forgotten(view: Any, metadata: TopicMetadata) -> bool:
+    """Whether `metadata` finishes a segment's deletion and this view no longer holds the segment: tierlog forgets a
+    segment once its DELETE_SEGMENT_FINISHED is applied, so its absence is all the view shows of that write (the call
+    was checked against a view that held the segment)."""
+    return (isinstance(metadata, RemoteLogSegmentMetadataUpdate)
+            and metadata.state is RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
+            and view.segment(metadata.remote_log_segment_id) is None)
 
 
 def _commit_positions(consumer: Consumer, _partitions: list[TopicPartition]) -> None:
