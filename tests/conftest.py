@@ -66,6 +66,9 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ.setdefault(key, value)
 
 
+# First: pytest-xdist's worker reads the xdist_group marks in its own hook of this name, so they must be on the
+# items before it runs, or each module's tests scatter over the workers (and set its module fixtures up on each).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -91,6 +94,21 @@ def _group_for_workers(items: list[pytest.Item]) -> None:
         else:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker of `--dist loadgroup`: refuse to run if xdist did not group what _group_for_workers marked
+    (it groups by renaming item ids, which pytest 9 no longer reads), rather than scatter a module's tests over both
+    workers, each setting up its module fixtures (a wheel built twice into one build directory at once)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or not session.config.getvalue("loadgroup"):
+        return
+    ungrouped = [item.nodeid for item in session.items
+                 if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid]
+    if ungrouped:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(ungrouped)} tests marked xdist_group (first: {ungrouped[0]}): this "
+            f"pytest ({pytest.__version__}) and pytest-xdist do not work together; see pyproject.toml's pin"
+        )
 
 
 def _uses_module_fixture(item: pytest.Item) -> bool:
