@@ -13,7 +13,9 @@ and both apply one sequence of events in one order.
   records in order, committing the group's offsets after each batch. A record tierlog holds already is a no-op.
   The import goes on after finalize, idle, to take in the writes that were in flight then.
 - Readiness: a partition registered here is ready once tierlog's manager says so and, in addition, the import has
-  taken in what `__remote_log_metadata` held for it when first asked, and this view has applied that import.
+  taken in what `__remote_log_metadata` held for it when first asked, and this view has applied that import. Until
+  then its reads raise RemoteStorageNotReadyError, as TBRLMM's do for a partition it has not loaded: a new leader
+  never answers from a view that lacks its predecessor's writes.
 - Control: the node announces itself and a heartbeat on the control topic (tierlog.migration.control); once
   `tierlog migrate finalize` appends its record there, its writes go to tierlog's topic directly.
 """
@@ -34,7 +36,14 @@ from confluent_kafka.admin import AdminClient
 
 from rlmm.client_security import librdkafka_settings
 from rlmm.config import ConfigKey, parse_config, parse_int, parse_str
-from rlmm.errors import ConfigError, InvalidArgumentError, MetadataLogError, MetadataTimeoutError, RemoteStorageError
+from rlmm.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    MetadataLogError,
+    MetadataTimeoutError,
+    RemoteStorageError,
+    RemoteStorageNotReadyError,
+)
 from rlmm.event_log import OffsetReader
 from rlmm.events import metadata_partition_for
 from rlmm.kafka_format import encode, metadata_partition
@@ -87,6 +96,9 @@ POLL_S = 0.2
 SETTLE_POLL_S = IMPORT_POLL_S = 0.02
 # is_ready answers the broker's call: its offset queries wait at most this long (the broker asks again).
 READY_QUERY_S = 5.0
+# A read of a partition whose gate is closed checks it again on the broker's fetch path, for at most this long (within
+# the broker's remote.fetch.max.wait.ms default, 500 ms).
+READ_QUERY_S = 0.5
 IMPORT_SESSION_TIMEOUT_MS = 10_000
 RETRY_PAUSE_S = 1.0
 CLOSE_TIMEOUT_S = 10.0
@@ -296,14 +308,16 @@ class MigratingManager:
                 self._gates.pop(tp, None)
 
     def is_ready(self, tp: TopicIdPartition) -> bool:
-        if not self._manager.is_ready(tp):
-            return False
+        return bool(self._manager.is_ready(tp)) and self._gate_open(tp, READY_QUERY_S)
+
+    def _gate_open(self, tp: TopicIdPartition, timeout_s: float) -> bool:
+        """Whether tp has no gate left or its gate passes now (its offset queries take `timeout_s` at most)."""
         with self._lock:
             gate = self._gates.get(tp)
         if gate is None or self.finalized:
             return True
         try:
-            passed = self._gate_passed(tp, gate)
+            passed = self._gate_passed(tp, gate, time.monotonic() + timeout_s)
         except (RemoteStorageError, KafkaException) as exc:
             log.warning("cannot tell yet whether %s's records on %s are imported: %s", tp, self.source_topic, exc)
             return False
@@ -313,20 +327,59 @@ class MigratingManager:
                     del self._gates[tp]
         return passed
 
-    def _gate_passed(self, tp: TopicIdPartition, gate: _Gate) -> bool:
+    def _gate_passed(self, tp: TopicIdPartition, gate: _Gate, deadline: float) -> bool:
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.0)
+
         k = gate.source_partition
         if gate.source_end is None:
-            gate.source_end = self._source_offsets.end_offsets([k], READY_QUERY_S)[k]
+            gate.source_end = self._source_offsets.end_offsets([k], left())[k]
         if gate.tierlog_end is None:
             with self._committed_lock:
-                found = self._committed.committed([TopicPartition(self.source_topic, k)], timeout=READY_QUERY_S)
+                found = self._committed.committed([TopicPartition(self.source_topic, k)], timeout=left())
             if max(found[0].offset, 0) < gate.source_end:
                 return False
             mp = gate.metadata_partition = metadata_partition_for(tp.topic_id, tp.partition,
                                                                   self._manager.num_partitions)
-            gate.tierlog_end = self._tierlog_offsets.end_offsets([mp], READY_QUERY_S)[mp]
+            gate.tierlog_end = self._tierlog_offsets.end_offsets([mp], left())[mp]
         assert gate.metadata_partition is not None
         return bool(self._manager.applied_offsets().get(gate.metadata_partition, 0) >= gate.tierlog_end)
+
+    # --- reads: refused while the gate is closed, as TBRLMM refuses a partition it has not loaded yet -------
+
+    def remote_log_segment_metadata(self, tp: TopicIdPartition, leader_epoch: int, offset: int
+                                    ) -> RemoteLogSegmentMetadata | None:
+        self._check_readable(tp)
+        return self._manager.remote_log_segment_metadata(tp, leader_epoch, offset)
+
+    def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
+        self._check_readable(tp)
+        return self._manager.highest_offset_for_epoch(tp, leader_epoch)
+
+    def list_remote_log_segments(self, tp: TopicIdPartition, leader_epoch: int | None = None
+                                 ) -> list[RemoteLogSegmentMetadata]:
+        self._check_readable(tp)
+        return self._manager.list_remote_log_segments(tp, leader_epoch)
+
+    def remote_log_size(self, tp: TopicIdPartition, leader_epoch: int) -> int:
+        self._check_readable(tp)
+        return self._manager.remote_log_size(tp, leader_epoch)
+
+    def next_segment_with_txn_index(self, tp: TopicIdPartition, leader_epoch: int, offset: int
+                                    ) -> RemoteLogSegmentMetadata | None:
+        self._check_readable(tp)
+        return self._manager.next_segment_with_txn_index(tp, leader_epoch, offset)
+
+    def _check_readable(self, tp: TopicIdPartition) -> None:
+        """Raise RemoteStorageNotReadyError (retriable: the broker's ReplicaNotAvailable) while tp's gate is closed:
+        the view may not hold its predecessor's writes yet. On the fetch path: no lock once the gate has passed, and
+        the gate's offset queries take READ_QUERY_S at most (the broker's fetch retries)."""
+        if self._gates.get(tp) is None or self._gate_open(tp, READ_QUERY_S):  # a lone dict read needs no lock
+            return
+        raise RemoteStorageNotReadyError(
+            f"remote log metadata for {tp} is not readable on broker {self.broker_id} yet: migration mode has not "
+            f"imported and applied what {self.source_topic}-{metadata_partition(tp, self.source_partitions)} held "
+            f"for it when this broker took it over; retry")
 
     # --- the import ---------------------------------------------------------------------------------------
 
