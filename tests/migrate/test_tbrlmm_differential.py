@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from migrate_testkit import KafkaWrite, probe_request
 from rlmm_strategies import interesting_offsets
-from rlmm_testkit import make_tp, manager_config, submit, update_of, workload
+from rlmm_testkit import make_tp, manager_config, segment, submit, update_of, workload
 from support.topics import unique_topic_name
 
 from dev.kafka import default_libs_dir, java_executable, kafka_libs_cached
@@ -37,7 +37,7 @@ from rlmm.types import (
     RemotePartitionDeleteMetadata,
     TopicIdPartition,
 )
-from tierlog.migration.node import MigratingManager, split_config, wrap
+from tierlog.migration.node import MigratingManager, import_group, split_config, wrap
 
 PROBE = Path(__file__).resolve().parent / "TbrlmmProbe.java"
 SOURCE_TOPIC = "__remote_log_metadata"  # TBRLMM's, not configurable
@@ -95,7 +95,7 @@ class Tbrlmm:
 
     def catch_up(self, bootstrap: str, tps: Sequence[TopicIdPartition]) -> None:
         """Wait until TBRLMM's consumer has read every record on the metadata partitions of `tps` now."""
-        for mp, end in _source_ends(bootstrap, {metadata_partition(tp, self.partitions) for tp in tps}).items():
+        for mp, end in source_ends(bootstrap, {metadata_partition(tp, self.partitions) for tp in tps}).items():
             if end:
                 answer = self.ask(f"SYNC {mp} {end - 1} {int(DEADLINE_S * 1000)}", DEADLINE_S + 5)
                 assert answer == {"ok": True}, f"TBRLMM did not read {SOURCE_TOPIC}-{mp} up to {end - 1}: {answer}"
@@ -115,10 +115,12 @@ def _tp_text(tp: TopicIdPartition) -> str:
     return f"{tp.topic_id} {tp.topic} {tp.partition}"
 
 
-def _source_ends(bootstrap: str, partitions: set[int]) -> dict[int, int]:
+def source_ends(bootstrap: str, partitions: int | set[int]) -> dict[int, int]:
+    """The end offsets of `__remote_log_metadata`'s `partitions` (a set, or all of a count) now."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-tbrlmm-ends"})
     try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(SOURCE_TOPIC, p), timeout=10)[1] for p in partitions}
+        return {p: consumer.get_watermark_offsets(TopicPartition(SOURCE_TOPIC, p), timeout=10)[1]
+                for p in (range(partitions) if isinstance(partitions, int) else partitions)}
     finally:
         consumer.close()
 
@@ -158,12 +160,21 @@ def tbrlmm(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture(scope="module")
 def migrating_node(kafka_bootstrap: str, tbrlmm: Tbrlmm, tmp_path_factory: pytest.TempPathFactory
-                   ) -> Iterator[Callable[[], MigratingManager]]:
-    """`start()` a tierlog node in migration mode importing `__remote_log_metadata` (a metadata topic of its own)."""
+                   ) -> Iterator[Callable[..., MigratingManager]]:
+    """`start(from_offsets)` a tierlog node in migration mode (a metadata topic of its own) importing
+    `__remote_log_metadata` from `from_offsets` (default: its end now), as after a `tierlog migrate` up to there: the
+    topic keeps every run's records on the dev broker, none of them of this test's partitions."""
     started: list[MigratingManager] = []
 
-    def start() -> MigratingManager:
+    def start(from_offsets: dict[int, int] | None = None) -> MigratingManager:
         topic = unique_topic_name("tbrlmm-differential")
+        positions = from_offsets if from_offsets is not None else source_ends(kafka_bootstrap, tbrlmm.partitions)
+        consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": import_group(topic)})
+        try:
+            consumer.commit(offsets=[TopicPartition(SOURCE_TOPIC, p, end) for p, end in positions.items()],
+                            asynchronous=False)
+        finally:
+            consumer.close()
         config = manager_config(kafka_bootstrap, tmp_path_factory.mktemp("node"), topic, partitions=3, **{
             "migration.mode": "dual-write", "migration.source.topic": SOURCE_TOPIC,
             "migration.control.topic": f"{topic}-control", "migration.heartbeat.ms": 200})
@@ -326,7 +337,7 @@ def caught_up_both(kafka_bootstrap: str, node: MigratingManager, probe: Tbrlmm, 
 # --- the tests ---------------------------------------------------------------------------------------------------
 
 def test_during_a_roll_tierlog_answers_every_read_as_kafkas_tbrlmm(
-        kafka_bootstrap: str, tbrlmm: Tbrlmm, migrating_node: Callable[[], MigratingManager]) -> None:
+        kafka_bootstrap: str, tbrlmm: Tbrlmm, migrating_node: Callable[..., MigratingManager]) -> None:
     writes = roll_workload(seed=26, partitions=4, uploads=10)
     node = migrating_node()
     tps = list(writes)
@@ -339,14 +350,15 @@ def test_during_a_roll_tierlog_answers_every_read_as_kafkas_tbrlmm(
 
 
 def test_a_node_started_later_imports_what_tbrlmm_alone_wrote_and_answers_alike(
-        kafka_bootstrap: str, tbrlmm: Tbrlmm, migrating_node: Callable[[], MigratingManager]) -> None:
+        kafka_bootstrap: str, tbrlmm: Tbrlmm, migrating_node: Callable[..., MigratingManager]) -> None:
     writes = roll_workload(seed=27, partitions=3, uploads=8)
     tps = list(writes)
+    before = source_ends(kafka_bootstrap, tbrlmm.partitions)
     tbrlmm.register(tps)
     for calls in writes.values():
         for call in calls:
             tbrlmm.write(call)
-    node = migrating_node()  # the first broker rolled to tierlog: its import starts from the topic's beginning
+    node = migrating_node(before)  # the first broker rolled to tierlog: it imports all TBRLMM wrote
     for tp in tps:
         take_over(node, tp)
     wait_imported(node)
@@ -354,7 +366,7 @@ def test_a_node_started_later_imports_what_tbrlmm_alone_wrote_and_answers_alike(
 
 
 def test_tbrlmm_taking_over_partitions_tierlog_alone_wrote_answers_alike(
-        kafka_bootstrap: str, tbrlmm: Tbrlmm, migrating_node: Callable[[], MigratingManager]) -> None:
+        kafka_bootstrap: str, tbrlmm: Tbrlmm, migrating_node: Callable[..., MigratingManager]) -> None:
     """A rollback: TBRLMM is assigned the partitions after tierlog wrote them, and replays them from the topic. (The
     deleted partition is assigned before its delete: TBRLMM's consumer thread dies on a partition assigned after its
     DELETE_PARTITION_FINISHED, a NullPointerException in RemotePartitionMetadataStore.markInitialized.)"""
@@ -369,3 +381,20 @@ def test_tbrlmm_taking_over_partitions_tierlog_alone_wrote_answers_alike(
     tbrlmm.register(kept)
     tbrlmm.catch_up(kafka_bootstrap, list(writes))
     assert assert_answers_as_tbrlmm(node, tbrlmm, writes) > 300
+
+
+def test_a_segments_whole_life_written_through_tierlog_completes_each_call_as_tbrlmms_would(
+        kafka_bootstrap: str, tbrlmm: Tbrlmm, migrating_node: Callable[..., MigratingManager]) -> None:
+    """Each call returns once its record is applied, DELETE_SEGMENT_FINISHED too (after which tierlog's view no longer
+    holds the segment at all), and TBRLMM ends with the same answers."""
+    tp = make_tp("whole-life", 0)
+    added = segment(tp, 0, 99, {0: 0})
+    writes = {tp: [added, *(update_of(added, s) for s in list(RemoteLogSegmentState)[1:])]}
+    tbrlmm.register([tp])
+    node = migrating_node()
+    take_over(node, tp)
+    for call in writes[tp]:
+        submit(node, call).result(timeout=DEADLINE_S)
+    tbrlmm.catch_up(kafka_bootstrap, [tp])
+    assert node.list_remote_log_segments(tp) == []
+    assert_answers_as_tbrlmm(node, tbrlmm, writes)
