@@ -22,13 +22,16 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from rlmm.errors import RemoteStorageError
-from rsm.chunk_index import checksum
+from rsm.chunk_index import checksum, file_checksum
 from rsm.failure_log import RepeatedFailureLog
 from rsm.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 ChunkKey = tuple[uuid.UUID, int]
 _TEMP_DIR = ".tmp"
@@ -86,6 +89,17 @@ class ChunkCache(abc.ABC):
         """Where a chunk's file is, for a cache on disk; None for the memory cache."""
         return None
 
+    def _check_file(self, key: ChunkKey) -> tuple[Path, int, int] | None:
+        """(path, checksum, size) of a chunk's file, read in small pieces (nothing is kept); None if absent or the
+        cache keeps no files."""
+        path = self.path(key)
+        if path is None:
+            return None
+        try:
+            return (path, *file_checksum(path))
+        except FileNotFoundError:
+            return None
+
     # -- the cache ------------------------------------------------------------------------------
 
     def contains(self, key: ChunkKey) -> bool:
@@ -94,25 +108,36 @@ class ChunkCache(abc.ABC):
 
     def get(self, key: ChunkKey, expected_crc: int) -> bytes | None:
         """The chunk if cached and it matches `expected_crc`; a damaged copy is dropped (a miss)."""
+
+        def read(key: ChunkKey) -> tuple[bytes, int, int] | None:
+            data = self._read(key)
+            return None if data is None else (data, checksum(data), len(data))
+
+        return self._checked(key, expected_crc, read)
+
+    def _checked(self, key: ChunkKey, expected_crc: int, read: Callable[[ChunkKey], tuple[_T, int, int] | None]
+                 ) -> _T | None:
+        """What `read` found of a cached chunk, (what, its checksum, its size), if it matches `expected_crc`; None
+        for a miss. A damaged copy is dropped, and so is the entry of a file removed behind the cache's back."""
         with self._lock:
             present = key in self._entries
             if present:
                 self._entries.move_to_end(key)
-        data = self._read(key) if present else None
-        if data is not None and checksum(data) != expected_crc:
+        found = read(key) if present else None
+        if found is not None and found[1] != expected_crc:
             log.warning("dropping cached chunk %d of segment %s: it fails its checksum (damaged or partial file); "
                         "fetching it again", key[1], key[0])
             self._metrics.increment(CORRUPT_DROPPED)
             self._drop(key)
-            data = None
-        elif data is None and present:
+            found = None
+        elif found is None and present:
             self._drop(key)  # removed behind our back
-        if data is None:
+        if found is None:
             self._metrics.increment(MISSES)
             return None
         self._metrics.increment(HITS)
-        self._metrics.increment(BYTES_SERVED, len(data))
-        return data
+        self._metrics.increment(BYTES_SERVED, found[2])
+        return found[0]
 
     def put(self, key: ChunkKey, data: bytes) -> bool:
         """Store a checked chunk; False if it was not stored (bigger than the cache, or the write failed)."""
@@ -142,8 +167,8 @@ class ChunkCache(abc.ABC):
         (a damaged one is dropped), or the cache keeps no files."""
         paths = []
         for key, crc in keys:
-            path = self.path(key)
-            if path is None or self.get(key, crc) is None:
+            path = self._checked(key, crc, self._check_file)
+            if path is None:
                 return None
             paths.append(path)
         lease_id = uuid.uuid4().hex
