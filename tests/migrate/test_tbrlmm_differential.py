@@ -398,3 +398,28 @@ def test_a_segments_whole_life_written_through_tierlog_completes_each_call_as_tb
     tbrlmm.catch_up(kafka_bootstrap, [tp])
     assert node.list_remote_log_segments(tp) == []
     assert_answers_as_tbrlmm(node, tbrlmm, writes)
+
+
+@pytest.mark.parametrize("last", ["tbrlmm", "tierlog"])
+def test_two_leaders_copying_the_same_offsets_end_as_in_tbrlmm_whichever_finishes_last(
+        last: str, kafka_bootstrap: str, tbrlmm: Tbrlmm, migrating_node: Callable[..., MigratingManager]) -> None:
+    """The roll's race: the old leader (TBRLMM) has not finished its copy when its successor (tierlog) copies the same
+    offsets; one finishes after the other."""
+    tp = make_tp("race", 0)
+    old, new = segment(tp, 0, 99, {0: 0}), segment(tp, 0, 99, {0: 0})
+    finish = {"tbrlmm": update_of(old, RemoteLogSegmentState.COPY_SEGMENT_FINISHED),
+              "tierlog": update_of(new, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)}
+    tbrlmm.register([tp])
+    node = migrating_node()
+    tbrlmm.write(old)
+    take_over(node, tp)
+    submit(node, new).result(timeout=DEADLINE_S)
+    first = "tierlog" if last == "tbrlmm" else "tbrlmm"
+    for side in (first, last):
+        if side == "tbrlmm":
+            tbrlmm.write(finish[side])
+        else:
+            submit(node, finish[side]).result(timeout=DEADLINE_S)
+    caught_up_both(kafka_bootstrap, node, tbrlmm, [tp])
+    assert_answers_as_tbrlmm(node, tbrlmm, {tp: [old, new]})
+    assert node.remote_log_segment_metadata(tp, 0, 50) is not None
