@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from migrate_testkit import KafkaWrite, probe_request
 from rlmm_strategies import interesting_offsets
@@ -131,7 +131,7 @@ def _source_partitions(bootstrap: str) -> int:
     if SOURCE_TOPIC not in admin.list_topics(timeout=10).topics:
         created = admin.create_topics([NewTopic(SOURCE_TOPIC, KAFKA_DEFAULT_PARTITIONS, 1, config={
             "cleanup.policy": "delete", "retention.ms": "-1"})], operation_timeout=DEADLINE_S)[SOURCE_TOPIC]
-        with contextlib.suppress(Exception):  # created meanwhile by someone else: its count is read below
+        with contextlib.suppress(KafkaException):  # created meanwhile by someone else: its count is read below
             created.result(DEADLINE_S)
 
     def described() -> int:
