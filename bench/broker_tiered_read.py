@@ -105,8 +105,13 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         tiered_s = time.monotonic() - started
         port = choice.metrics_port
         before = {} if port is None else _agent_calls(port)
-        reads = [_consume(classpath, kafka.bootstrap) for _ in range(args.repeat)]
-        agent = None if port is None else _agent_calls_during(before, _agent_calls(port), args.repeat)
+        reads = [_consume(classpath, kafka.bootstrap)]
+        after_cold = {} if port is None else _agent_calls(port)
+        reads += [_consume(classpath, kafka.bootstrap) for _ in range(args.repeat - 1)]
+        agent = None if port is None else {
+            "cold_read": _agent_calls_during(before, after_cold, 1),
+            "warm_reads": _agent_calls_during(after_cold, _agent_calls(port), max(args.repeat - 1, 1)),
+        }
     if any(r["records"] != records for r in reads):
         raise AssertionError(f"{name}: a read did not return all {records} records: {reads}")
     return {
