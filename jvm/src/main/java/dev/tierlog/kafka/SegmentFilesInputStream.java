@@ -6,6 +6,7 @@
  */
 package dev.tierlog.kafka;
 
+import java.io.Closeable;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.ByteBuffer;
@@ -21,8 +22,8 @@ final class SegmentFilesInputStream extends InputStream {
     sealed interface Window permits Files, Streamed {
     }
 
-    /** Open files covering positions up to {@code endPosition} (inclusive). */
-    record Files(List<OpenRange> ranges, long endPosition) implements Window {
+    /** Open files covering positions up to {@code endPosition} (inclusive), let go by closing {@code holder}. */
+    record Files(List<OpenRange> ranges, long endPosition, Closeable holder) implements Window {
     }
 
     /** A stream of the rest of the range. */
@@ -40,6 +41,7 @@ final class SegmentFilesInputStream extends InputStream {
     private final Windows windows;
     private final byte[] one = new byte[1];
     private List<OpenRange> ranges = List.of();
+    private Closeable holder;
     private int index;
     private long readInRange;
     private long nextPosition;
@@ -57,6 +59,7 @@ final class SegmentFilesInputStream extends InputStream {
     private void adopt(Window window) {
         if (window instanceof Files files) {
             ranges = files.ranges();
+            holder = files.holder();
             index = 0;
             readInRange = 0;
             nextPosition = files.endPosition() + 1;
@@ -118,24 +121,14 @@ final class SegmentFilesInputStream extends InputStream {
         return index < ranges.size() ? (int) Math.min(Integer.MAX_VALUE, ranges.get(index).length() - readInRange) : 0;
     }
 
-    /** Closes the current window's files (all of them, reporting the first failure). */
+    /** Lets go of the current window's files. */
     private void closeWindow() throws IOException {
-        IOException failure = null;
-        for (OpenRange range : ranges) {
-            try {
-                range.channel().close();
-            } catch (IOException e) {
-                if (failure == null) {
-                    failure = new IOException(what + ": closing chunk cache file " + range.path() + " failed", e);
-                } else {
-                    failure.addSuppressed(e);
-                }
-            }
-        }
+        Closeable held = holder;
         ranges = List.of();
+        holder = null;
         index = 0;
-        if (failure != null) {
-            throw failure;
+        if (held != null) {
+            held.close();
         }
     }
 

@@ -30,6 +30,7 @@ import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.stub.StreamObserver;
 
+import org.apache.kafka.common.Uuid;
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata.CustomMetadata;
@@ -57,15 +58,21 @@ import dev.tierlog.kafka.proto.SegmentFilesLease;
  */
 public class TierlogRemoteStorageManager implements RemoteStorageManager {
     private static final Logger LOG = LoggerFactory.getLogger(TierlogRemoteStorageManager.class);
+    // At most this many answers are kept open for reuse (each a few chunk files): fetches of this many segments at
+    // once each find their last window.
+    static final int RECENT_WINDOWS = 64;
 
     private volatile AgentClient agent;
     // Set once the agent answered FetchLogSegmentFiles UNIMPLEMENTED (an older agent): then only streams.
     private final AtomicBoolean filesUnimplemented = new AtomicBoolean();
+    // Recent FetchLogSegmentFiles answers, read again by the next fetches of their segments (agent.fetch.files.reuse.ms).
+    private volatile RecentWindows recent = new RecentWindows(0, 0, System::nanoTime);
 
     @Override
     public void configure(Map<String, ?> configs) {
         AgentSettings settings = AgentSettings.parse(configs);
         agent = new AgentClient(settings, Component.REMOTE_STORAGE_MANAGER, (ch, dl) -> null);
+        recent = new RecentWindows(RECENT_WINDOWS, settings.fetchFilesReuseMs, System::nanoTime);
         try {
             agent.start();
         } catch (RemoteStorageException e) {
@@ -176,9 +183,10 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
         if (end != null) {
             last = Math.min(last, end);
         }
-        return new SegmentFilesInputStream(what, window(what, metadata, start, end), last, position -> {
+        long lastPosition = last;
+        return new SegmentFilesInputStream(what, window(what, metadata, start, end, lastPosition), last, position -> {
             try {
-                return window(what, metadata, position, end);
+                return window(what, metadata, position, end, lastPosition);
             } catch (RemoteStorageException e) {
                 throw new IOException(what + " failed at position " + position + ": " + e.getMessage(), e);
             }
@@ -196,16 +204,25 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
     }
 
     /** One FetchLogSegmentFiles answer: its files, opened, or why the range must be streamed instead. */
-    private record FilesAnswer(SegmentFilesInputStream.Files files, String streamInstead, IOException unopened) {
+    private record FilesAnswer(RecentWindows.Shared files, String streamInstead, IOException unopened) {
     }
 
     /**
-     * The window from {@code position}: the files of one FetchLogSegmentFiles answer, opened and their lease
-     * released; a file that cannot be opened (its lease ran out) gets the call once more. Otherwise, and when
-     * the agent says so, a stream of the rest of the range.
+     * The window from {@code position}: a recent answer's files that hold it, else the files of one
+     * FetchLogSegmentFiles answer, opened and their lease released; a file that cannot be opened (its lease ran out)
+     * gets the call once more. Otherwise, and when the agent says so, a stream of the rest of the range.
      */
     private SegmentFilesInputStream.Window window(String what, RemoteLogSegmentMetadata metadata, long position,
-            Integer end) throws RemoteStorageException {
+            Integer end, long last) throws RemoteStorageException {
+        Uuid segment = metadata.remoteLogSegmentId().id();
+        try {
+            SegmentFilesInputStream.Files reused = recent.reuse(segment, position, last);
+            if (reused != null) {
+                return reused;
+            }
+        } catch (IOException e) {
+            LOG.warn("{}: closing expired chunk cache files failed: {}", what, e.toString());
+        }
         FetchSegmentFilesRequest.Builder request = FetchSegmentFilesRequest.newBuilder()
             .setMetadata(ProtoMapping.toProto(metadata)).setStartPosition(Math.toIntExact(position))
             .setMaxBytes(agent().settings().fetchFilesWindowBytes);
@@ -215,9 +232,14 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
         String call = what + " files from " + position;
         for (int attempt = 1; attempt <= 2; attempt++) {
             FilesAnswer answer = agent().call(call, agent().settings().lookupTimeoutMs,
-                (ch, dl) -> openFiles(ch, dl, request.build(), position));
+                (ch, dl) -> openFiles(ch, dl, request.build(), what, segment, position));
             if (answer.files() != null) {
-                return answer.files();
+                try {
+                    recent.keep(answer.files());
+                } catch (IOException e) {
+                    LOG.warn("{}: closing older chunk cache files failed: {}", what, e.toString());
+                }
+                return answer.files().files(position, last);
             }
             if (answer.streamInstead() != null) {
                 LOG.debug("{}: streamed, the agent has no files ({})", call, answer.streamInstead());
@@ -233,8 +255,9 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
 
     /** Asks for the files of a range, opens them all, then releases their lease (open files stay readable). */
     private FilesAnswer openFiles(ManagedChannel ch, Deadline deadline, FetchSegmentFilesRequest request,
-            long position) {
+            String what, Uuid segment, long position) {
         SegmentFiles answer;
+        long checked = System.nanoTime(); // the agent checks the files after this
         try {
             answer = RemoteStorageGrpc.newBlockingStub(ch).withDeadline(deadline).fetchLogSegmentFiles(request);
         } catch (StatusRuntimeException e) {
@@ -265,8 +288,8 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                     FileChannel.open(Path.of(range.getPath()), StandardOpenOption.READ), range.getPath(),
                     range.getOffset(), range.getLength()));
             }
-            return new FilesAnswer(new SegmentFilesInputStream.Files(List.copyOf(opened), answer.getEndPosition()),
-                null, null);
+            return new FilesAnswer(new RecentWindows.Shared(what, segment, position, answer.getEndPosition(), opened,
+                checked), null, null);
         } catch (IOException | RuntimeException e) {
             for (SegmentFilesInputStream.OpenRange range : opened) {
                 try {
@@ -315,6 +338,12 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
 
     @Override
     public void deleteLogSegmentData(RemoteLogSegmentMetadata metadata) throws RemoteStorageException {
+        try {
+            recent.forget(metadata.remoteLogSegmentId().id());
+        } catch (IOException e) {
+            LOG.warn("deleteLogSegmentData({}): closing its chunk cache files failed: {}",
+                metadata.remoteLogSegmentId(), e.toString());
+        }
         agent().call("deleteLogSegmentData(" + metadata.remoteLogSegmentId() + ")", agent().settings().callTimeoutMs,
             (ch, dl) -> RemoteStorageGrpc.newBlockingStub(ch).withDeadline(dl)
                 .deleteLogSegmentData(ProtoMapping.toProto(metadata)));
@@ -322,9 +351,13 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
 
     @Override
     public void close() throws IOException {
-        AgentClient a = agent;
-        if (a != null) {
-            a.close();
+        try {
+            recent.close();
+        } finally {
+            AgentClient a = agent;
+            if (a != null) {
+                a.close();
+            }
         }
     }
 }

@@ -1,7 +1,9 @@
 /*
  * fetchLogSegment through FetchLogSegmentFiles against a fake agent in this JVM that answers with chunk files of
  * a cache directory: exact bytes across windows and chunks, the next window only when the reader gets there,
- * every file closed, and the stream (FetchLogSegment) whenever the agent cannot answer with files.
+ * every file closed, and the stream (FetchLogSegment) whenever the agent cannot answer with files; with
+ * agent.fetch.files.reuse.ms, later fetches inside a recent answer's window read its files again, until it expires,
+ * its segment is deleted or the plugin closes.
  */
 package dev.tierlog.kafka;
 
@@ -126,6 +128,12 @@ class SegmentFilesTest {
         }
 
         @Override
+        public void deleteLogSegmentData(dev.tierlog.kafka.proto.RemoteLogSegmentMetadata request,
+                StreamObserver<Empty> observer) {
+            answer(observer, Empty.getDefaultInstance());
+        }
+
+        @Override
         public void releaseSegmentFiles(SegmentFilesLease request, StreamObserver<Empty> observer) {
             released.add(request.getLeaseId());
             answer(observer, Empty.getDefaultInstance());
@@ -169,11 +177,13 @@ class SegmentFilesTest {
         agent.close();
     }
 
+    /** A plugin on the fake agent; answers are not reused unless an override sets agent.fetch.files.reuse.ms. */
     private TierlogRemoteStorageManager rsm(String... overrides) {
         Map<String, String> config = new HashMap<>(Map.of(
             "agent.socket.path", dir.resolve("a.sock").toString(),
             "agent.start", "false",
-            "agent.fetch.files.window.bytes", String.valueOf(WINDOW)));
+            "agent.fetch.files.window.bytes", String.valueOf(WINDOW),
+            "agent.fetch.files.reuse.ms", "0"));
         for (int i = 0; i < overrides.length; i += 2) {
             config.put(overrides[i], overrides[i + 1]);
         }
@@ -327,6 +337,61 @@ class SegmentFilesTest {
             .fetchLogSegment(METADATA, 1, 10)));
         assertEquals(0, storage.filesCalls.get());
         assertEquals(1, storage.streamCalls.get());
+    }
+
+    @Test
+    void fetchesInsideARecentWindowReadItsFilesAgain() throws Exception {
+        TierlogRemoteStorageManager rsm = rsm("agent.fetch.files.reuse.ms", "60000");
+        // A consumer catching up: each broker fetch reads on from where the one before it stopped.
+        int fetch = 100_000;
+        for (int start = 0; start + fetch <= WINDOW; start += fetch) {
+            try (InputStream in = rsm.fetchLogSegment(METADATA, start)) {
+                assertArrayEquals(segment(start, start + fetch - 1), in.readNBytes(fetch));
+            }
+        }
+        assertEquals(1, storage.filesCalls.get());
+        // An end inside the window ends the read there; a read past the window's end asks for the next one.
+        assertArrayEquals(segment(WINDOW - 50, WINDOW - 41), readAll(rsm.fetchLogSegment(METADATA, WINDOW - 50,
+            WINDOW - 41)));
+        assertArrayEquals(segment(WINDOW - 50, WINDOW + 49), readAll(rsm.fetchLogSegment(METADATA, WINDOW - 50,
+            WINDOW + 49)));
+        assertEquals(2, storage.filesCalls.get());
+        // That answer ended at the read's end: a later fetch from inside it reads it, then asks on from its end.
+        assertArrayEquals(segment(WINDOW + 7, 2 * WINDOW - 1), readAll(rsm.fetchLogSegment(METADATA, WINDOW + 7,
+            2 * WINDOW - 1)));
+        assertEquals(3, storage.filesCalls.get());
+        assertArrayEquals(segment(WINDOW + 100, WINDOW + 200), readAll(rsm.fetchLogSegment(METADATA, WINDOW + 100,
+            WINDOW + 200)));
+        assertEquals(3, storage.filesCalls.get());
+        assertEquals(0, storage.streamCalls.get());
+    }
+
+    @Test
+    void aKeptWindowExpiresAndIsLetGoOnDeleteAndClose() throws Exception {
+        TierlogRemoteStorageManager rsm = rsm("agent.fetch.files.reuse.ms", "200");
+        readAll(rsm.fetchLogSegment(METADATA, 0, 10));
+        Thread.sleep(300);
+        readAll(rsm.fetchLogSegment(METADATA, 5, 10));
+        assertEquals(2, storage.filesCalls.get(), "an answer older than agent.fetch.files.reuse.ms is asked again");
+
+        plugins.remove(rsm);
+        rsm.close();
+        assertEquals(0, openChunkFiles());
+
+        TierlogRemoteStorageManager kept = rsm("agent.fetch.files.reuse.ms", "60000");
+        readAll(kept.fetchLogSegment(METADATA, 0, 10));
+        assertEquals(1, openChunkFiles(), "the answer's file stays open for the next fetch");
+        kept.deleteLogSegmentData(METADATA);
+        assertEquals(0, openChunkFiles(), "a deleted segment's files are let go");
+        readAll(kept.fetchLogSegment(METADATA, 0, 10));
+        assertEquals(4, storage.filesCalls.get(), "asked again after the delete");
+        InputStream reading = kept.fetchLogSegment(METADATA, WINDOW + 3, WINDOW + 100);
+        assertEquals(5, storage.filesCalls.get());
+        assertEquals(2, openChunkFiles());
+        kept.close();
+        assertEquals(1, openChunkFiles(), "a stream reading a kept window keeps its files");
+        assertArrayEquals(segment(WINDOW + 3, WINDOW + 100), readAll(reading));
+        assertEquals(0, openChunkFiles());
     }
 
     @Test
