@@ -39,8 +39,10 @@ def ensure_plugin_jar() -> Path:
     ]
     newest = max(p.stat().st_mtime for p in sources)
     if not PLUGIN_JAR.exists() or PLUGIN_JAR.stat().st_mtime < newest:
+        # Maven's output goes to stderr: the benchmarks that call this print their JSON on stdout.
         subprocess.run(
-            ["mvn", "-q", "-B", "-f", str(JVM_DIR / "pom.xml"), "package", "-DskipTests"], check=True
+            ["mvn", "-q", "-B", "-Dstyle.color=never", "-f", str(JVM_DIR / "pom.xml"), "package", "-DskipTests"],
+            check=True, stdout=sys.stderr,
         )
     return PLUGIN_JAR
 
