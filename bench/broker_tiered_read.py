@@ -3,7 +3,9 @@ filesystem backend with its disk chunk cache, the adapter reading the cache's fi
 with Kafka's own TopicBasedRemoteLogMetadataManager and in-JVM LocalTieredStorage (the kafka-storage test-fixtures
 jar dev/kafka fetches), over the same records. One broker at a time, the first read cold, then warm ones.
 
-Usage: python bench/broker_tiered_read.py [--mib 128] [--segment-mib 16] [--repeat 3]; prints one JSON document.
+Usage: python bench/broker_tiered_read.py [--mib 128] [--segment-mib 16] [--repeat 3] [--split]; prints one JSON
+document. The brokers run with the full JIT (C2), as in production; `--split` adds tierlog's rsm beside Kafka's
+TBRLMM.
 """
 
 from __future__ import annotations
@@ -135,6 +137,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="reads per broker (the first one cold)")
     parser.add_argument("--files-window-mib", type=int, default=None,
                         help="the adapter's agent.fetch.files.window.bytes in MiB (default: the adapter's, 8)")
+    parser.add_argument("--split", action="store_true",
+                        help="also tierlog's rsm beside Kafka's TBRLMM: what the rsm's path costs without the rlmm's")
     args = parser.parse_args()
     libs = ensure_kafka_libs()
     with tempfile.TemporaryDirectory(prefix="tlbr-") as tmp, tempfile.TemporaryDirectory(prefix="tl-") as sockets:
@@ -142,7 +146,7 @@ def main() -> None:
         classpath = _compile_consumer(libs, base / "classes")
         # broker_properties wants an S3 location for tierlog's rsm; the filesystem backend overrides it.
         unused_s3 = S3Location("http://127.0.0.1:1", "unused", "unused", "unused", "unused")
-        tierlog = PluginChoice(s3=unused_s3, metrics_port=free_ports(1)[0], extra={
+        rsm = {
             "rsm.config.storage.backend": "filesystem",
             "rsm.config.filesystem.root": str(base / "tierlog-remote"),
             "rsm.config.fetch.chunk.cache.class": "disk",
@@ -150,13 +154,20 @@ def main() -> None:
             **({} if args.files_window_mib is None else {
                 "rsm.config.agent.fetch.files.window.bytes": str(args.files_window_mib * MIB),
             }),
-        })
+        }
+        tierlog = PluginChoice(s3=unused_s3, metrics_port=free_ports(1)[0], extra=rsm)
         kafka = PluginChoice(rlmm=KAFKA_RLMM, rsm=KAFKA_LOCAL_RSM, local_tiered_storage_dir=base / "local-tiered")
         results = {
             "tierlog": _run("tierlog", tierlog, Path(sockets), base, args, classpath),
             "kafka_local_tiered_storage": _run("kafka", kafka, Path(sockets), base, args, classpath),
         }
-    ours, theirs = results["tierlog"], results["kafka_local_tiered_storage"]
+        if args.split:
+            rsm_alone = PluginChoice(rlmm=KAFKA_RLMM, s3=unused_s3, metrics_port=free_ports(1)[0], extra={
+                **rsm, "rsm.config.filesystem.root": str(base / "tierlog-remote-2"),
+                "rsm.config.fetch.chunk.cache.path": str(base / "tierlog-cache-2"),
+            })
+            results["tierlog_rsm_with_tbrlmm"] = _run("tierlog-rsm", rsm_alone, Path(sockets), base, args, classpath)
+    theirs = results["kafka_local_tiered_storage"]
     print(json.dumps({
         "benchmark": "broker_tiered_read",
         "topic_mib": args.mib,
@@ -166,10 +177,10 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
         **results,
-        "ratio_tierlog_to_kafka": {
-            "cold": round(ours["cold_mib_per_s"] / theirs["cold_mib_per_s"], 3),
-            "median": round(ours["median_mib_per_s"] / theirs["median_mib_per_s"], 3),
-        },
+        **{f"ratio_{name}_to_kafka": {
+            "cold": round(result["cold_mib_per_s"] / theirs["cold_mib_per_s"], 3),
+            "median": round(result["median_mib_per_s"] / theirs["median_mib_per_s"], 3),
+        } for name, result in results.items() if result is not theirs},
     }, indent=2))
 
 
