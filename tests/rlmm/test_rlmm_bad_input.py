@@ -82,7 +82,9 @@ def test_an_unknown_schema_fingerprint_is_a_decode_error_naming_the_fingerprint(
         codec.decode(_unknown_fingerprint_bytes(segment(TP, 0, 1, {0: 0})))
 
 
-@pytest.mark.parametrize("value", [b"", b"garbage", b"\xc3\x01", codec.encode(segment(TP, 0, 1, {0: 0}))[:-3]])
+# Named ids: the truncated event holds TP's random topic id, and xdist's workers must collect the same test names.
+@pytest.mark.parametrize("value", [b"", b"garbage", b"\xc3\x01", codec.encode(segment(TP, 0, 1, {0: 0}))[:-3]],
+                         ids=["empty", "garbage", "header-only", "truncated-event"])
 def test_bytes_that_are_not_a_complete_event_are_a_decode_error(value: bytes) -> None:
     with pytest.raises(codec.DecodeError):
         codec.decode(value)
