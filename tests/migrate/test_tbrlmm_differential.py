@@ -118,9 +118,16 @@ def _tp_text(tp: TopicIdPartition) -> str:
 def source_ends(bootstrap: str, partitions: int | set[int]) -> dict[int, int]:
     """The end offsets of `__remote_log_metadata`'s `partitions` (a set, or all of a count) now."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-tbrlmm-ends"})
+
+    def end(p: int) -> int:
+        # A topic created a moment ago answers "not leader" until the broker's metadata has its leaders: ask again.
+        # (A 1-tuple, so that an end offset of 0 counts as an answer.)
+        found = wait_until(lambda: (consumer.get_watermark_offsets(TopicPartition(SOURCE_TOPIC, p), timeout=10),),
+                           timeout=DEADLINE_S, description=f"the end offset of {SOURCE_TOPIC}-{p}")
+        return int(found[0][1])
+
     try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(SOURCE_TOPIC, p), timeout=10)[1]
-                for p in (range(partitions) if isinstance(partitions, int) else partitions)}
+        return {p: end(p) for p in (range(partitions) if isinstance(partitions, int) else partitions)}
     finally:
         consumer.close()
 
