@@ -1,13 +1,15 @@
-"""Shared setup of the migration tests: Kafka's own serde through a small Java probe, and the rlmm test helpers.
+"""Shared setup of the migration tests: Kafka's own serde and its TopicBasedRemoteLogMetadataManager through small
+Java probes, and the rlmm test helpers.
 
-`kafka_probe` runs tests/migrate/KafkaSerdeProbe.java against the Kafka jars dev/services caches (.dev/kafka-libs).
+`kafka_probe` runs tests/migrate/KafkaSerdeProbe.java, `tbrlmm` tests/migrate/TbrlmmProbe.java, against the Kafka jars
+dev/services caches (.dev/kafka-libs).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ _TESTS_DIR = Path(__file__).resolve().parents[1]
 for _path in (str(_TESTS_DIR), str(_TESTS_DIR / "rlmm")):  # support.* and the rlmm strategies and testkit
     if _path not in sys.path:
         sys.path.insert(0, _path)
+
+from migrate_testkit import Tbrlmm, source_partitions  # noqa: E402
 
 from dev.kafka import default_libs_dir, java_executable, kafka_libs_cached  # noqa: E402
 
@@ -42,3 +46,18 @@ def kafka_probe() -> Callable[[Sequence[str]], list[str]]:
         return answers
 
     return ask
+
+
+@pytest.fixture(scope="module")
+def tbrlmm(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tbrlmm]:
+    """One TBRLMM JVM for the module, on the dev broker's `__remote_log_metadata`."""
+    if not kafka_libs_cached():
+        pytest.skip(f"the Kafka jars are not in {default_libs_dir()} (`dev/services up` fetches them)")
+    partitions = source_partitions(kafka_bootstrap)
+    workdir = tmp_path_factory.mktemp("tbrlmm")
+    with open(workdir / "stderr.log", "w", encoding="utf-8") as stderr:
+        probe = Tbrlmm(kafka_bootstrap, partitions, workdir / "log", stderr)
+        try:
+            yield probe
+        finally:
+            probe.close()

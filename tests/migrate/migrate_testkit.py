@@ -1,4 +1,5 @@
-"""Helpers for the migration tests: histories in Kafka's format on a source topic, and `tierlog` runs against them.
+"""Helpers for the migration tests: histories in Kafka's format on a source topic, `tierlog` runs against them, and
+Kafka's real TopicBasedRemoteLogMetadataManager (TBRLMM) in a JVM answering the same reads as a tierlog node.
 
 A history is what Kafka's TopicBasedRemoteLogMetadataManager appends to `__remote_log_metadata` for a sequence of
 API calls: every call, in order, in the metadata partition its partitioner picks, except the two its API refuses
@@ -10,20 +11,26 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import queue
 import random
-from collections.abc import Iterable, Sequence
+import subprocess
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import strategies as st
-from rlmm_strategies import STEPS, Scenario, assert_answers_like, step
+from rlmm_strategies import STEPS, Scenario, assert_answers_like, interesting_offsets, step
 from rlmm_testkit import make_tp, workload
 from support.reference_model import ReferenceModel
 
-from rlmm import state
-from rlmm.errors import RemoteStorageError
+from dev.kafka import default_libs_dir, java_executable
+from dev.process import wait_until
+from rlmm import RemoteLogMetadataManager, state
+from rlmm.errors import RemoteResourceNotFoundError, RemoteStorageError, RemoteStorageNotReadyError
 from rlmm.kafka_format import KafkaMetadata, RemoteLogSegmentMetadataSnapshot, encode, metadata_partition
 from rlmm.types import (
     RemoteLogSegmentMetadata,
@@ -33,6 +40,7 @@ from rlmm.types import (
     TopicIdPartition,
 )
 from tierlog.cli.main import main
+from tierlog.migration.node import MigratingManager
 
 KafkaWrite = RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate | RemotePartitionDeleteMetadata
 SOURCE_PARTITIONS = 5
@@ -170,3 +178,196 @@ def assert_answers_as_kafka(model: ReferenceModel, store: state.StateReader, his
         assert state.is_deleted(store, tp) == model.is_deleted(tp), tp
         if not model.is_deleted(tp):
             assert_answers_like(model, store, tp, segments)
+
+
+# --- Kafka's real TopicBasedRemoteLogMetadataManager (TBRLMM) beside a tierlog node ------------------------------
+
+TBRLMM_PROBE = Path(__file__).resolve().parent / "TbrlmmProbe.java"
+SOURCE_TOPIC = "__remote_log_metadata"  # TBRLMM's, not configurable
+KAFKA_DEFAULT_PARTITIONS = 50  # remote.log.metadata.topic.num.partitions when a test creates the topic
+TBRLMM_BROKER_ID = 1  # the tierlog node is broker 0
+DEADLINE_S = 30.0
+# Kafka's exception for each error tierlog raises (the broker's adapter maps one to the other).
+KAFKA_ERRORS = {RemoteResourceNotFoundError: "RemoteResourceNotFoundException",
+                RemoteStorageNotReadyError: "ReplicaNotAvailableException"}
+
+
+class Tbrlmm:
+    """Kafka's TopicBasedRemoteLogMetadataManager in a JVM of its own (tests/migrate/TbrlmmProbe.java): one request
+    line in, one JSON answer out."""
+
+    def __init__(self, bootstrap: str, partitions: int, log_dir: Path, stderr: IO[str]) -> None:
+        self.partitions = partitions
+        self._stderr_path = Path(stderr.name)
+        self._process = subprocess.Popen(
+            [java_executable(), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{default_libs_dir()}/*",
+             str(TBRLMM_PROBE), bootstrap, str(partitions), str(TBRLMM_BROKER_ID), str(log_dir)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
+        self._answers: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read_answers, name="tbrlmm-probe-answers", daemon=True).start()
+
+    def _read_answers(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            self._answers.put(line)
+        self._answers.put(None)
+
+    def ask_all(self, requests: Sequence[str], timeout_s: float = DEADLINE_S) -> list[dict[str, Any]]:
+        """The answers to `requests`, sent at once (the probe answers in order; a thread drains its answers meanwhile,
+        so neither pipe fills); each answer within `timeout_s` of the one before."""
+        assert self._process.stdin is not None
+        self._process.stdin.write("".join(f"{request}\n" for request in requests))
+        self._process.stdin.flush()
+        answers: list[dict[str, Any]] = []
+        for request in requests:
+            try:
+                answer = self._answers.get(timeout=timeout_s)
+            except queue.Empty:
+                answer = None
+            assert answer is not None, (f"TBRLMM's probe exited or gave no answer to {request!r} within "
+                                        f"{timeout_s:g} s; its stderr ends:\n{self._stderr_path.read_text()[-4000:]}")
+            answers.append(json.loads(answer))
+        return answers
+
+    def ask(self, request: str, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
+        return self.ask_all([request], timeout_s)[0]
+
+    def register(self, tps: Sequence[TopicIdPartition]) -> None:
+        for tp in tps:
+            assert self.ask(f"REGISTER L {tp_text(tp)}") == {"ok": True}
+        for tp in tps:
+            assert self.ask(f"READY {tp_text(tp)} {int(DEADLINE_S * 1000)}", DEADLINE_S + 5) == {"ready": True}, (
+                f"TBRLMM not ready for {tp}")
+
+    def write(self, call: KafkaWrite) -> None:
+        verb = {RemoteLogSegmentMetadata: "ADD", RemotePartitionDeleteMetadata: "DELETE"}.get(type(call), "UPDATE")
+        answer = self.ask(f"{verb} {probe_request(call)} {int(DEADLINE_S * 1000)}", DEADLINE_S + 5)
+        assert answer == {"ok": True}, f"TBRLMM refused {call}: {answer}"
+
+    def catch_up(self, bootstrap: str, tps: Sequence[TopicIdPartition]) -> None:
+        """Wait until TBRLMM's consumer has read every record on the metadata partitions of `tps` now."""
+        for mp, end in source_ends(bootstrap, {metadata_partition(tp, self.partitions) for tp in tps}).items():
+            if end:
+                answer = self.ask(f"SYNC {mp} {end - 1} {int(DEADLINE_S * 1000)}", DEADLINE_S + 5)
+                assert answer == {"ok": True}, f"TBRLMM did not read {SOURCE_TOPIC}-{mp} up to {end - 1}: {answer}"
+
+    def close(self) -> None:
+        assert self._process.stdin is not None
+        with contextlib.suppress(OSError):
+            self._process.stdin.close()  # the probe closes TBRLMM and exits
+        try:
+            self._process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(timeout=5)
+
+
+def tp_text(tp: TopicIdPartition) -> str:
+    return f"{tp.topic_id} {tp.topic} {tp.partition}"
+
+
+def source_ends(bootstrap: str, partitions: int | set[int]) -> dict[int, int]:
+    """The end offsets of `__remote_log_metadata`'s `partitions` (a set, or all of a count) now."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-tbrlmm-ends"})
+
+    def end(p: int) -> int:
+        # A topic created a moment ago answers "not leader" until the broker's metadata has its leaders: ask again.
+        # (A 1-tuple, so that an end offset of 0 counts as an answer.)
+        found = wait_until(lambda: (consumer.get_watermark_offsets(TopicPartition(SOURCE_TOPIC, p), timeout=10),),
+                           timeout=DEADLINE_S, description=f"the end offset of {SOURCE_TOPIC}-{p}")
+        return int(found[0][1])
+
+    try:
+        return {p: end(p) for p in (range(partitions) if isinstance(partitions, int) else partitions)}
+    finally:
+        consumer.close()
+
+
+def source_partitions(bootstrap: str) -> int:
+    """The partition count of `__remote_log_metadata` on the dev broker, created as TBRLMM creates it if missing."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if SOURCE_TOPIC not in admin.list_topics(timeout=10).topics:
+        created = admin.create_topics([NewTopic(SOURCE_TOPIC, KAFKA_DEFAULT_PARTITIONS, 1, config={
+            "cleanup.policy": "delete", "retention.ms": "-1"})], operation_timeout=DEADLINE_S)[SOURCE_TOPIC]
+        with contextlib.suppress(KafkaException):  # created meanwhile by someone else: its count is read below
+            created.result(DEADLINE_S)
+
+    def described() -> int:
+        topic = admin.list_topics(topic=SOURCE_TOPIC, timeout=5).topics.get(SOURCE_TOPIC)
+        ok = topic is not None and topic.error is None and topic.partitions and all(
+            p.leader >= 0 for p in topic.partitions.values())
+        return len(topic.partitions) if ok and topic is not None else 0
+
+    return int(wait_until(described, timeout=DEADLINE_S, description=f"leaders of {SOURCE_TOPIC}"))
+
+
+# --- the answers of both sides, in one shape ---------------------------------------------------------------------
+
+Query = tuple[Any, ...]  # ("LIST",), ("LIST", epoch), ("LOOKUP"|"TXN", epoch, offset), ("HIGHEST"|"SIZE", epoch)
+
+
+def queries(writes: Sequence[KafkaWrite]) -> list[Query]:
+    """Every read the broker makes, at every leader epoch of the partition's segments (and the next) and every offset
+    around their bounds."""
+    added = [c for c in writes if isinstance(c, RemoteLogSegmentMetadata)]
+    epochs = range(max((e for c in added for e in c.segment_leader_epochs), default=0) + 2)
+    offsets = sorted(interesting_offsets(added))
+    found: list[Query] = [("LIST",)]
+    for epoch in epochs:
+        found += [("LIST", epoch), ("HIGHEST", epoch), ("SIZE", epoch)]
+        found += [(kind, epoch, offset) for offset in offsets for kind in ("LOOKUP", "TXN")]
+    return found
+
+
+def _segment(md: RemoteLogSegmentMetadata) -> dict[str, Any]:
+    return {"id": str(md.remote_log_segment_id.id), "start": md.start_offset, "end": md.end_offset,
+            "max_ts": md.max_timestamp_ms, "broker": md.broker_id, "event_ts": md.event_timestamp_ms,
+            "size": md.segment_size_in_bytes, "epochs": {str(e): o for e, o in md.segment_leader_epochs.items()},
+            "custom": None if md.custom_metadata is None else md.custom_metadata.hex(), "state": md.state.value,
+            "txn_idx_empty": md.txn_idx_empty}
+
+
+def tierlog_answer(node: RemoteLogMetadataManager | MigratingManager, tp: TopicIdPartition, query: Query
+                   ) -> dict[str, Any]:
+    kind, *args = query
+    try:
+        if kind == "LIST":
+            return {"segments": [_segment(md) for md in node.list_remote_log_segments(tp, *args)]}
+        if kind in ("LOOKUP", "TXN"):
+            read = node.remote_log_segment_metadata if kind == "LOOKUP" else node.next_segment_with_txn_index
+            found = read(tp, *args)
+            return {"segment": None if found is None else _segment(found)}
+        if kind == "HIGHEST":
+            return {"offset": node.highest_offset_for_epoch(tp, *args)}
+        return {"size": node.remote_log_size(tp, *args)}
+    except RemoteStorageError as exc:
+        return {"error": KAFKA_ERRORS.get(type(exc), type(exc).__name__)}
+
+
+def _kafka_request(tp: TopicIdPartition, query: Query) -> str:
+    return " ".join(map(str, (query[0], tp_text(tp), *query[1:])))
+
+
+def _comparable(query: Query, answer: dict[str, Any]) -> dict[str, Any]:
+    """Kafka defines no order for a partition's listing, and orders an epoch's only by start offset: both sides'
+    listings sorted by (start offset, id) once their own order is checked; an error compared by its class only."""
+    answer = {key: value for key, value in answer.items() if key != "message"}
+    if "segments" not in answer:
+        return answer
+    starts = [s["start"] for s in answer["segments"]]
+    in_order = len(query) == 1 or starts == sorted(starts)
+    return {"segments": sorted(answer["segments"], key=lambda s: (s["start"], s["id"])), "in_order": in_order}
+
+
+def assert_answers_as_tbrlmm(node: RemoteLogMetadataManager | MigratingManager, probe: Tbrlmm,
+                             writes: Mapping[TopicIdPartition, Sequence[KafkaWrite]]) -> int:
+    """Every read of every partition answers alike on both sides; the number of reads compared."""
+    asked = [(tp, query) for tp, calls in writes.items() for query in queries(calls)]
+    theirs = probe.ask_all([_kafka_request(tp, query) for tp, query in asked])
+    differences = []
+    for (tp, query), kafka in zip(asked, theirs, strict=True):
+        ours, kafkas = _comparable(query, tierlog_answer(node, tp, query)), _comparable(query, kafka)
+        if ours != kafkas:
+            differences.append(f"{tp} {query}:\n  tierlog {ours}\n  TBRLMM  {kafkas}")
+    assert not differences, f"{len(differences)} of {len(asked)} reads differ:\n" + "\n".join(differences[:10])
+    return len(asked)

@@ -8,29 +8,24 @@ each uses user partitions of fresh topic ids, and TBRLMM only ever reads the par
 
 from __future__ import annotations
 
-import contextlib
-import json
-import queue
 import random
-import subprocess
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from typing import IO, Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-from migrate_testkit import KafkaWrite, probe_request
-from rlmm_strategies import interesting_offsets
+from confluent_kafka import Consumer, TopicPartition
+from migrate_testkit import (
+    DEADLINE_S,
+    SOURCE_TOPIC,
+    KafkaWrite,
+    Tbrlmm,
+    assert_answers_as_tbrlmm,
+    source_ends,
+)
 from rlmm_testkit import make_tp, manager_config, segment, submit, update_of, workload
 from support.topics import unique_topic_name
 
-from dev.kafka import default_libs_dir, java_executable, kafka_libs_cached
 from dev.process import wait_until
 from rlmm import RemoteLogMetadataManager
-from rlmm.errors import RemoteResourceNotFoundError, RemoteStorageError, RemoteStorageNotReadyError
-from rlmm.kafka_format import metadata_partition
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentState,
@@ -38,131 +33,6 @@ from rlmm.types import (
     TopicIdPartition,
 )
 from tierlog.migration.node import MigratingManager, import_group, split_config, wrap
-
-PROBE = Path(__file__).resolve().parent / "TbrlmmProbe.java"
-SOURCE_TOPIC = "__remote_log_metadata"  # TBRLMM's, not configurable
-KAFKA_DEFAULT_PARTITIONS = 50  # remote.log.metadata.topic.num.partitions when a test creates the topic
-TBRLMM_BROKER_ID = 1  # the tierlog node is broker 0
-DEADLINE_S = 30.0
-# Kafka's exception for each error tierlog raises (the broker's adapter maps one to the other).
-KAFKA_ERRORS = {RemoteResourceNotFoundError: "RemoteResourceNotFoundException",
-                RemoteStorageNotReadyError: "ReplicaNotAvailableException"}
-
-
-class Tbrlmm:
-    """Kafka's TopicBasedRemoteLogMetadataManager in a JVM of its own: one request line in, one JSON answer out."""
-
-    def __init__(self, bootstrap: str, partitions: int, log_dir: Path, stderr: IO[str]) -> None:
-        self.partitions = partitions
-        self._stderr_path = Path(stderr.name)
-        self._process = subprocess.Popen(
-            [java_executable(), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{default_libs_dir()}/*",
-             str(PROBE), bootstrap, str(partitions), str(TBRLMM_BROKER_ID), str(log_dir)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
-        self._answers: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read_answers, name="tbrlmm-probe-answers", daemon=True).start()
-
-    def _read_answers(self) -> None:
-        assert self._process.stdout is not None
-        for line in self._process.stdout:
-            self._answers.put(line)
-        self._answers.put(None)
-
-    def ask(self, request: str, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
-        assert self._process.stdin is not None
-        self._process.stdin.write(f"{request}\n")
-        self._process.stdin.flush()
-        try:
-            answer = self._answers.get(timeout=timeout_s)
-        except queue.Empty:
-            answer = None
-        assert answer is not None, (f"TBRLMM's probe exited or gave no answer to {request!r} within "
-                                    f"{timeout_s:g} s; its stderr ends:\n{self._stderr_path.read_text()[-4000:]}")
-        parsed: dict[str, Any] = json.loads(answer)
-        return parsed
-
-    def register(self, tps: Sequence[TopicIdPartition]) -> None:
-        for tp in tps:
-            assert self.ask(f"REGISTER L {_tp_text(tp)}") == {"ok": True}
-        for tp in tps:
-            assert self.ask(f"READY {_tp_text(tp)} {int(DEADLINE_S * 1000)}", DEADLINE_S + 5) == {"ready": True}, (
-                f"TBRLMM not ready for {tp}")
-
-    def write(self, call: KafkaWrite) -> None:
-        verb = {RemoteLogSegmentMetadata: "ADD", RemotePartitionDeleteMetadata: "DELETE"}.get(type(call), "UPDATE")
-        answer = self.ask(f"{verb} {probe_request(call)} {int(DEADLINE_S * 1000)}", DEADLINE_S + 5)
-        assert answer == {"ok": True}, f"TBRLMM refused {call}: {answer}"
-
-    def catch_up(self, bootstrap: str, tps: Sequence[TopicIdPartition]) -> None:
-        """Wait until TBRLMM's consumer has read every record on the metadata partitions of `tps` now."""
-        for mp, end in source_ends(bootstrap, {metadata_partition(tp, self.partitions) for tp in tps}).items():
-            if end:
-                answer = self.ask(f"SYNC {mp} {end - 1} {int(DEADLINE_S * 1000)}", DEADLINE_S + 5)
-                assert answer == {"ok": True}, f"TBRLMM did not read {SOURCE_TOPIC}-{mp} up to {end - 1}: {answer}"
-
-    def close(self) -> None:
-        assert self._process.stdin is not None
-        with contextlib.suppress(OSError):
-            self._process.stdin.close()  # the probe closes TBRLMM and exits
-        try:
-            self._process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(timeout=5)
-
-
-def _tp_text(tp: TopicIdPartition) -> str:
-    return f"{tp.topic_id} {tp.topic} {tp.partition}"
-
-
-def source_ends(bootstrap: str, partitions: int | set[int]) -> dict[int, int]:
-    """The end offsets of `__remote_log_metadata`'s `partitions` (a set, or all of a count) now."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-tbrlmm-ends"})
-
-    def end(p: int) -> int:
-        # A topic created a moment ago answers "not leader" until the broker's metadata has its leaders: ask again.
-        # (A 1-tuple, so that an end offset of 0 counts as an answer.)
-        found = wait_until(lambda: (consumer.get_watermark_offsets(TopicPartition(SOURCE_TOPIC, p), timeout=10),),
-                           timeout=DEADLINE_S, description=f"the end offset of {SOURCE_TOPIC}-{p}")
-        return int(found[0][1])
-
-    try:
-        return {p: end(p) for p in (range(partitions) if isinstance(partitions, int) else partitions)}
-    finally:
-        consumer.close()
-
-
-def _source_partitions(bootstrap: str) -> int:
-    """The partition count of `__remote_log_metadata` on the dev broker, created as TBRLMM creates it if missing."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    if SOURCE_TOPIC not in admin.list_topics(timeout=10).topics:
-        created = admin.create_topics([NewTopic(SOURCE_TOPIC, KAFKA_DEFAULT_PARTITIONS, 1, config={
-            "cleanup.policy": "delete", "retention.ms": "-1"})], operation_timeout=DEADLINE_S)[SOURCE_TOPIC]
-        with contextlib.suppress(KafkaException):  # created meanwhile by someone else: its count is read below
-            created.result(DEADLINE_S)
-
-    def described() -> int:
-        topic = admin.list_topics(topic=SOURCE_TOPIC, timeout=5).topics.get(SOURCE_TOPIC)
-        ok = topic is not None and topic.error is None and topic.partitions and all(
-            p.leader >= 0 for p in topic.partitions.values())
-        return len(topic.partitions) if ok and topic is not None else 0
-
-    return int(wait_until(described, timeout=DEADLINE_S, description=f"leaders of {SOURCE_TOPIC}"))
-
-
-@pytest.fixture(scope="module")
-def tbrlmm(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tbrlmm]:
-    """One TBRLMM JVM for the module, on the dev broker's `__remote_log_metadata`."""
-    if not kafka_libs_cached():
-        pytest.skip(f"the Kafka jars are not in {default_libs_dir()} (`dev/services up` fetches them)")
-    partitions = _source_partitions(kafka_bootstrap)
-    workdir = tmp_path_factory.mktemp("tbrlmm")
-    with open(workdir / "stderr.log", "w", encoding="utf-8") as stderr:
-        probe = Tbrlmm(kafka_bootstrap, partitions, workdir / "log", stderr)
-        try:
-            yield probe
-        finally:
-            probe.close()
 
 
 @pytest.fixture(scope="module")
@@ -216,79 +86,6 @@ def roll_workload(seed: int, partitions: int, uploads: int) -> dict[TopicIdParti
                 body.append(update_of(failed, RemoteLogSegmentState.DELETE_SEGMENT_FINISHED))
         writes[tp] = body + [c for c in calls if isinstance(c, RemotePartitionDeleteMetadata)]
     return writes
-
-
-# --- the answers of both sides, in one shape ---------------------------------------------------------------------
-
-Query = tuple[Any, ...]  # ("LIST",), ("LIST", epoch), ("LOOKUP"|"TXN", epoch, offset), ("HIGHEST"|"SIZE", epoch)
-
-
-def queries(writes: Sequence[KafkaWrite]) -> list[Query]:
-    """Every read the broker makes, at every leader epoch of the partition's segments (and the next) and every offset
-    around their bounds."""
-    added = [c for c in writes if isinstance(c, RemoteLogSegmentMetadata)]
-    epochs = range(max((e for c in added for e in c.segment_leader_epochs), default=0) + 2)
-    offsets = sorted(interesting_offsets(added))
-    found: list[Query] = [("LIST",)]
-    for epoch in epochs:
-        found += [("LIST", epoch), ("HIGHEST", epoch), ("SIZE", epoch)]
-        found += [(kind, epoch, offset) for offset in offsets for kind in ("LOOKUP", "TXN")]
-    return found
-
-
-def _segment(md: RemoteLogSegmentMetadata) -> dict[str, Any]:
-    return {"id": str(md.remote_log_segment_id.id), "start": md.start_offset, "end": md.end_offset,
-            "max_ts": md.max_timestamp_ms, "broker": md.broker_id, "event_ts": md.event_timestamp_ms,
-            "size": md.segment_size_in_bytes, "epochs": {str(e): o for e, o in md.segment_leader_epochs.items()},
-            "custom": None if md.custom_metadata is None else md.custom_metadata.hex(), "state": md.state.value,
-            "txn_idx_empty": md.txn_idx_empty}
-
-
-def tierlog_answer(node: MigratingManager, tp: TopicIdPartition, query: Query) -> dict[str, Any]:
-    kind, *args = query
-    try:
-        if kind == "LIST":
-            return {"segments": [_segment(md) for md in node.list_remote_log_segments(tp, *args)]}
-        if kind in ("LOOKUP", "TXN"):
-            read = node.remote_log_segment_metadata if kind == "LOOKUP" else node.next_segment_with_txn_index
-            found = read(tp, *args)
-            return {"segment": None if found is None else _segment(found)}
-        if kind == "HIGHEST":
-            return {"offset": node.highest_offset_for_epoch(tp, *args)}
-        return {"size": node.remote_log_size(tp, *args)}
-    except RemoteStorageError as exc:
-        return {"error": KAFKA_ERRORS.get(type(exc), type(exc).__name__)}
-
-
-def kafka_answer(probe: Tbrlmm, tp: TopicIdPartition, query: Query) -> dict[str, Any]:
-    answer = probe.ask(" ".join(map(str, (query[0], _tp_text(tp), *query[1:]))))
-    answer.pop("message", None)
-    return answer
-
-
-def _comparable(query: Query, answer: dict[str, Any]) -> dict[str, Any]:
-    """Kafka defines no order for a partition's listing, and orders an epoch's only by start offset: both sides'
-    listings sorted by (start offset, id) once their own order is checked."""
-    if "segments" not in answer:
-        return answer
-    starts = [s["start"] for s in answer["segments"]]
-    in_order = len(query) == 1 or starts == sorted(starts)
-    return {"segments": sorted(answer["segments"], key=lambda s: (s["start"], s["id"])), "in_order": in_order}
-
-
-def assert_answers_as_tbrlmm(node: MigratingManager, probe: Tbrlmm, writes: dict[TopicIdPartition, list[KafkaWrite]]
-                             ) -> int:
-    """Every read of every partition answers alike on both sides; the number of reads compared."""
-    differences, compared = [], 0
-    for tp, calls in writes.items():
-        for query in queries(calls):
-            ours, theirs = (_comparable(query, tierlog_answer(node, tp, query)),
-                            _comparable(query, kafka_answer(probe, tp, query)))
-            compared += 1
-            if ours != theirs:
-                differences.append(f"{tp} {query}:\n  tierlog {ours}\n  TBRLMM  {theirs}")
-    assert not differences, f"{len(differences)} of {compared} reads differ:\n" + "\n".join(differences[:10])
-    return compared
 
 
 # --- driving both sides ------------------------------------------------------------------------------------------
