@@ -33,10 +33,11 @@ from dev.demo import (  # noqa: E402
     broker_properties,
     create_topic,
     ensure_plugin_jar,
+    local_segment_offsets,
     produce,
     prometheus_samples,
     tiered_topic_config,
-    wait_until_tiered,
+    wait_for,
 )
 from dev.kafka import KafkaCluster, ensure_kafka_libs, java_executable  # noqa: E402
 from dev.process import free_ports  # noqa: E402
@@ -89,11 +90,25 @@ def _agent_calls_during(before: dict[str, tuple[float, float]], after: dict[str,
     return during
 
 
+def _wait_all_tiered(log_dir: Path, records: int) -> None:
+    """Wait until the broker holds only an empty active segment locally: every record tiered and none left to copy,
+    so no copy runs during the reads and every broker reads the same bytes remotely. (With local.retention.ms the
+    broker rolls an expired active segment too, so "only the active segment left" alone is a passing state.)"""
+    wait_for(lambda: local_segment_offsets(log_dir, TOPIC) == [records], 600,
+             f"{TOPIC}-0 to hold only an empty active segment at offset {records} locally")
+
+
+def _remote_logs(root: Path) -> tuple[int, int]:
+    """(segments, bytes) of the non-empty `.log` objects under a remote storage root (both RSMs store one per
+    segment)."""
+    sizes = [size for p in root.rglob("*.log") if (size := p.stat().st_size) > 0]
+    return len(sizes), sum(sizes)
+
+
 def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argparse.Namespace,
-         classpath: str) -> dict[str, Any]:
+         classpath: str, remote_root: Path) -> dict[str, Any]:
     """Start a broker with `choice`, tier `args.mib` of records, read them `args.repeat` times from offset 0."""
     records = args.mib * MIB // RECORD_BYTES
-    segment_records = args.segment_mib * MIB // RECORD_BYTES
     properties = broker_properties(choice, sockets, ensure_plugin_jar())
     # The dev cluster's brokers stop the JIT at C1 to start fast in tests; a throughput benchmark runs the broker as
     # production does (C2), the same for both plugins.
@@ -103,11 +118,9 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         }))
         started = time.monotonic()
         produce(kafka.bootstrap, TOPIC, 0, records, size=RECORD_BYTES)
-        # Every closed segment tiered and deleted locally: only the active one (and one rolling) stays.
-        local_start = wait_until_tiered(
-            kafka.log_dir(0), TOPIC, min_local_start=records - 2 * segment_records, timeout=600
-        )
+        _wait_all_tiered(kafka.log_dir(0), records)
         tiered_s = time.monotonic() - started
+        remote_segments, remote_bytes = _remote_logs(remote_root)
         port = choice.metrics_port
         before = {} if port is None else _agent_calls(port)
         reads = [_consume(classpath, kafka.bootstrap)]
@@ -121,7 +134,8 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         raise AssertionError(f"{name}: a read did not return all {records} records: {reads}")
     return {
         "records": records,
-        "tiered_fraction": round(local_start / records, 3),
+        "remote_segments": remote_segments,
+        "remote_mib_read": round(remote_bytes / MIB, 1),
         "produce_and_tier_s": round(tiered_s, 1),
         "cold_mib_per_s": reads[0]["mib_per_s"],
         "warm_mib_per_s": [r["mib_per_s"] for r in reads[1:]],
@@ -158,22 +172,29 @@ def main() -> None:
         tierlog = PluginChoice(s3=unused_s3, metrics_port=free_ports(1)[0], extra=rsm)
         kafka = PluginChoice(rlmm=KAFKA_RLMM, rsm=KAFKA_LOCAL_RSM, local_tiered_storage_dir=base / "local-tiered")
         results = {
-            "tierlog": _run("tierlog", tierlog, Path(sockets), base, args, classpath),
-            "kafka_local_tiered_storage": _run("kafka", kafka, Path(sockets), base, args, classpath),
+            "tierlog": _run("tierlog", tierlog, Path(sockets), base, args, classpath, base / "tierlog-remote"),
+            "kafka_local_tiered_storage": _run("kafka", kafka, Path(sockets), base, args, classpath,
+                                               base / "local-tiered"),
         }
         if args.split:
             rsm_alone = PluginChoice(rlmm=KAFKA_RLMM, s3=unused_s3, metrics_port=free_ports(1)[0], extra={
                 **rsm, "rsm.config.filesystem.root": str(base / "tierlog-remote-2"),
                 "rsm.config.fetch.chunk.cache.path": str(base / "tierlog-cache-2"),
             })
-            results["tierlog_rsm_with_tbrlmm"] = _run("tierlog-rsm", rsm_alone, Path(sockets), base, args, classpath)
+            results["tierlog_rsm_with_tbrlmm"] = _run("tierlog-rsm", rsm_alone, Path(sockets), base, args, classpath,
+                                                      base / "tierlog-remote-2")
     theirs = results["kafka_local_tiered_storage"]
+    tiered = {name: (r["remote_segments"], r["remote_mib_read"]) for name, r in results.items()}
+    if len(set(tiered.values())) > 1:
+        print(f"warning: the brokers tiered different segments (count, MiB): {tiered}", file=sys.stderr)
     print(json.dumps({
         "benchmark": "broker_tiered_read",
         "topic_mib": args.mib,
         "segment_mib": args.segment_mib,
         "record_bytes": RECORD_BYTES,
         "files_window_mib": args.files_window_mib or "adapter default (8)",
+        "waited_for": "each broker holding only an empty active segment locally (every record tiered, no copy "
+                      "left) before the first read; remote_segments and remote_mib_read are what it tiered",
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
         **results,
