@@ -46,11 +46,13 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
     private final Map<TopicIdPartition, Boolean> isLeader = new ConcurrentHashMap<>();
     private volatile AgentClient agent;
     private volatile PendingWrites writes;
+    private volatile SegmentLookupCache lookups = new SegmentLookupCache(0, System::nanoTime);
 
     @Override
     public void configure(Map<String, ?> configs) {
         AgentSettings settings = AgentSettings.parse(configs);
         writes = new PendingWrites("tierlog RLMM", 4);
+        lookups = new SegmentLookupCache(settings.rlmmLookupCacheMs, System::nanoTime);
         agent = new AgentClient(settings, Component.REMOTE_LOG_METADATA_MANAGER, this::replayLeadership);
         try {
             agent.start();
@@ -101,10 +103,19 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
         return agent().settings().lookupTimeoutMs;
     }
 
-    private CompletableFuture<Void> write(String what, AgentClient.Rpc<?> rpc) {
+    /**
+     * Queues a metadata write for {@code tp}. Its kept lookup answers go now and again once the agent applied the
+     * write (or failed to), so a lookup that raced with it is not kept either.
+     */
+    private CompletableFuture<Void> write(TopicIdPartition tp, String what, AgentClient.Rpc<?> rpc) {
         AgentClient a = agent();
         long timeoutMs = timeout();
-        return writes.submit(what, timeoutMs, deadline -> a.call(what, deadline, timeoutMs, rpc));
+        SegmentLookupCache kept = lookups;
+        kept.invalidate(tp);
+        CompletableFuture<Void> done = writes.submit(what, timeoutMs,
+            deadline -> a.call(what, deadline, timeoutMs, rpc));
+        done.whenComplete((ok, failure) -> kept.invalidate(tp));
+        return done;
     }
 
     @Override
@@ -115,7 +126,8 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
                 + RemoteLogSegmentState.COPY_SEGMENT_STARTED + ", got " + metadata.state() + " for "
                 + metadata.remoteLogSegmentId());
         }
-        return write("addRemoteLogSegmentMetadata(" + metadata.remoteLogSegmentId() + ")", (ch, dl) ->
+        return write(metadata.topicIdPartition(), "addRemoteLogSegmentMetadata(" + metadata.remoteLogSegmentId() + ")",
+            (ch, dl) ->
             RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl)
                 .addRemoteLogSegmentMetadata(ProtoMapping.toProto(metadata)));
     }
@@ -127,7 +139,8 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
             throw new IllegalArgumentException("updateRemoteLogSegmentMetadata does not take state "
                 + RemoteLogSegmentState.COPY_SEGMENT_STARTED + " (segment " + update.remoteLogSegmentId() + ")");
         }
-        return write("updateRemoteLogSegmentMetadata(" + update.remoteLogSegmentId() + ")", (ch, dl) ->
+        return write(update.topicIdPartition(), "updateRemoteLogSegmentMetadata(" + update.remoteLogSegmentId() + ")",
+            (ch, dl) ->
             RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl)
                 .updateRemoteLogSegmentMetadata(ProtoMapping.toProto(update)));
     }
@@ -135,7 +148,8 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
     @Override
     public CompletableFuture<Void> putRemotePartitionDeleteMetadata(RemotePartitionDeleteMetadata metadata)
             throws RemoteStorageException {
-        return write("putRemotePartitionDeleteMetadata(" + metadata.topicIdPartition() + ")", (ch, dl) ->
+        return write(metadata.topicIdPartition(),
+            "putRemotePartitionDeleteMetadata(" + metadata.topicIdPartition() + ")", (ch, dl) ->
             RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl)
                 .putRemotePartitionDeleteMetadata(ProtoMapping.toProto(metadata)));
     }
@@ -152,9 +166,19 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
     @Override
     public Optional<RemoteLogSegmentMetadata> remoteLogSegmentMetadata(TopicIdPartition tp, int epochForOffset,
                                                                        long offset) throws RemoteStorageException {
-        return optional(agent().call("remoteLogSegmentMetadata(" + tp + ")", lookupTimeout(), (ch, dl) ->
-            RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl)
+        SegmentLookupCache kept = lookups;
+        if (kept.enabled()) {
+            Optional<RemoteLogSegmentMetadata> answer = kept.get(tp, epochForOffset, offset);
+            if (answer.isPresent()) {
+                return answer;
+            }
+        }
+        long stamp = kept.stamp();
+        Optional<RemoteLogSegmentMetadata> answer = optional(agent().call("remoteLogSegmentMetadata(" + tp + ")",
+            lookupTimeout(), (ch, dl) -> RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl)
                 .getRemoteLogSegmentMetadata(segmentQuery(tp, epochForOffset, offset))));
+        answer.ifPresent(segment -> kept.put(tp, epochForOffset, offset, segment, stamp));
+        return answer;
     }
 
     @Override
@@ -201,6 +225,10 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
         } catch (RemoteStorageException e) {
             // The interface cannot throw; the partitions are remembered and replayed when the agent is back.
             LOG.error("tierlog RLMM: leadership change not delivered to the agent yet: {}", e.getMessage());
+        } finally {
+            // After the call: a lookup answered while the agent applied the change is not kept either.
+            leaderPartitions.forEach(lookups::invalidate);
+            followerPartitions.forEach(lookups::invalidate);
         }
     }
 
@@ -213,6 +241,8 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
                     .onStopPartitions(ProtoMapping.toProto(partitions)));
         } catch (RemoteStorageException e) {
             LOG.error("tierlog RLMM: stop of {} not delivered to the agent: {}", partitions, e.getMessage());
+        } finally {
+            partitions.forEach(lookups::invalidate);
         }
     }
 
@@ -247,6 +277,7 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
 
     @Override
     public void close() throws IOException {
+        lookups.invalidateAll();
         // Pending writes fail first, so no broker thread waits on a future while the channel goes away.
         PendingWrites w = writes;
         if (w != null) {

@@ -1,7 +1,8 @@
 /*
  * A stand-in for the Python agent, run as a process of its own by the supervision tests: it answers the RPCs
  * those tests make, and a test stops it (SIGSTOP) to produce the fault a real agent cannot on demand, a hang.
- * serve() runs one in the test's JVM with a storage service of the test's (the segment files tests).
+ * serve() runs one in the test's JVM with a storage (and metadata) service of the test's (the segment files and
+ * RLMM lookup tests).
  */
 package dev.tierlog.kafka;
 
@@ -74,6 +75,11 @@ public final class FakeAgent {
 
     /** A started fake agent on {@code socket} whose RemoteStorage service is {@code storage}. */
     static Running serve(Path socket, BindableService storage) throws IOException {
+        return serve(socket, new Metadata(), storage);
+    }
+
+    /** As above, with the RemoteLogMetadata service {@code metadata} (the RLMM tests). */
+    static Running serve(Path socket, BindableService metadata, BindableService storage) throws IOException {
         Files.deleteIfExists(socket);
         EpollEventLoopGroup loop = new EpollEventLoopGroup(1);
         Server server = NettyServerBuilder.forAddress(new DomainSocketAddress(socket.toFile()))
@@ -81,7 +87,7 @@ public final class FakeAgent {
             .workerEventLoopGroup(loop)
             .channelType(EpollServerDomainSocketChannel.class)
             .addService(new Lifecycle())
-            .addService(new Metadata())
+            .addService(metadata)
             .addService(storage)
             .build()
             .start();
