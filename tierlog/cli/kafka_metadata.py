@@ -20,8 +20,6 @@ from rlmm.events import MetadataEvent, key_of
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
-    RemotePartitionDeleteMetadata,
-    RemotePartitionDeleteState,
     TopicIdPartition,
 )
 from tierlog.cli.common import EXIT_USAGE, CommandError, Settings
@@ -178,7 +176,8 @@ def prepare(store: state.StateReader, metadata: TopicMetadata) -> MetadataEvent:
 
 class KafkaRulesReplay:
     """The store Kafka's rules build from a metadata history: each record checked as the manager checks an API
-    call (rlmm.state.prepare_*), then applied with the records a writer appends after it, on an in-memory store."""
+    call (rlmm.state.prepare_*), then applied, on an in-memory store. The records a writer appends after an event
+    (lineage checkpoints, tombstones) are left out: on a store that applied every record they change no answer."""
 
     def __init__(self) -> None:
         self.store = state.InMemoryState()
@@ -189,15 +188,8 @@ class KafkaRulesReplay:
             event = prepare(self.store, metadata)
         except RemoteStorageError as exc:
             return refusal(self.store, metadata, exc)
-        key = key_of(event)
-        finished_delete = isinstance(event, RemotePartitionDeleteMetadata) and \
-            event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED
-        doomed = state.doomed_keys(self.store, event.topic_id_partition) if finished_delete else []
-        outcome = state.apply_record(self.store, key, event)
+        outcome = state.apply_record(self.store, key_of(event), event)
         assert outcome.applied, f"a checked record was dropped: {outcome.reason}"
-        for follow_key, follow_event in state.records_after(self.store, key, event, doomed, metadata.event_timestamp_ms,
-                                                            metadata.broker_id):
-            state.apply_record(self.store, follow_key, follow_event)
         return None
 
 

@@ -1,35 +1,38 @@
 """`tierlog migrate`: import the history Kafka's TopicBasedRemoteLogMetadataManager wrote to `__remote_log_metadata`
-into tierlog's metadata topic, through tierlog's own manager (its writes and checks), idempotently and resumably.
+into tierlog's metadata topic, idempotently and resumably.
 
-Each user partition's records are written one at a time, in their order on the source topic (the API's rule: a write
-is checked against a view holding the previous one). A progress log in the state dir records, per user partition,
-the last source record decided (written, found already in tierlog, or dropped as Kafka's rules drop it), appended
-before that partition's next write starts; so a killed run leaves at most one write per partition undecided, and the
-rerun finds it in the view. Writes of different user partitions overlap.
+A user partition's records all sit in one source partition. Each source partition is read in turn, each of its user
+partitions' records replayed under Kafka's rules (the checks tierlog's manager makes of each API call), and the
+records that take what tierlog holds of the partition (the import's node's view) to that final state appended with
+one idempotent producer: the newest record of each key tierlog's own writer would have left for the same calls, each
+reached through valid transitions, then a lineage checkpoint of the partition's epochs once those are acknowledged
+(tierlog.migration.records). A progress log in the state dir records, per user partition, the last source record
+decided, once the partition's records are acknowledged; a run killed before that finds what it wrote in the view.
+Run it before any node writes to tierlog's topic (the runbook's import step): the records assume they are the
+partition's newest.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
-import queue
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlmm.errors import RemoteStorageError
+from rlmm import codec, state
+from rlmm.errors import InvalidArgumentError
+from rlmm.events import MetadataEvent, RecordKey, key_of, metadata_partition_for
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
+    RemotePartitionDeleteMetadata,
     TopicIdPartition,
 )
 from tierlog.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, CommandError, Settings
@@ -47,17 +50,25 @@ from tierlog.cli.kafka_metadata import (
     store_differences,
 )
 from tierlog.cli.output import ProgressBar, emit, print_table
-from tierlog.migration.records import Skipped, SourceProblem, SourceRecord, TopicMetadata, start_write
+from tierlog.migration.records import (
+    SourceProblem,
+    SourceRecord,
+    TopicMetadata,
+    lineage_checkpoint,
+    records_to_reach,
+    written_kind,
+)
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
 
 log = logging.getLogger(__name__)
 
 PROGRESS_DIR = "migration"
-# Decoded records held while their partitions' earlier writes are in flight; past this the reader waits.
-MAX_BUFFERED = 50_000
 SYNC_EVERY_S = 5.0
 REPORT_EVERY_S = 10.0
-# Past its own write timeout the manager fails a write's future; this only guards against a future never settling.
-SETTLE_GRACE_S = 60.0
+# Bigger batches than a node's writer (2 ms): the import appends hundreds of thousands of records in a row.
+PRODUCER_SETTINGS = {"linger.ms": 50}
 SHOWN_PROBLEMS = 20
 COMPARE_RETRY_S = 1.0
 # The newest records of a user partition on the source topic that tierlog may not hold yet when finalize compares the
@@ -85,6 +96,7 @@ class MigrationReport:
     dropped: Counter[str] = field(default_factory=Counter)
     problems: list[SourceProblem] = field(default_factory=list)
     seconds: float = 0.0
+    started: float = field(default_factory=time.monotonic)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -163,8 +175,10 @@ class ProgressLog:
             os.fsync(out.fileno())
         os.replace(partial, self.path)
 
-    def done_through(self, tp: TopicIdPartition) -> int:
-        return self._done.get(_tp_key(tp), -1)
+    @property
+    def done(self) -> Mapping[tuple[int, int], int]:
+        """The last source offset decided per user partition (topic id as an int, partition)."""
+        return self._done
 
     def record(self, tp: TopicIdPartition, offset: int) -> None:
         key = _tp_key(tp)
@@ -190,120 +204,115 @@ class ProgressLog:
         self._rewrite()
 
 
-# --- the writes -------------------------------------------------------------------------------------------
+# --- the import -------------------------------------------------------------------------------------------
 
-class ManagerWrites:
-    """Writes source records through a RemoteLogMetadataManager: one in flight per user partition, in source order."""
+class Appender:
+    """Appends records to tierlog's metadata topic with one idempotent producer, as tierlog's writer encodes and
+    places them, and learns from the acknowledgements the offset of each user partition's newest record."""
 
-    def __init__(self, manager: Any, progress: ProgressLog, report: MigrationReport, settle_timeout_s: float) -> None:
-        self._manager = manager
-        self._progress = progress
-        self._report = report
-        self._settle_timeout_s = settle_timeout_s
-        self._queues: dict[TopicIdPartition, deque[SourceRecord]] = {}
-        self._in_flight: dict[TopicIdPartition, tuple[SourceRecord, Future[None]]] = {}
-        self._settled: queue.SimpleQueue[TopicIdPartition] = queue.SimpleQueue()
-        self.buffered = 0
+    def __init__(self, settings: Settings, topic: str, num_partitions: int) -> None:
+        from rlmm.event_log import EventProducer
 
-    def add(self, record: SourceRecord) -> None:
-        tp = record.metadata.topic_id_partition
-        if record.offset <= self._progress.done_through(tp):
-            self._report.already += 1
-            return
-        self._queues.setdefault(tp, deque()).append(record)
-        self.buffered += 1
-        if tp not in self._in_flight:
-            self._advance(tp)
+        self._producer = EventProducer(topic, settings.kafka_client(**PRODUCER_SETTINGS))
+        self._topic = topic
+        self._num_partitions = num_partitions
+        self._timeout_s = settings.timeout_s
+        self._errors: list[str] = []
+        self.newest: dict[TopicIdPartition, int] = {}
 
-    def _advance(self, tp: TopicIdPartition) -> None:
-        """Decide the partition's queued records in order, up to the first one that needs a write."""
-        waiting = self._queues.get(tp)
-        while waiting:
-            record = waiting.popleft()
-            self.buffered -= 1
-            self._progress.flush()  # every earlier decision of this partition is kept before a write starts
-            try:
-                outcome = start_write(self._manager, record.metadata)
-            except RemoteStorageError as exc:
-                raise _write_failed(record, exc) from exc
-            if isinstance(outcome, Skipped):
-                if outcome.reason is None:
-                    self._report.already += 1
-                else:
-                    self._report.dropped[outcome.reason] += 1
-                    log.info("dropped as Kafka's rules drop it (%s): partition %d offset %d: %s", outcome.reason,
-                             record.partition, record.offset, record.metadata)
-                self._progress.record(tp, record.offset)
-                continue
-            future = outcome
-            self._in_flight[tp] = (record, future)
-            future.add_done_callback(partial(self._on_settled, tp))
-            return
-        self._queues.pop(tp, None)
-
-    def _on_settled(self, tp: TopicIdPartition, _future: Future[None]) -> None:
-        self._settled.put(tp)  # the manager's thread: the main loop does the rest
-
-    def settle(self, wait: bool) -> None:
-        """Take in the writes that completed (with `wait`, at least one) and start each partition's next."""
-        try:
-            tp = self._settled.get(timeout=self._settle_timeout_s) if wait else self._settled.get_nowait()
-        except queue.Empty:
-            if wait:
-                raise CommandError(f"no metadata write completed within {self._settle_timeout_s:g} s; is tierlog's "
-                                   "metadata topic available? (rerun to resume)") from None
-            return
-        completed = [tp]
-        with contextlib.suppress(queue.Empty):
-            while True:
-                completed.append(self._settled.get_nowait())
-        for tp in completed:
-            record, future = self._in_flight.pop(tp)
-            error = future.exception()
+    def append(self, tp: TopicIdPartition, key: RecordKey, event: MetadataEvent | None) -> None:
+        def delivered(error: KafkaError | None, message: Message) -> None:
             if error is not None:
-                raise _write_failed(record, error)
-            self._report.written[record_type(record.metadata)] += 1
-            self._progress.record(tp, record.offset)
-        # One append for the lot before any of their partitions' next writes starts.
-        self._progress.flush()
-        for tp in completed:
-            self._advance(tp)
+                self._errors.append(f"{tp}: {error.str()}")
+            else:
+                self.newest[tp] = max(self.newest.get(tp, -1), message.offset() or 0)
 
-    def finish(self) -> None:
-        while self._in_flight:
-            self.settle(wait=True)
-        self._progress.flush()
+        self._producer.append(metadata_partition_for(tp.topic_id, tp.partition, self._num_partitions), key.encode(),
+                              None if event is None else codec.encode(event), [], delivered,
+                              time.monotonic() + self._timeout_s)
+
+    def flush(self) -> None:
+        """Wait until every record appended is acknowledged; CommandError when one was refused or the deadline
+        passed (what was acknowledged is kept: a rerun goes on from there)."""
+        left = self._producer.close(self._timeout_s)  # a flush: the producer stays usable
+        if left or self._errors:
+            raise CommandError(f"writing to {self._topic} failed: "
+                               + (f"{left} record(s) not acknowledged within {self._timeout_s:g} s; "
+                                  if left else "") + "; ".join(self._errors[:SHOWN_PROBLEMS])
+                               + "; what was written is kept, rerun `tierlog migrate` to resume")
 
 
-def _write_failed(record: SourceRecord, error: BaseException) -> CommandError:
-    return CommandError(f"writing the record at partition {record.partition} offset {record.offset} "
-                        f"({record.metadata}) failed: {error}; what was written is kept, rerun `tierlog migrate` "
-                        "to resume")
+def start_write(appender: Appender, event: RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata) -> None:
+    """Append one segment or partition-delete record of the import (the records the report counts)."""
+    appender.append(event.topic_id_partition, key_of(event), event)
 
 
-class DryRun:
-    """What a run would do: the source replayed under Kafka's rules in memory, nothing written."""
+@dataclass
+class Importer:
+    """Brings each user partition of tierlog to the state Kafka's rules build from its records on the source topic:
+    a user partition's records all sit in one source partition, so each source partition is read, replayed and
+    written in turn. `held` is what tierlog holds (the import's node's view, or for a dry run tierlog's topic folded);
+    `appender` None for a dry run."""
 
-    def __init__(self, progress_done: Mapping[tuple[int, int], int], report: MigrationReport) -> None:
-        self._replay = KafkaRulesReplay()
-        self._done = progress_done
-        self._report = report
-        self.buffered = 0
+    held: state.StateReader
+    done: Mapping[tuple[int, int], int]
+    report: MigrationReport
+    appender: Appender | None = None
+    progress: ProgressLog | None = None
+    broker_id: int = 0
 
-    def add(self, record: SourceRecord) -> None:
-        dropped = self._replay.apply(record.metadata)
-        if record.offset <= self._done.get(_tp_key(record.metadata.topic_id_partition), -1):
-            self._report.already += 1
-        elif dropped is not None:
-            self._report.dropped[dropped] += 1
-        else:
-            self._report.written[record_type(record.metadata)] += 1
-
-    def settle(self, wait: bool) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
+    def source_partition(self, records: list[SourceRecord]) -> None:
+        """Import one source partition's records (in their order)."""
+        histories: dict[TopicIdPartition, list[SourceRecord]] = {}
+        for record in records:
+            histories.setdefault(record.metadata.topic_id_partition, []).append(record)
+        replay = KafkaRulesReplay()
+        changed: dict[TopicIdPartition, int] = {}  # the user partitions imported -> their last source offset
+        for tp, history in histories.items():
+            done = self.done.get(_tp_key(tp), -1)
+            if history[-1].offset <= done:  # decided by an earlier run
+                self.report.already += len(history)
+                continue
+            undecided = 0
+            for record in history:
+                dropped = replay.apply(record.metadata)
+                if record.offset <= done:
+                    self.report.already += 1
+                elif dropped is not None:
+                    self.report.dropped[dropped] += 1
+                    log.info("dropped as Kafka's rules drop it (%s): partition %d offset %d: %s", dropped,
+                             record.partition, record.offset, record.metadata)
+                else:
+                    undecided += 1
+            try:
+                primaries = records_to_reach(replay.store, self.held, tp)
+            except InvalidArgumentError as exc:
+                raise CommandError(f"cannot import {tp}: {exc}") from exc
+            for key, event in primaries:
+                if event is not None:
+                    self.report.written[written_kind(event)] += 1  # type: ignore[arg-type]
+                if self.appender is None:
+                    continue
+                if event is None:
+                    self.appender.append(tp, key, None)
+                else:
+                    start_write(self.appender, event)  # type: ignore[arg-type]
+            if not primaries:
+                self.report.already += undecided
+            changed[tp] = history[-1].offset
+        if self.appender is None or self.progress is None:
+            return
+        self.appender.flush()
+        now = int(time.time() * 1000)
+        for tp in changed:
+            reflects = max(self.appender.newest.get(tp, -1), self.held.lineage_position(tp) or -1)
+            for key, checkpoint in lineage_checkpoint(replay.store, self.held, tp, tp in self.appender.newest,
+                                                      reflects if reflects >= 0 else None, now, self.broker_id):
+                self.appender.append(tp, key, checkpoint)
+        self.appender.flush()
+        for tp, offset in changed.items():
+            self.progress.record(tp, offset)
+        self.progress.flush()
 
 
 # --- the command ------------------------------------------------------------------------------------------
@@ -317,35 +326,56 @@ def progress_path(state_dir: Path, source: str) -> Path:
     return state_dir / PROGRESS_DIR / f"{source}.progress"
 
 
-def _migrate(settings: Settings, source: TopicDescription, sink: ManagerWrites | DryRun, report: MigrationReport,
-             show: bool | None) -> dict[int, int]:
-    """Read the source up to its end offsets now (returned), handing each record to `sink`."""
+def _migrate(settings: Settings, source: TopicDescription, importer: Importer, show: bool | None) -> dict[int, int]:
+    """Read the source up to its end offsets now (returned), one partition at a time, importing each."""
+    report = importer.report
     ends = end_offsets(settings, source)
     total = sum(ends.values())
-    started = last_report = time.monotonic()
+    last_report = time.monotonic()
     done = 0
     with ProgressBar("migrating" if not report.dry_run else "replaying", total, show) as bar:
-        for batch in read_source(settings, source, ends):
-            for item in batch:
-                if isinstance(item, SourceProblem):
-                    report.problems.append(item)
-                    log.warning("not migrated: %s", item)
-                    continue
-                report.read[record_type(item.metadata)] += 1
-                sink.add(item)
-            sink.settle(wait=False)
-            while sink.buffered > MAX_BUFFERED:
-                sink.settle(wait=True)
-            done += len(batch)
-            bar.update(done)
-            if time.monotonic() - last_report > REPORT_EVERY_S:
-                last_report = time.monotonic()
-                log.info("read %d of %d records of %s (%.0f/s), %s", done, total, source.name,
-                         done / (last_report - started), dict(report.written))
-        sink.finish()
+        for partition, end in sorted(ends.items()):
+            records: list[SourceRecord] = []
+            for batch in read_source(settings, source, {partition: end}):
+                for item in batch:
+                    if isinstance(item, SourceProblem):
+                        report.problems.append(item)
+                        log.warning("not migrated: %s", item)
+                        continue
+                    report.read[record_type(item.metadata)] += 1
+                    records.append(item)
+                done += len(batch)
+                bar.update(done)
+                if time.monotonic() - last_report > REPORT_EVERY_S:
+                    last_report = time.monotonic()
+                    log.info("read %d of %d records of %s (%.0f/s), %s", done, total, source.name,
+                             done / (last_report - report.started), dict(report.written))
+            importer.source_partition(records)
         bar.finish(done)
-    report.seconds = time.monotonic() - started
+    report.seconds = time.monotonic() - report.started
     return ends
+
+
+def _held_by_topic(settings: Settings, target: TopicDescription | None, show: bool | None) -> state.StateReader:
+    """What tierlog's metadata topic holds now, folded (a dry run's `held`): nothing when it does not exist yet."""
+    if target is None:
+        return state.InMemoryState()
+    return fold_tierlog(settings, show)
+
+
+def _wait_applied(manager: Any, timeout_s: float) -> None:
+    """Wait until the manager's view applied every record on its topic, as long as it keeps applying some."""
+    from rlmm.errors import MetadataTimeoutError
+
+    while True:
+        before = sum(manager.applied_offsets().values())
+        try:
+            manager.wait_caught_up(timeout_s)
+            return
+        except MetadataTimeoutError:
+            if sum(manager.applied_offsets().values()) == before:
+                raise CommandError(f"the view in the state dir applied nothing of {manager.metadata_topic} for "
+                                   f"{timeout_s:g} s (rerun to resume)") from None
 
 
 def _commit_import_position(settings: Settings, source: TopicDescription, ends: Mapping[int, int],
@@ -381,7 +411,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         target = describe_topic(settings, settings.metadata_topic())
         done = ProgressLog.read(progress_path(Path(given), source.name), _identity(source, target)) \
             if given and target is not None else {}
-        _migrate(settings, source, DryRun(done, report), report, args.progress)
+        _migrate(settings, source, Importer(_held_by_topic(settings, target, args.progress), done, report),
+                 args.progress)
     else:
         from rlmm import RemoteLogMetadataManager
 
@@ -395,10 +426,13 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             assert target is not None, "the manager created or found its topic"
             progress = ProgressLog.open(progress_path(state_dir, source.name), _identity(source, target))
             try:
-                writes = ManagerWrites(manager, progress, report, settings.timeout_s + SETTLE_GRACE_S)
-                ends = _migrate(settings, source, writes, report, args.progress)
+                appender = Appender(settings, manager.metadata_topic, manager.num_partitions)
+                importer = Importer(manager.view, progress.done, report, appender, progress, int(config["broker.id"]))
+                ends = _migrate(settings, source, importer, args.progress)
             finally:
                 progress.close()
+            _wait_applied(manager, settings.timeout_s)
+            report.seconds = time.monotonic() - report.started
             _commit_import_position(settings, source, ends, manager.metadata_topic)
     _show(args, report)
     if report.problems:

@@ -1,22 +1,27 @@
 """A `__remote_log_metadata` record (Kafka's format, rlmm.kafka_format) as tierlog sees it: decoded with where it sat,
 and written into tierlog as the same API call TBRLMM's broker made, or found already there, or dropped as Kafka's
-rules drop it. One translation for `tierlog migrate` (bulk) and a migrating node's live import (tierlog.migration.node).
+rules drop it (a migrating node's live import, tierlog.migration.node); and, for `tierlog migrate`'s bulk import, the
+records that bring tierlog from what it holds of a user partition to the state Kafka's rules build from its history.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from rlmm import state
+from rlmm import lineage, state
 from rlmm.errors import DecodeError, InvalidArgumentError, RemoteResourceNotFoundError, RemoteStorageError
+from rlmm.events import EpochCheckpoint, MetadataEvent, RecordKey, epochs_key, partition_delete_key, segment_key
 from rlmm.kafka_format import KafkaMetadata, RemoteLogSegmentMetadataSnapshot, decode, metadata_partition
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
 )
 
 DEFAULT_SOURCE_TOPIC = "__remote_log_metadata"
@@ -25,6 +30,7 @@ DEFAULT_SOURCE_TOPIC = "__remote_log_metadata"
 # and `tierlog migrate finalize` tells TBRLMM's writes from them by it.
 WRITER_HEADER = "tierlog.writer"
 TopicMetadata = RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate | RemotePartitionDeleteMetadata
+S = RemoteLogSegmentState
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +145,84 @@ def start_write(manager: Any, metadata: TopicMetadata) -> Future[None] | Skipped
         return manager.put_remote_partition_delete_metadata(metadata)
     except (InvalidArgumentError, RemoteResourceNotFoundError) as exc:
         return Skipped(refusal(view, metadata, exc))
+
+
+# --- the bulk import: a user partition's final state under Kafka's rules, as the records that bring tierlog there --
+
+Record = tuple[RecordKey, MetadataEvent | None]
+
+
+def records_to_reach(final: state.StateReader, held: state.StateReader, tp: TopicIdPartition) -> list[Record]:
+    """The segment and partition-delete records (and the tombstones a writer appends after them) that take tierlog's
+    `held` state of `tp` to `final`, the state Kafka's rules build from the source's records of `tp`.
+
+    They are the newest records of each key that tierlog's own writer leaves on its topic for the same calls, each
+    reached through valid transitions (a node that applies every record drops a COPY_SEGMENT_FINISHED of a segment it
+    never saw added), so a node applying them, or a rebuild from the compacted topic, holds `final`: a segment
+    missing from `held` gets its COPY_SEGMENT_STARTED record first, a segment `held` has that Kafka's rules deleted
+    gets its delete records and tombstone, a partition delete goes through each state up to the final one. The
+    epochs' lineage is stated afterwards by `lineage_checkpoint`. A `held` state from which `final` cannot be reached
+    (tierlog's topic written by more than the import) raises InvalidArgumentError naming the segment or partition."""
+    held_delete = held.partition_delete(tp)
+    final_delete = final.partition_delete(tp)
+    if state.delete_finished(held_delete):
+        return []  # nothing changes a deleted partition, in tierlog as in Kafka's rules
+    out: list[Record] = []
+    if not state.delete_finished(final_delete):
+        held_segments = {md.remote_log_segment_id.id: md for md in held.segments_of(tp)}
+        for md in sorted(final.segments_of(tp), key=state.listing_order):
+            current = held_segments.pop(md.remote_log_segment_id.id, None)
+            if current == md:
+                continue
+            if current is None:
+                if md.state is not S.COPY_SEGMENT_STARTED:
+                    out.append((segment_key(md.remote_log_segment_id), replace(md, state=S.COPY_SEGMENT_STARTED)))
+            elif not state.is_valid_segment_transition(current.state, md.state):
+                raise InvalidArgumentError(
+                    f"tierlog holds segment {md.remote_log_segment_id} as {current.state.name}, which cannot become "
+                    f"{md.state.name} as the source says: was tierlog's metadata topic written by more than this "
+                    "import?")
+            out.append((segment_key(md.remote_log_segment_id), md))
+        for gone in sorted(held_segments.values(), key=state.listing_order):  # deleted under Kafka's rules since
+            key = segment_key(gone.remote_log_segment_id)
+            if gone.state is not S.DELETE_SEGMENT_STARTED:
+                out.append((key, replace(gone, state=S.DELETE_SEGMENT_STARTED)))
+            out.extend(((key, replace(gone, state=S.DELETE_SEGMENT_FINISHED)), (key, None)))
+    if final_delete is not None and final_delete != held_delete:
+        reached = -1 if held_delete is None else held_delete.state
+        if reached > final_delete.state:
+            raise InvalidArgumentError(
+                f"tierlog holds partition {tp} as {held_delete.state.name if held_delete else None}, which cannot "
+                f"become {final_delete.state.name} as the source says: was tierlog's metadata topic written by more "
+                "than this import?")
+        out.extend((partition_delete_key(tp), replace(final_delete, state=between))
+                   for between in RemotePartitionDeleteState if reached < between < final_delete.state)
+        out.append((partition_delete_key(tp), final_delete))
+        if state.delete_finished(final_delete):
+            out.extend((key, None) for key in [*state.doomed_keys(held, tp), epochs_key(tp)])
+    return out
+
+
+def lineage_checkpoint(final: state.StateReader, held: state.StateReader, tp: TopicIdPartition, wrote: bool,
+                       reflects_offset: int | None, event_timestamp_ms: int, broker_id: int) -> list[Record]:
+    """The checkpoint records of `tp`'s epochs that state `final`'s lineage to tierlog after `records_to_reach`:
+    every epoch when records were written for `tp` (`wrote`: applied in another order than the source's, they may
+    derive another lineage), else the epochs whose lineage `held` states otherwise or owes a checkpoint of.
+    `reflects_offset`: the offset of the newest record of `tp` on tierlog's topic, so that nodes take the checkpoint
+    as current (rlmm.lineage)."""
+    if state.is_deleted(final, tp):
+        return []
+    owed = lineage.owed_epochs(held, tp)
+    epochs = tuple(found for found in sorted(final.lineages_of(tp), key=lambda lin: lin.epoch)
+                   if wrote or found.epoch in owed or held.lineage(tp, found.epoch) != found)
+    if not epochs:
+        return []
+    return list(lineage.checkpoint_records(EpochCheckpoint(tp, epochs, event_timestamp_ms, broker_id, reflects_offset,
+                                                           whole_partition=False)))
+
+
+def written_kind(event: RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata) -> str:
+    """How the report counts a written record: an add (a segment's first record), an update, a partition delete."""
+    if isinstance(event, RemoteLogSegmentMetadata):
+        return "segment" if event.state is S.COPY_SEGMENT_STARTED else "segment update"
+    return "partition delete"
