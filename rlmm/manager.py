@@ -12,7 +12,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
@@ -59,6 +59,12 @@ except ImportError:  # a build without the compiler
 log = logging.getLogger(__name__)
 
 CLIENT_PREFIX = "kafka."
+# How soon the loader tries a hosted partition that was not ready again: doubling from the first to the second.
+LOADER_RETRY_MIN_S = 0.05
+LOADER_RETRY_MAX_S = 2.0
+# The loader's pause every few dozen segments it decodes (about 0.3 ms of work): what a lookup waits for the
+# interpreter at most, beside the loader's own 1 ms in ten it costs.
+LOADER_PAUSE_S = 0.00003
 
 
 def _positive(value: int) -> bool:
@@ -97,6 +103,9 @@ CONFIG_KEYS = (
     ConfigKey("apply.rebuild.worker", parse_bool, True),
     # The fetch path's lookup in C when the extension was built; off: the same answers from Python alone.
     ConfigKey("lookup.native", parse_bool, True),
+    # Read every hosted partition into memory in the background once it is ready (a restart, a new leader or
+    # follower), so that its first lookups find it there; off: each is read when first looked up.
+    ConfigKey("lookup.warmup", parse_bool, True),
     *bootstrap.CONFIG_KEYS,  # snapshot.* (issue 11: snapshot bootstrap)
 )
 
@@ -124,10 +133,10 @@ class RemoteLogMetadataManager:
         native = ReadableTable is not None and self._cfg["lookup.native"]
         self._readable_now: dict[tuple[int, int], _Readable] | ReadableTable = ReadableTable() if native else {}
         self._closed = False
-        # A partition's first lookups are answered from the view on disk while this thread reads it whole and builds
-        # its snapshot (_cold_lookup): a restart or a newly hosted partition never waits for that on the fetch path.
-        self._loading: set[tuple[int, int]] = set()
-        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tierlog-rlmm-load-{self.broker_id}")
+        # Reads each hosted partition whole and publishes its snapshot, off the fetch path, once it is ready: those a
+        # lookup asked for first, then every registered one (_PartitionLoader). Until then its lookups are answered
+        # from the view on disk (_cold_lookup): a restart or a newly hosted partition never waits on the fetch path.
+        self._loader = _PartitionLoader(self._load, f"tierlog-rlmm-load-{self.broker_id}")
         admin = AdminClient(client)
         if self._cfg["metadata.topic.create"]:
             topic = ensure_topic(admin, TopicSettings(
@@ -252,6 +261,8 @@ class RemoteLogMetadataManager:
                 self._registered.setdefault(tp, None)
             self._model.host(vf.tp_key_of(tp) for tp in hosted)
         self._applier.registered()
+        if self._cfg["lookup.warmup"]:
+            self._loader.warm(hosted)
 
     def on_stop_partitions(self, partitions: Iterable[TopicIdPartition]) -> None:
         with self._lock:
@@ -262,6 +273,7 @@ class RemoteLogMetadataManager:
                 self._readable_now.pop((tp.topic_id.int, tp.partition), None)
             # Its decoded state and snapshot go; the view keeps it on disk for when the node hosts it again.
             self._model.unhost(vf.tp_key_of(tp) for tp in stopped if tp not in self._registered)
+        self._loader.forget(stopped)
 
     def is_ready(self, tp: TopicIdPartition) -> bool:
         with self._lock:
@@ -353,23 +365,27 @@ class RemoteLogMetadataManager:
         _require(tp, TopicIdPartition, "topic_id_partition")
         with self._lock:
             self._check_readable_locked(tp)
-            key = vf.tp_key_of(tp)
-            if key not in self._model.partitions:
-                ident = (tp.topic_id.int, tp.partition)
-                if ident not in self._loading:
-                    self._loading.add(ident)
-                    self._loader.submit(self._load, tp, ident)
+            if vf.tp_key_of(tp) not in self._model.partitions:
+                self._loader.urgent(tp)
                 return state.segment_for_offset(self._view.batch(), tp, leader_epoch, offset)
         return self._snapshot(tp).segment_for_offset(leader_epoch, offset)
 
-    def _load(self, tp: TopicIdPartition, ident: tuple[int, int]) -> None:
+    def _load(self, tp: TopicIdPartition) -> bool:
+        """Read tp whole and publish its snapshot for lookups without the lock (the loader's thread); False when tp
+        is registered but not ready yet, to be tried again later."""
+        with self._lock:
+            if self._closed or tp not in self._registered:
+                return True
+            if not self._ready_locked(tp):
+                return False
+        # Under the read model's lock only: the applier and the other partitions' lookups go on meanwhile, and the
+        # interpreter goes to them every few dozen segments (_let_others_run).
+        self._model.prepare(vf.tp_key_of(tp), _let_others_run)
         try:
-            self._snapshot(tp)  # reads the partition whole, and publishes it for lookups without the lock
-        except Exception as exc:  # stopped, deleted or closed meanwhile: its next lookup checks again
+            self._snapshot(tp)  # finds the snapshot prepared, and serves it to lookups without the lock
+        except RemoteStorageError as exc:  # stopped, deleted, halted or closed meanwhile: its next lookup checks again
             log.debug("reading %s for its lookups: %s", tp, exc)
-        finally:
-            with self._lock:
-                self._loading.discard(ident)
+        return True
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, leader_epoch: int) -> int | None:
         _require_int(leader_epoch, "leader_epoch")
@@ -447,11 +463,92 @@ class RemoteLogMetadataManager:
                 return
             self._closed = True
             self._readable_now.clear()
-        self._loader.shutdown(wait=True, cancel_futures=True)  # a load in progress takes milliseconds
+        self._loader.close(timeout_s=10)  # a load in progress takes milliseconds
         self._applier.close(timeout_s=10)
         self._writer.close(timeout_s=5)
         self._consumer.close()
         self._view.close()
+
+
+def _let_others_run() -> None:
+    """Hand the interpreter to any thread waiting for it. A thread that keeps it (decoding, not waiting on I/O) holds
+    it for the whole switch interval (5 ms) once another asks for it; a lookup on the fetch path then waits that long.
+    A sleep releases it for long enough that a waiting thread takes it; one of 0 s may be over before that happens."""
+    time.sleep(LOADER_PAUSE_S)
+
+
+class _PartitionLoader:
+    """A thread that loads hosted partitions (`load`: the manager's _load) one at a time: first those a lookup found
+    not in memory, then those registered (the warm-up), in order. A partition not ready yet is tried again after a
+    pause that doubles while nothing is ready (up to LOADER_RETRY_MAX_S), so a node rebuilding its view checks its
+    hosted partitions a few times a second at most."""
+
+    def __init__(self, load: Callable[[TopicIdPartition], bool], name: str) -> None:
+        self._load = load
+        self._cond = threading.Condition()
+        # Insertion-ordered sets: asked for by a lookup, registered, and found not ready (tried again later).
+        self._urgent: dict[TopicIdPartition, None] = {}
+        self._warm: dict[TopicIdPartition, None] = {}
+        self._waiting: dict[TopicIdPartition, None] = {}
+        self._pause_s = LOADER_RETRY_MIN_S
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def urgent(self, tp: TopicIdPartition) -> None:
+        with self._cond:
+            if tp not in self._urgent:
+                self._urgent[tp] = None
+                self._warm.pop(tp, None)
+                self._waiting.pop(tp, None)
+                self._cond.notify()
+
+    def warm(self, tps: Iterable[TopicIdPartition]) -> None:
+        with self._cond:
+            self._warm.update((tp, None) for tp in tps if tp not in self._urgent)
+            self._cond.notify()
+
+    def forget(self, tps: Iterable[TopicIdPartition]) -> None:
+        with self._cond:
+            for tp in tps:
+                self._urgent.pop(tp, None)
+                self._warm.pop(tp, None)
+                self._waiting.pop(tp, None)
+
+    def close(self, timeout_s: float) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+
+    def _next(self) -> TopicIdPartition | None:
+        """The next partition to load, waiting for one; None once closed."""
+        with self._cond:
+            while not self._closed:
+                queue = self._urgent or self._warm
+                if queue:
+                    tp = next(iter(queue))
+                    del queue[tp]
+                    return tp
+                if not self._waiting:
+                    self._cond.wait()
+                elif not self._cond.wait(self._pause_s):  # nothing else came: try the waiting ones again
+                    self._warm, self._waiting = self._waiting, {}
+                    self._pause_s = min(self._pause_s * 2, LOADER_RETRY_MAX_S)
+            return None
+
+    def _run(self) -> None:
+        while (tp := self._next()) is not None:
+            try:
+                loaded = self._load(tp)
+            except Exception:  # a bug or a storage error: the partition's next lookup reads it then
+                log.exception("reading %s for its lookups failed", tp)
+                loaded = True
+            with self._cond:
+                if loaded:
+                    self._pause_s = LOADER_RETRY_MIN_S
+                else:
+                    self._waiting[tp] = None
 
 
 class _Readable(SnapshotSlot):

@@ -348,7 +348,7 @@ class ReadModel:
     after its WriteBatch was written, the fold applies what the partition already holds, which changes nothing.
     """
 
-    def __init__(self, read: Callable[[bytes], PartitionModel | None]) -> None:
+    def __init__(self, read: Callable[[bytes, Callable[[], None] | None], PartitionModel | None]) -> None:
         self.lock = threading.RLock()  # reentrant: a read under the lock may load the partition
         self._read = read
         # The partitions read so far; None: the view holds nothing of it.
@@ -371,7 +371,7 @@ class ReadModel:
             with self.lock:
                 if tp_key in self.partitions:
                     return self.partitions[tp_key]
-                partition = self._read(tp_key)
+                partition = self._read(tp_key, None)
                 if self.holds(tp_key):
                     self.partitions[tp_key] = partition
                 return partition
@@ -414,7 +414,7 @@ class ReadModel:
         with self.lock:
             if tp_key in self.partitions:
                 return self.partitions[tp_key]
-            partition = self.partitions[tp_key] = self._read(tp_key)
+            partition = self.partitions[tp_key] = self._read(tp_key, None)
             size = 1 if partition is None else 1 + len(partition.segments)
             self._borrowed[tp_key] = size
             self._borrowed_segments += size
@@ -446,12 +446,26 @@ class ReadModel:
             snapshot = self.snapshots.get(tp_key)
             if snapshot is None or snapshot.deleted:
                 if tp_key not in self.partitions:  # held while watched, hosted or not: folds keep its snapshot current
-                    self.partitions[tp_key] = self._read(tp_key)
+                    self.partitions[tp_key] = self._read(tp_key, None)
                 snapshot = snapshot_of(self.partitions[tp_key])
             if slot is not None:
                 self._slots[tp_key] = slot
             self._publish(tp_key, snapshot)
             return snapshot
+
+    def prepare(self, tp_key: bytes, pause: Callable[[], None] | None = None) -> None:
+        """Read a hosted partition whole and publish its snapshot ahead of its first `watch`, which then only finds
+        it: the work holds this model's lock, not the manager's, and calls `pause` now and then (read_partition).
+        The partition enters `partitions` with its snapshot, at the end, so that until then the manager answers its
+        lookups from disk instead of waiting for the lock. Nothing for a partition no longer hosted (stopped
+        meanwhile) or watched already."""
+        with self.lock:
+            if tp_key in self.snapshots or (self.hosted is not None and tp_key not in self.hosted):
+                return
+            partition = self.partitions[tp_key] if tp_key in self.partitions else self._read(tp_key, pause)
+            snapshot = snapshot_of(partition)
+            self.partitions[tp_key] = partition
+            self._publish(tp_key, snapshot)
 
     def unwatch(self, tp_key: bytes) -> None:
         with self.lock:
@@ -548,17 +562,25 @@ class ReadModel:
             self._publish(tp_key, _folded(snapshot, partition, change, before))
 
 
-def read_partition(families: dict[str, object], tp_key: bytes) -> PartitionModel | None:
-    """One user partition as the view's column families (rocksdict, raw mode) hold it; None if they hold nothing."""
+# How many entries `read_partition` decodes between two calls of its `pause`.
+PAUSE_EVERY = 32
+
+
+def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[], None] | None = None
+                   ) -> PartitionModel | None:
+    """One user partition as the view's column families (rocksdict, raw mode) hold it; None if they hold nothing.
+    `pause`, if given, is called every PAUSE_EVERY entries (a background read lets the fetch path's threads run)."""
     topic_id, number = vf.tp_of_key(tp_key)
     raw_meta = families[vf.PARTITION_META].get(tp_key)  # type: ignore[attr-defined]
     meta = None if raw_meta is None else vf.decode_partition_meta(bytes(raw_meta))
     # A partition with content but no bookkeeping never happens in a view the batch wrote; the name is then
     # unknown and only the key identifies it.
     partition = PartitionModel(TopicIdPartition(topic_id, "?" if meta is None else meta.topic, number), meta)
-    for _key, value in prefixed(families[vf.SEGMENTS], tp_key):
+    for count, (_key, value) in enumerate(prefixed(families[vf.SEGMENTS], tp_key), 1):
         md = vf.decode_segment(value)
         partition.segments[md.remote_log_segment_id.id] = md
+        if pause is not None and count % PAUSE_EVERY == 0:
+            pause()
     raw_delete = families[vf.PARTITIONS].get(tp_key)  # type: ignore[attr-defined]
     if raw_delete is not None:
         partition.delete = vf.decode_partition_delete(bytes(raw_delete))

@@ -126,7 +126,7 @@ class MetadataView:
         self._write_lock = threading.RLock()
         self._open()
         # Reads go to self._cf as it is then: reopen() replaces the column families.
-        self.model = ReadModel(lambda tp_key: read_partition(self._cf, tp_key))
+        self.model = ReadModel(lambda tp_key, pause: read_partition(self._cf, tp_key, pause))
 
     def _open(self) -> None:
         read_only = self._read_only

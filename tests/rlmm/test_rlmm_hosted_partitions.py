@@ -109,7 +109,48 @@ def test_the_first_lookups_after_a_restart_are_answered_from_disk_exactly_as_fro
     make_manager: MakeManager, tmp_path: Path,
 ) -> None:
     """A restarted node does not read a partition whole on the fetch path: its first lookups are answered key by
-    key from the view on disk while the partition is read in the background, and answer what it answers after."""
+    key from the view on disk while the partition is read in the background, and answer what it answers after.
+    (With the warm-up off, so that no partition is read before its first lookup.)"""
+    tps, segments, warm = restarted_history(make_manager, tmp_path)
+    restarted = make_manager(broker_id=0, partitions=PARTITIONS, state_dir=tmp_path / "node",
+                             **{"lookup.warmup": False})
+    register(restarted, *tps)
+    assert not held(restarted), "a restart read partitions before any lookup"
+    cold = {tp: lookups(restarted, tp, segments[tp]) for tp in tps}
+    assert cold == warm
+    wait_until(lambda: held(restarted) == keys(tps), timeout=CAUGHT_UP_S,
+               description="the partitions read in the background")
+    assert {tp: lookups(restarted, tp, segments[tp]) for tp in tps} == warm
+
+
+def test_a_restarted_node_reads_its_hosted_partitions_in_the_background_without_a_lookup_and_answers_the_same(
+    make_manager: MakeManager, tmp_path: Path,
+) -> None:
+    """The warm-up: once registered and ready, every hosted partition is read into memory on the loader's thread,
+    and the partitions the node does not host stay on disk."""
+    tps, segments, warm = restarted_history(make_manager, tmp_path)
+    hosted, other = tps[:2], tps[2:]
+    restarted = make_manager(broker_id=0, partitions=PARTITIONS, state_dir=tmp_path / "node")
+    register(restarted, *hosted)
+    wait_until(lambda: held(restarted) == keys(hosted), timeout=CAUGHT_UP_S,
+               description="the hosted partitions read in the background")
+    assert {tp: lookups(restarted, tp, segments[tp]) for tp in hosted} == {tp: warm[tp] for tp in hosted}
+    assert not held(restarted) & keys(other)
+
+    # A partition stopped is let go; one newly hosted is read in the background too.
+    restarted.on_stop_partitions(hosted[:1])
+    assert not held(restarted) & keys(hosted[:1])
+    register(restarted, *other)
+    wait_until(lambda: held(restarted) == keys([*hosted[1:], *other]), timeout=CAUGHT_UP_S,
+               description="the newly hosted partition read in the background")
+    assert {tp: lookups(restarted, tp, segments[tp]) for tp in other} == {tp: warm[tp] for tp in other}
+
+
+def restarted_history(make_manager: MakeManager, tmp_path: Path) -> tuple[
+        list[TopicIdPartition], dict[TopicIdPartition, list[RemoteLogSegmentMetadata]],
+        dict[TopicIdPartition, dict[tuple[int, int], RemoteLogSegmentMetadata | None]]]:
+    """Three partitions written by a node at tmp_path/node, then closed: the partitions, their segments, and what
+    lookups of them answered before the node closed."""
     tps = [make_tp("orders", p) for p in range(3)]
     first = make_manager(broker_id=0, partitions=PARTITIONS, state_dir=tmp_path / "node")
     register(first, *tps)
@@ -118,12 +159,4 @@ def test_the_first_lookups_after_a_restart_are_answered_from_disk_exactly_as_fro
     segments = {tp: first.list_remote_log_segments(tp) for tp in tps}
     warm = {tp: lookups(first, tp, segments[tp]) for tp in tps}
     first.close()
-
-    restarted = make_manager(broker_id=0, partitions=PARTITIONS, state_dir=tmp_path / "node")
-    register(restarted, *tps)
-    assert not held(restarted), "a restart read partitions before any lookup"
-    cold = {tp: lookups(restarted, tp, segments[tp]) for tp in tps}
-    assert cold == warm
-    wait_until(lambda: held(restarted) == keys(tps), timeout=CAUGHT_UP_S,
-               description="the partitions read in the background")
-    assert {tp: lookups(restarted, tp, segments[tp]) for tp in tps} == warm
+    return tps, segments, warm
