@@ -35,6 +35,7 @@ from tierlog.migration.records import (
 
 # consume() waits this long for a full batch: the last records of a topic come as a partial one.
 POLL_S = 0.1
+FETCH_WAIT_MS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,15 +87,43 @@ def read_topic(settings: Settings, topic: TopicDescription, ends: Mapping[int, i
     """Every message of `topic` below `ends`, partition by partition in offset order, in batches as they arrive.
 
     Fails when nothing arrives for the settings' timeout while records are still due."""
+    for batch, _finished in _consume(settings, topic, ends, batch_size, None):
+        if batch:
+            yield batch
+
+
+def read_partitions(settings: Settings, topic: TopicDescription, ends: Mapping[int, int], window: int
+                    ) -> Iterator[tuple[int, list[Any]]]:
+    """Every message of `topic` below `ends`, one whole partition at a time, as each is read to its end; at most
+    `window` partitions are read at once (what is held in memory). Partitions without records are left out."""
+    held: dict[int, list[Any]] = {}
+    for batch, finished in _consume(settings, topic, ends, 5000, window):
+        for message in batch:
+            held.setdefault(message.partition() or 0, []).append(message)
+        for partition in finished:
+            yield partition, held.pop(partition, [])
+
+
+def _consume(settings: Settings, topic: TopicDescription, ends: Mapping[int, int], batch_size: int,
+             window: int | None) -> Iterator[tuple[list[Any], list[int]]]:
+    """The messages below `ends` in batches, each with the partitions it finished; `window`: how many partitions are
+    read at once (in partition order, the next assigned as one finishes), or None for all."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(settings.kafka_client(**{
         "group.id": f"tierlog-migrate-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
         "auto.offset.reset": "earliest", "enable.partition.eof": True,
+        # A partition assigned as another finishes is fetched without waiting out the long poll of those at their end.
+        "fetch.wait.max.ms": FETCH_WAIT_MS,
     }))
     try:
-        pending = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic.name, p, OFFSET_BEGINNING) for p in sorted(pending)])
+        due = [p for p, end in sorted(ends.items()) if end > 0]
+        pending = set(due[:window] if window else due)
+        queued = due[len(pending):]
+        # Every partition assigned at once, so each one's start is looked up now; those not yet read wait paused.
+        consumer.assign([TopicPartition(topic.name, p, OFFSET_BEGINNING) for p in due])
+        if queued:
+            consumer.pause([TopicPartition(topic.name, p) for p in queued])
         seen = 0
         stalled_after = time.monotonic() + settings.timeout_s
         while pending:
@@ -102,25 +131,28 @@ def read_topic(settings: Settings, topic: TopicDescription, ends: Mapping[int, i
                 raise CommandError(f"reading {topic.name} stalled: nothing arrived for {settings.timeout_s:g} s after "
                                    f"{seen} records; is the broker healthy? (raise --timeout to wait longer)")
             batch = []
+            finished = []
             for message in consumer.consume(batch_size, timeout=min(POLL_S, settings.timeout_s)):
                 stalled_after = time.monotonic() + settings.timeout_s
                 partition = message.partition() or 0
                 error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(partition)
-                        continue
+                if error is not None and error.code() != KafkaError._PARTITION_EOF:
                     raise CommandError(f"reading {topic.name}-{partition} failed: {error.str()}")
-                offset = message.offset() or 0
-                if partition not in pending or offset >= ends[partition]:
-                    pending.discard(partition)
+                if partition not in pending:
                     continue
-                batch.append(message)
-                if offset + 1 >= ends[partition]:
+                offset = message.offset() or 0
+                if error is None and offset < ends[partition]:
+                    batch.append(message)
+                if error is not None or offset + 1 >= ends[partition]:
                     pending.discard(partition)
+                    finished.append(partition)
+            if finished and queued:
+                starting, queued = queued[:len(finished)], queued[len(finished):]
+                pending.update(starting)
+                consumer.resume([TopicPartition(topic.name, p) for p in starting])
             seen += len(batch)
-            if batch:
-                yield batch
+            if batch or finished:
+                yield batch, finished
     finally:
         consumer.close()
 
@@ -130,6 +162,14 @@ def read_source(settings: Settings, topic: TopicDescription, ends: Mapping[int, 
     """Every record of a topic in Kafka's format below `ends`, decoded, in batches (see `read_topic`)."""
     for batch in read_topic(settings, topic, ends):
         yield [decode_source_record(topic.name, topic.partitions, m) for m in batch]
+
+
+def read_source_partitions(settings: Settings, topic: TopicDescription, ends: Mapping[int, int], window: int
+                           ) -> Iterator[tuple[int, list[SourceRecord | SourceProblem]]]:
+    """Every record of a topic in Kafka's format below `ends`, decoded, one whole partition at a time (see
+    `read_partitions`)."""
+    for partition, messages in read_partitions(settings, topic, ends, window):
+        yield partition, [decode_source_record(topic.name, topic.partitions, m) for m in messages]
 
 
 def fold_tierlog(settings: Settings, show: bool | None) -> state.InMemoryState:

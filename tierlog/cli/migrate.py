@@ -21,8 +21,9 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +46,14 @@ from tierlog.cli.kafka_metadata import (
     fold_tierlog,
     partition_answers,
     read_source,
+    read_source_partitions,
     replay_source,
     require_source,
     store_differences,
 )
 from tierlog.cli.output import ProgressBar, emit, print_table
 from tierlog.migration.records import (
+    Record,
     SourceProblem,
     SourceRecord,
     TopicMetadata,
@@ -69,6 +72,8 @@ SYNC_EVERY_S = 5.0
 REPORT_EVERY_S = 10.0
 # Bigger batches than a node's writer (2 ms): the import appends hundreds of thousands of records in a row.
 PRODUCER_SETTINGS = {"linger.ms": 50}
+# Source partitions read at once: the next are fetched while one is imported; each is held whole, decoded, until then.
+PARTITIONS_READ_AHEAD = 3
 SHOWN_PROBLEMS = 20
 COMPARE_RETRY_S = 1.0
 # The newest records of a user partition on the source topic that tierlog may not hold yet when finalize compares the
@@ -219,17 +224,21 @@ class Appender:
         self._timeout_s = settings.timeout_s
         self._errors: list[str] = []
         self.newest: dict[TopicIdPartition, int] = {}
+        self._routes: dict[TopicIdPartition, tuple[int, Callable[[KafkaError | None, Message], None]]] = {}
 
     def append(self, tp: TopicIdPartition, key: RecordKey, event: MetadataEvent | None) -> None:
-        def delivered(error: KafkaError | None, message: Message) -> None:
-            if error is not None:
-                self._errors.append(f"{tp}: {error.str()}")
-            else:
-                self.newest[tp] = max(self.newest.get(tp, -1), message.offset() or 0)
-
-        self._producer.append(metadata_partition_for(tp.topic_id, tp.partition, self._num_partitions), key.encode(),
-                              None if event is None else codec.encode(event), [], delivered,
+        route = self._routes.get(tp)
+        if route is None:
+            route = self._routes[tp] = (metadata_partition_for(tp.topic_id, tp.partition, self._num_partitions),
+                                        partial(self._delivered, tp))
+        self._producer.append(route[0], key.encode(), None if event is None else codec.encode(event), [], route[1],
                               time.monotonic() + self._timeout_s)
+
+    def _delivered(self, tp: TopicIdPartition, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self._errors.append(f"{tp}: {error.str()}")
+        else:
+            self.newest[tp] = max(self.newest.get(tp, -1), message.offset() or 0)
 
     def flush(self) -> None:
         """Wait until every record appended is acknowledged; CommandError when one was refused or the deadline
@@ -260,6 +269,8 @@ class Importer:
     appender: Appender | None = None
     progress: ProgressLog | None = None
     broker_id: int = 0
+    # User partitions whose records are appended, not all acknowledged yet -> their last source offset.
+    _unsettled: dict[TopicIdPartition, int] = field(default_factory=dict)
 
     def source_partition(self, records: list[SourceRecord]) -> None:
         """Import one source partition's records (in their order)."""
@@ -267,7 +278,6 @@ class Importer:
         for record in records:
             histories.setdefault(record.metadata.topic_id_partition, []).append(record)
         replay = KafkaRulesReplay()
-        changed: dict[TopicIdPartition, int] = {}  # the user partitions imported -> their last source offset
         for tp, history in histories.items():
             done = self.done.get(_tp_key(tp), -1)
             if history[-1].offset <= done:  # decided by an earlier run
@@ -288,30 +298,42 @@ class Importer:
                 primaries = records_to_reach(replay.store, self.held, tp)
             except InvalidArgumentError as exc:
                 raise CommandError(f"cannot import {tp}: {exc}") from exc
-            for key, event in primaries:
-                if event is not None:
-                    self.report.written[written_kind(event)] += 1  # type: ignore[arg-type]
-                if self.appender is None:
-                    continue
-                if event is None:
-                    self.appender.append(tp, key, None)
-                else:
-                    start_write(self.appender, event)  # type: ignore[arg-type]
             if not primaries:
                 self.report.already += undecided
-            changed[tp] = history[-1].offset
+            for _key, event in primaries:
+                if event is not None:
+                    self.report.written[written_kind(event)] += 1  # type: ignore[arg-type]
+            if self.appender is not None:
+                self._write(replay.store, tp, primaries, history[-1].offset)
+        self._settle()
+
+    def _write(self, final: state.StateReader, tp: TopicIdPartition, primaries: list[Record], last_offset: int
+               ) -> None:
+        """Append a user partition's records, then, once they are acknowledged (their offsets known), its epochs'
+        checkpoint; its progress is recorded once that is acknowledged too (at the next `_settle`)."""
+        assert self.appender is not None
+        for key, event in primaries:
+            if event is None:
+                self.appender.append(tp, key, None)
+            else:
+                start_write(self.appender, event)  # type: ignore[arg-type]
+        if primaries:
+            self._settle()
+        reflects = max(self.appender.newest.get(tp, -1), self.held.lineage_position(tp) or -1)
+        for key, checkpoint in lineage_checkpoint(final, self.held, tp, bool(primaries),
+                                                  reflects if reflects >= 0 else None, int(time.time() * 1000),
+                                                  self.broker_id):
+            self.appender.append(tp, key, checkpoint)
+        self._unsettled[tp] = last_offset
+
+    def _settle(self) -> None:
+        """Wait for every record appended to be acknowledged, then record the progress of the partitions done."""
         if self.appender is None or self.progress is None:
             return
         self.appender.flush()
-        now = int(time.time() * 1000)
-        for tp in changed:
-            reflects = max(self.appender.newest.get(tp, -1), self.held.lineage_position(tp) or -1)
-            for key, checkpoint in lineage_checkpoint(replay.store, self.held, tp, tp in self.appender.newest,
-                                                      reflects if reflects >= 0 else None, now, self.broker_id):
-                self.appender.append(tp, key, checkpoint)
-        self.appender.flush()
-        for tp, offset in changed.items():
+        for tp, offset in self._unsettled.items():
             self.progress.record(tp, offset)
+        self._unsettled.clear()
         self.progress.flush()
 
 
@@ -334,23 +356,22 @@ def _migrate(settings: Settings, source: TopicDescription, importer: Importer, s
     last_report = time.monotonic()
     done = 0
     with ProgressBar("migrating" if not report.dry_run else "replaying", total, show) as bar:
-        for partition, end in sorted(ends.items()):
+        for _partition, items in read_source_partitions(settings, source, ends, PARTITIONS_READ_AHEAD):
             records: list[SourceRecord] = []
-            for batch in read_source(settings, source, {partition: end}):
-                for item in batch:
-                    if isinstance(item, SourceProblem):
-                        report.problems.append(item)
-                        log.warning("not migrated: %s", item)
-                        continue
-                    report.read[record_type(item.metadata)] += 1
-                    records.append(item)
-                done += len(batch)
-                bar.update(done)
-                if time.monotonic() - last_report > REPORT_EVERY_S:
-                    last_report = time.monotonic()
-                    log.info("read %d of %d records of %s (%.0f/s), %s", done, total, source.name,
-                             done / (last_report - report.started), dict(report.written))
+            for item in items:
+                if isinstance(item, SourceProblem):
+                    report.problems.append(item)
+                    log.warning("not migrated: %s", item)
+                    continue
+                report.read[record_type(item.metadata)] += 1
+                records.append(item)
             importer.source_partition(records)
+            done += len(items)
+            bar.update(done)
+            if time.monotonic() - last_report > REPORT_EVERY_S:
+                last_report = time.monotonic()
+                log.info("imported %d of %d records of %s (%.0f/s), %s", done, total, source.name,
+                         done / (last_report - report.started), dict(report.written))
         bar.finish(done)
     report.seconds = time.monotonic() - report.started
     return ends
@@ -363,19 +384,25 @@ def _held_by_topic(settings: Settings, target: TopicDescription | None, show: bo
     return fold_tierlog(settings, show)
 
 
-def _wait_applied(manager: Any, timeout_s: float) -> None:
-    """Wait until the manager's view applied every record on its topic, as long as it keeps applying some."""
+def _caught_up_node(config: Mapping[str, Any], timeout_s: float) -> tuple[str, int]:
+    """Start a node on the state dir and wait until its view applied every record on tierlog's topic, for as long
+    as it keeps applying some; its topic's name and partition count."""
+    from rlmm import RemoteLogMetadataManager
     from rlmm.errors import MetadataTimeoutError
 
-    while True:
-        before = sum(manager.applied_offsets().values())
-        try:
-            manager.wait_caught_up(timeout_s)
-            return
-        except MetadataTimeoutError:
-            if sum(manager.applied_offsets().values()) == before:
-                raise CommandError(f"the view in the state dir applied nothing of {manager.metadata_topic} for "
-                                   f"{timeout_s:g} s (rerun to resume)") from None
+    with RemoteLogMetadataManager(config) as manager:
+        while True:
+            before = sum(manager.applied_offsets().values())
+            try:
+                manager.wait_caught_up(timeout_s)
+                break
+            except MetadataTimeoutError:
+                if sum(manager.applied_offsets().values()) == before:
+                    raise CommandError(f"the view in the state dir applied nothing of {manager.metadata_topic} for "
+                                       f"{timeout_s:g} s (rerun to resume)") from None
+                log.info("the view applied %d records of %s so far", sum(manager.applied_offsets().values()),
+                         manager.metadata_topic)
+        return manager.metadata_topic, manager.num_partitions
 
 
 def _commit_import_position(settings: Settings, source: TopicDescription, ends: Mapping[int, int],
@@ -414,26 +441,30 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         _migrate(settings, source, Importer(_held_by_topic(settings, target, args.progress), done, report),
                  args.progress)
     else:
-        from rlmm import RemoteLogMetadataManager
-
         state_dir = settings.state_dir(args.state_dir)
         config = settings.node_config(state_dir)
         if int(config["broker.id"]) < 0:  # unset: the records' checkpoints need a broker id, and -1 is none
             config["broker.id"] = "0"
-        with RemoteLogMetadataManager(config) as manager:
-            manager.wait_caught_up(settings.timeout_s)
-            target = describe_topic(settings, manager.metadata_topic)
-            assert target is not None, "the manager created or found its topic"
-            progress = ProgressLog.open(progress_path(state_dir, source.name), _identity(source, target))
-            try:
-                appender = Appender(settings, manager.metadata_topic, manager.num_partitions)
-                importer = Importer(manager.view, progress.done, report, appender, progress, int(config["broker.id"]))
-                ends = _migrate(settings, source, importer, args.progress)
-            finally:
-                progress.close()
-            _wait_applied(manager, settings.timeout_s)
-            report.seconds = time.monotonic() - report.started
-            _commit_import_position(settings, source, ends, manager.metadata_topic)
+        # The view catches up first: it is what the import compares with. While the import appends, no node of
+        # this process applies its records one by one beside it; the node started after it takes them in as a
+        # backlog (the newest record of each key), which costs a fraction of that.
+        metadata_topic, num_partitions = _caught_up_node(config, settings.timeout_s)
+        target = describe_topic(settings, metadata_topic)
+        assert target is not None, "the manager created or found its topic"
+        from rlmm.view import MetadataView
+
+        progress = ProgressLog.open(progress_path(state_dir, source.name), _identity(source, target))
+        view = MetadataView.open(state_dir, read_only=True)
+        try:
+            appender = Appender(settings, metadata_topic, num_partitions)
+            importer = Importer(view, progress.done, report, appender, progress, int(config["broker.id"]))
+            ends = _migrate(settings, source, importer, args.progress)
+        finally:
+            view.close()
+            progress.close()
+        _caught_up_node(config, settings.timeout_s)
+        report.seconds = time.monotonic() - report.started
+        _commit_import_position(settings, source, ends, metadata_topic)
     _show(args, report)
     if report.problems:
         print(f"tierlog migrate: {len(report.problems)} record(s) of {source.name} could not be migrated (listed "

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from rlmm import lineage, state
@@ -68,6 +69,12 @@ def tierlog_writer(headers: Sequence[tuple[str, bytes | None]] | None) -> int | 
     return None
 
 
+@lru_cache(maxsize=65536)
+def _source_partition(tp: TopicIdPartition, num_partitions: int) -> int:
+    """TBRLMM's partitioner (murmur2 in Python), once per user partition: an import checks it for every record."""
+    return metadata_partition(tp, num_partitions)
+
+
 def decode_source_record(topic: str, num_partitions: int, message: Any) -> SourceRecord | SourceProblem:
     """A consumed message of the source topic (partition `num_partitions` wide), decoded, or why it cannot be."""
     partition, offset = message.partition() or 0, message.offset() or 0
@@ -79,7 +86,7 @@ def decode_source_record(topic: str, num_partitions: int, message: Any) -> Sourc
         return SourceProblem(topic, partition, offset, "a RemoteLogSegmentMetadataSnapshotRecord names no topic "
                              f"partition (segment {metadata.segment_id}); TBRLMM never writes one to its topic")
     tp = metadata.topic_id_partition
-    expected = metadata_partition(tp, num_partitions)
+    expected = _source_partition(tp, num_partitions)
     if expected != partition:
         return SourceProblem(topic, partition, offset,
                              f"a record of {tp} that TBRLMM's partitioner puts in partition {expected}: not written "
