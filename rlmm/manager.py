@@ -421,6 +421,11 @@ class RemoteLogMetadataManager:
         with self._lock:
             return dict(self._applier.applied)
 
+    def partitions_loading(self) -> int:
+        """Hosted partitions not read into memory yet by the background loader (lookup.warmup), or asked for by a
+        lookup and not read yet: their lookups are answered from the view on disk meanwhile."""
+        return self._loader.pending()
+
     def record_counts(self) -> tuple[int, int]:
         """Records this manager applied to its view and records the state machine dropped (invalid), so far."""
         with self._lock:
@@ -491,6 +496,7 @@ class _PartitionLoader:
         self._warm: dict[TopicIdPartition, None] = {}
         self._waiting: dict[TopicIdPartition, None] = {}
         self._pause_s = LOADER_RETRY_MIN_S
+        self._loading = 0  # partitions being loaded now (0 or 1)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -515,6 +521,11 @@ class _PartitionLoader:
                 self._warm.pop(tp, None)
                 self._waiting.pop(tp, None)
 
+    def pending(self) -> int:
+        """Partitions to load: queued, waiting to be ready, or being loaded now."""
+        with self._cond:
+            return len(self._urgent) + len(self._warm) + len(self._waiting) + self._loading
+
     def close(self, timeout_s: float) -> None:
         with self._cond:
             self._closed = True
@@ -529,6 +540,7 @@ class _PartitionLoader:
                 if queue:
                     tp = next(iter(queue))
                     del queue[tp]
+                    self._loading = 1
                     return tp
                 if not self._waiting:
                     self._cond.wait()
@@ -545,6 +557,7 @@ class _PartitionLoader:
                 log.exception("reading %s for its lookups failed", tp)
                 loaded = True
             with self._cond:
+                self._loading = 0
                 if loaded:
                     self._pause_s = LOADER_RETRY_MIN_S
                 else:

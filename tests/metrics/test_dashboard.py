@@ -184,6 +184,7 @@ def test_a_real_scrape_shows_the_traffic_the_agent_served(served: tuple[Scrape, 
     assert found.value("tierlog_rlmm_view_user_partitions") == 1
     assert found.value("tierlog_rlmm_applied_offset") >= 2  # the add and the update, at least
     assert found.value("tierlog_rlmm_halted_partitions") == 0
+    assert found.value("tierlog_rlmm_partitions_loading") in (0, 1)  # the one hosted partition, read or not yet
     # The add and the update applied (and the lineage checkpoint after it); the refused update never reached
     # the topic, so nothing was dropped.
     assert found.value("tierlog_rlmm_records_applied_total") >= 2

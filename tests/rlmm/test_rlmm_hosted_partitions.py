@@ -134,6 +134,8 @@ def test_a_restarted_node_reads_its_hosted_partitions_in_the_background_without_
     register(restarted, *hosted)
     wait_until(lambda: held(restarted) == keys(hosted), timeout=CAUGHT_UP_S,
                description="the hosted partitions read in the background")
+    wait_until(lambda: restarted.partitions_loading() == 0, timeout=CAUGHT_UP_S,
+               description="the loader done with the hosted partitions")
     assert {tp: lookups(restarted, tp, segments[tp]) for tp in hosted} == {tp: warm[tp] for tp in hosted}
     assert not held(restarted) & keys(other)
 

@@ -182,6 +182,12 @@ class RlmmCollector(Collector):
         yield GaugeMetricFamily(
             "tierlog_rlmm_halted_partitions", "metadata partitions this node stopped applying", value=len(halted)
         )
+        yield GaugeMetricFamily(
+            "tierlog_rlmm_partitions_loading",
+            "hosted partitions not read into memory yet (after a restart or a leadership change); their lookups are "
+            "answered from the view on disk meanwhile",
+            value=manager.partitions_loading(),
+        )
         applied_records, dropped_records = manager.record_counts()
         yield CounterMetricFamily(
             "tierlog_rlmm_records_applied", "metadata records this node applied to its view", value=applied_records
