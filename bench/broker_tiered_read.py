@@ -140,6 +140,8 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         "cold_mib_per_s": reads[0]["mib_per_s"],
         "warm_mib_per_s": [r["mib_per_s"] for r in reads[1:]],
         "median_mib_per_s": statistics.median(r["mib_per_s"] for r in reads),
+        # Other work on the machine slows a broker's reads: the 1-minute load average right after them.
+        "load_average_1m_after_reads": round(os.getloadavg()[0], 2),
         **({} if agent is None else {"agent_calls_during_reads": agent}),
     }
 
