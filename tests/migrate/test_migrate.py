@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from migrate_testkit import (
     SOURCE_PARTITIONS,
     RecordingScenario,
@@ -26,10 +27,13 @@ from migrate_testkit import (
 from rlmm_testkit import read_topic
 from support.topics import create_topic, unique_topic_name
 
-from rlmm import codec
+from rlmm import codec, state
+from rlmm.events import EpochCheckpoint
 from rlmm.kafka_format import encode, metadata_partition
 from rlmm.types import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata
 from rlmm.view import MetadataView
+from tierlog.cli.kafka_metadata import KafkaRulesReplay
+from tierlog.migration.records import Record, lineage_checkpoint, records_to_reach
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,6 +54,54 @@ def _assert_view_answers_as_kafka(state_dir: Path, history: list) -> None:
         assert_answers_as_kafka(kafka_model(history), view, history)
     finally:
         view.close()
+
+
+# --- the bulk import's records, applied as a node applies its topic (no Kafka) ---------------------------------
+
+def _import_records(history: list, held: state.InMemoryState, next_offset: int) -> list[list[Record]]:
+    """What `tierlog migrate` appends over `held` for `history`, per user partition: its records, then its
+    checkpoint, stamped with the offset its last record gets when appended from `next_offset` on."""
+    final = KafkaRulesReplay()
+    for call in history:
+        final.apply(call)
+    batches = []
+    for tp in sorted({*final.store.user_partitions(), *held.user_partitions()}, key=str):
+        records = records_to_reach(final.store, held, tp)
+        next_offset += len(records)
+        reflects = max(next_offset - 1 if records else -1, held.lineage_position(tp) or -1)
+        batches.append([*records, *lineage_checkpoint(final.store, held, tp, bool(records),
+                                                      reflects if reflects >= 0 else None, 0, 0)])
+        next_offset += len(batches[-1]) - len(records)
+    return batches
+
+
+def _apply_in_order(node: state.InMemoryState, records: list[Record], first_offset: int) -> None:
+    """Apply records as a node that reads every record of its topic does (nothing skipped before them)."""
+    for offset, (key, event) in enumerate(records, first_offset):
+        outcome = state.apply_record(node, key, event, offset, skipped_before=False)
+        assert outcome.applied, outcome.reason
+
+
+@given(scenario=kafka_histories(), cut=st.floats(0, 1))
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_imported_records_applied_in_order_answer_as_kafkas_rules_also_after_a_killed_run(
+        scenario: RecordingScenario, cut: float) -> None:
+    """Random histories (re-uploads across epochs, invalid calls, deleted partitions): a node applying the import's
+    records holds Kafka's answers; a run killed after any prefix of them and run again appends exactly the rest."""
+    history = scenario.history
+    node = state.InMemoryState()
+    written = [record for batch in _import_records(history, node, 0) for record in batch]
+    kept = written[:round(cut * len(written))]
+    _apply_in_order(node, kept, 0)
+    rest = [record for batch in _import_records(history, node, len(kept)) for record in batch]
+    _apply_in_order(node, rest, len(kept))
+    assert_answers_as_kafka(kafka_model(history), node, history)
+
+    def events(records: list[Record]) -> int:
+        return sum(not isinstance(event, EpochCheckpoint) and event is not None for _key, event in records)
+
+    assert events(kept) + events(rest) == events(written)
+    assert [batch for batch in _import_records(history, node, len(kept) + len(rest)) if batch] == []
 
 
 @given(scenario=kafka_histories())
@@ -137,6 +189,25 @@ def test_a_run_killed_halfway_resumes_to_the_same_state_without_duplicates(
     assert code == 0, resumed
     assert 0 < sum(resumed["written"].values()) < writes
     assert _events_on(kafka_bootstrap, unique_topic) == writes
+    _assert_view_answers_as_kafka(tmp_path, history)
+
+
+def test_a_rerun_after_the_source_grew_imports_what_came_since(
+        kafka_bootstrap: str, create_topic: Callable[..., str], unique_topic: str, tmp_path: Path) -> None:
+    """TBRLMM goes on writing between two imports (the runbook reruns the import until it writes nothing): copies
+    finished and segments deleted since are brought in, and tierlog answers as Kafka's rules over the whole history."""
+    history = workload_history(seed=5)
+    half = len(history) // 2
+    source = create_topic(partitions=SOURCE_PARTITIONS)
+    produce_history(kafka_bootstrap, source, history[:half])
+    code, first = _migrate(kafka_bootstrap, source, unique_topic, tmp_path)
+    assert code == 0, first
+    _assert_view_answers_as_kafka(tmp_path, history[:half])
+
+    produce_history(kafka_bootstrap, source, history[half:])
+    code, second = _migrate(kafka_bootstrap, source, unique_topic, tmp_path)
+    assert code == 0, second
+    assert second["already_migrated"] == half and sum(second["written"].values()) > 0
     _assert_view_answers_as_kafka(tmp_path, history)
 
 
