@@ -3,9 +3,12 @@ filesystem backend with its disk chunk cache, the adapter reading the cache's fi
 with Kafka's own TopicBasedRemoteLogMetadataManager and in-JVM LocalTieredStorage (the kafka-storage test-fixtures
 jar dev/kafka fetches), over the same records. One broker at a time, the first read cold, then warm ones.
 
-Usage: python bench/broker_tiered_read.py [--mib 128] [--segment-mib 16] [--repeat 3] [--split]; prints one JSON
-document. The brokers run with the full JIT (C2), as in production; `--split` adds tierlog's rsm beside Kafka's
-TBRLMM.
+Usage: python bench/broker_tiered_read.py [--mib 128] [--segment-mib 16] [--repeat 3] [--split]
+[--consumer throughput|perf-test]; prints one JSON document. The brokers run with the full JIT (C2), as in
+production; `--split` adds tierlog's rsm beside Kafka's TBRLMM. The reader is bench/broker_read/ConsumerThroughput.java
+(assigns the partition, reads from offset 0 to the end offset), or with `--consumer perf-test` Kafka's own
+kafka-consumer-perf-test (org.apache.kafka.tools.ConsumerPerformance from the kafka-tools jar, fetched with Maven into
+.dev/ once; joins a new group per read, timed by its fetch time, without the group's join).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +43,7 @@ from dev.demo import (  # noqa: E402
     tiered_topic_config,
     wait_for,
 )
-from dev.kafka import KafkaCluster, ensure_kafka_libs, java_executable  # noqa: E402
+from dev.kafka import KafkaCluster, ensure_kafka_libs, java_executable, kafka_version  # noqa: E402
 from dev.process import free_ports  # noqa: E402
 
 MIB = 1 << 20
@@ -56,12 +60,43 @@ def _compile_consumer(libs: Path, out: Path) -> str:
     return f"{out}:{libs}/*"
 
 
-def _consume(classpath: str, bootstrap: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [java_executable(), "-cp", classpath, "ConsumerThroughput", bootstrap, TOPIC, "600"],
-        check=True, capture_output=True, text=True, timeout=660,
-    )
-    read: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+def _perf_test_classpath(libs: Path) -> str:
+    """kafka-consumer-perf-test's classpath: the kafka-tools jar of the broker's version (fetched with Maven into
+    .dev/ the first time) before the broker's own jars."""
+    version = kafka_version()
+    tools = REPO_ROOT / ".dev" / f"kafka-tools-{version}"
+    jar = tools / f"kafka-tools-{version}.jar"
+    if not jar.exists():
+        # Maven's output goes to stderr: the JSON goes to stdout.
+        subprocess.run(
+            ["mvn", "-q", "-B", "-Dstyle.color=never", "dependency:copy",
+             f"-Dartifact=org.apache.kafka:kafka-tools:{version}", f"-DoutputDirectory={tools}"],
+            check=True, stdout=sys.stderr,
+        )
+    return f"{jar}:{libs}/*"
+
+
+def _consume(consumer: str, classpath: str, bootstrap: str, records: int) -> dict[str, Any]:
+    """One read of the topic from offset 0 to its end: records, bytes (keys and values), seconds, MiB/s."""
+    if consumer == "perf-test":
+        command = [
+            java_executable(), "-cp", classpath, "org.apache.kafka.tools.ConsumerPerformance",
+            "--bootstrap-server", bootstrap, "--topic", TOPIC, "--num-records", str(records), "--hide-header",
+            "--group", f"bench-{uuid.uuid4()}", "--timeout", "60000",
+        ]
+    else:
+        command = [java_executable(), "-cp", classpath, "ConsumerThroughput", bootstrap, TOPIC, "600"]
+    result = subprocess.run(command, check=True, capture_output=True, text=True, timeout=660)
+    last = result.stdout.strip().splitlines()[-1]
+    read: dict[str, Any]
+    if consumer == "perf-test":
+        # start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, rebalance.time.ms,
+        # fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec (MB = MiB)
+        fields = [f.strip() for f in last.split(",")]
+        read = {"records": int(fields[4]), "bytes": round(float(fields[2]) * MIB),
+                "seconds": int(fields[7]) / 1000, "group_join_ms": int(fields[6])}
+    else:
+        read = json.loads(last)
     read["mib_per_s"] = round(read["bytes"] / MIB / read["seconds"], 1)
     return read
 
@@ -123,9 +158,9 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         remote_segments, remote_bytes = _remote_logs(remote_root)
         port = choice.metrics_port
         before = {} if port is None else _agent_calls(port)
-        reads = [_consume(classpath, kafka.bootstrap)]
+        reads = [_consume(args.consumer, classpath, kafka.bootstrap, records)]
         after_cold = {} if port is None else _agent_calls(port)
-        reads += [_consume(classpath, kafka.bootstrap) for _ in range(args.repeat - 1)]
+        reads += [_consume(args.consumer, classpath, kafka.bootstrap, records) for _ in range(args.repeat - 1)]
         agent = None if port is None else {
             "cold_read": _agent_calls_during(before, after_cold, 1),
             "warm_reads": _agent_calls_during(after_cold, _agent_calls(port), max(args.repeat - 1, 1)),
@@ -155,11 +190,14 @@ def main() -> None:
                         help="the adapter's agent.fetch.files.window.bytes in MiB (default: the adapter's, 8)")
     parser.add_argument("--split", action="store_true",
                         help="also tierlog's rsm beside Kafka's TBRLMM: what the rsm's path costs without the rlmm's")
+    parser.add_argument("--consumer", choices=("throughput", "perf-test"), default="throughput",
+                        help="the reader: bench/broker_read/ConsumerThroughput.java, or kafka-consumer-perf-test")
     args = parser.parse_args()
     libs = ensure_kafka_libs()
     with tempfile.TemporaryDirectory(prefix="tlbr-") as tmp, tempfile.TemporaryDirectory(prefix="tl-") as sockets:
         base = Path(tmp)
-        classpath = _compile_consumer(libs, base / "classes")
+        classpath = (_perf_test_classpath(libs) if args.consumer == "perf-test"
+                     else _compile_consumer(libs, base / "classes"))
         # broker_properties wants an S3 location for tierlog's rsm; the filesystem backend overrides it.
         unused_s3 = S3Location("http://127.0.0.1:1", "unused", "unused", "unused", "unused")
         rsm = {
@@ -193,6 +231,7 @@ def main() -> None:
         "benchmark": "broker_tiered_read",
         "topic_mib": args.mib,
         "segment_mib": args.segment_mib,
+        "consumer": args.consumer,
         "record_bytes": RECORD_BYTES,
         "files_window_mib": args.files_window_mib or "adapter default (8)",
         "waited_for": "each broker holding only an empty active segment locally (every record tiered, no copy "
