@@ -133,11 +133,11 @@ def _wait_all_tiered(log_dir: Path, records: int) -> None:
              f"{TOPIC}-0 to hold only an empty active segment at offset {records} locally")
 
 
-def _remote_logs(root: Path) -> tuple[int, int]:
-    """(segments, bytes) of the non-empty `.log` objects under a remote storage root (both RSMs store one per
-    segment)."""
-    sizes = [size for p in root.rglob("*.log") if (size := p.stat().st_size) > 0]
-    return len(sizes), sum(sizes)
+def _remote_logs(root: Path) -> list[int]:
+    """Sizes of the non-empty `.log` objects under a remote storage root (both RSMs store one per segment, named
+    `<start offset>-<segment id>.log`), in offset order."""
+    logs = sorted(root.rglob("*.log"), key=lambda p: int(p.name.split("-", 1)[0]))
+    return [size for p in logs if (size := p.stat().st_size) > 0]
 
 
 def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argparse.Namespace,
@@ -155,7 +155,7 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         produce(kafka.bootstrap, TOPIC, 0, records, size=RECORD_BYTES)
         _wait_all_tiered(kafka.log_dir(0), records)
         tiered_s = time.monotonic() - started
-        remote_segments, remote_bytes = _remote_logs(remote_root)
+        remote_sizes = _remote_logs(remote_root)
         port = choice.metrics_port
         before = {} if port is None else _agent_calls(port)
         reads = [_consume(args.consumer, classpath, kafka.bootstrap, records)]
@@ -169,8 +169,9 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         raise AssertionError(f"{name}: a read did not return all {records} records: {reads}")
     return {
         "records": records,
-        "remote_segments": remote_segments,
-        "remote_mib_read": round(remote_bytes / MIB, 1),
+        "remote_segments": len(remote_sizes),
+        "remote_segment_mib": [round(size / MIB, 2) for size in remote_sizes],
+        "remote_mib_read": round(sum(remote_sizes) / MIB, 1),
         "produce_and_tier_s": round(tiered_s, 1),
         "cold_mib_per_s": reads[0]["mib_per_s"],
         "warm_mib_per_s": [r["mib_per_s"] for r in reads[1:]],
