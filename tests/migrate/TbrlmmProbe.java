@@ -23,15 +23,18 @@ import java.lang.reflect.Field;
 import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
 import java.nio.charset.StandardCharsets;
-import java.util.HashMap;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.HexFormat;
 import java.util.Iterator;
+import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 
@@ -48,6 +51,9 @@ import java.util.concurrent.TimeUnit;
  * SYNC metadataPartition offset timeoutMs   waits until its consumer has read that offset  -> {"ok": true}
  * ADD|UPDATE|DELETE record timeoutMs the API write, waited for (record: KafkaSerdeProbe's S, U or D line)
  *                                                                                        -> {"ok": true}
+ * SEND ADD|UPDATE|DELETE record      the API write, not waited for (TBRLMM's one producer keeps their order)
+ *                                                                                        -> {"ok": true}
+ * AWAIT timeoutMs                    waits for every write SENT since the last AWAIT       -> {"ok": true, "writes": n}
  * LIST tp [epoch]                    listRemoteLogSegments                               -> {"segments": [...]}
  * LOOKUP tp epoch offset             remoteLogSegmentMetadata                            -> {"segment": {...}|null}
  * TXN tp epoch offset                nextSegmentWithTxnIndex                             -> {"segment": {...}|null}
@@ -59,6 +65,8 @@ import java.util.concurrent.TimeUnit;
  */
 public final class TbrlmmProbe {
     private static final ObjectMapper JSON = new ObjectMapper();
+    // SEND's writes not yet awaited, in the order they were made.
+    private static final List<CompletableFuture<Void>> SENT = new ArrayList<>();
     private static final long POLL_MS = 5;
     private static final Field CONSUMER_MANAGER;
     private static final Method WAIT_TILL_CONSUMED;
@@ -146,23 +154,20 @@ public final class TbrlmmProbe {
                 answer.put("ok", true);
             }
             case "ADD", "UPDATE", "DELETE" -> {
-                long timeoutMs = Long.parseLong(f[f.length - 1]);
-                String[] r = Arrays.copyOfRange(f, 1, f.length - 1);
-                var written = switch (f[0]) {
-                    case "ADD" -> manager.addRemoteLogSegmentMetadata(new RemoteLogSegmentMetadata(
-                        new RemoteLogSegmentId(tp(r, 1), uuid(r[4])), Long.parseLong(r[5]), Long.parseLong(r[6]),
-                        Long.parseLong(r[7]), Integer.parseInt(r[8]), Long.parseLong(r[9]), Integer.parseInt(r[10]),
-                        custom(r[12]), RemoteLogSegmentState.forId(Byte.parseByte(r[13])), epochs(r[11]),
-                        r[14].equals("1")));
-                    case "UPDATE" -> manager.updateRemoteLogSegmentMetadata(new RemoteLogSegmentMetadataUpdate(
-                        new RemoteLogSegmentId(tp(r, 1), uuid(r[4])), Long.parseLong(r[5]), custom(r[6]),
-                        RemoteLogSegmentState.forId(Byte.parseByte(r[7])), Integer.parseInt(r[8])));
-                    default -> manager.putRemotePartitionDeleteMetadata(new RemotePartitionDeleteMetadata(
-                        tp(r, 1), RemotePartitionDeleteState.forId(Byte.parseByte(r[4])), Long.parseLong(r[5]),
-                        Integer.parseInt(r[6])));
-                };
-                written.get(timeoutMs, TimeUnit.MILLISECONDS);
+                write(manager, f[0], Arrays.copyOfRange(f, 1, f.length - 1))
+                    .get(Long.parseLong(f[f.length - 1]), TimeUnit.MILLISECONDS);
                 answer.put("ok", true);
+            }
+            case "SEND" -> {
+                SENT.add(write(manager, f[1], Arrays.copyOfRange(f, 2, f.length)));
+                answer.put("ok", true);
+            }
+            case "AWAIT" -> {
+                CompletableFuture<?>[] sent = SENT.toArray(new CompletableFuture<?>[0]);
+                SENT.clear();
+                CompletableFuture.allOf(sent).get(Long.parseLong(f[1]), TimeUnit.MILLISECONDS);
+                answer.put("ok", true);
+                answer.put("writes", sent.length);
             }
             case "LIST" -> {
                 Iterator<RemoteLogSegmentMetadata> found = f.length > 4
@@ -192,6 +197,24 @@ public final class TbrlmmProbe {
             default -> throw new IllegalArgumentException("unknown request " + String.join(" ", f));
         }
         return answer;
+    }
+
+    private static CompletableFuture<Void> write(TopicBasedRemoteLogMetadataManager manager, String verb, String[] r)
+            throws Exception {
+        return switch (verb) {
+            case "ADD" -> manager.addRemoteLogSegmentMetadata(new RemoteLogSegmentMetadata(
+                new RemoteLogSegmentId(tp(r, 1), uuid(r[4])), Long.parseLong(r[5]), Long.parseLong(r[6]),
+                Long.parseLong(r[7]), Integer.parseInt(r[8]), Long.parseLong(r[9]), Integer.parseInt(r[10]),
+                custom(r[12]), RemoteLogSegmentState.forId(Byte.parseByte(r[13])), epochs(r[11]),
+                r[14].equals("1")));
+            case "UPDATE" -> manager.updateRemoteLogSegmentMetadata(new RemoteLogSegmentMetadataUpdate(
+                new RemoteLogSegmentId(tp(r, 1), uuid(r[4])), Long.parseLong(r[5]), custom(r[6]),
+                RemoteLogSegmentState.forId(Byte.parseByte(r[7])), Integer.parseInt(r[8])));
+            case "DELETE" -> manager.putRemotePartitionDeleteMetadata(new RemotePartitionDeleteMetadata(
+                tp(r, 1), RemotePartitionDeleteState.forId(Byte.parseByte(r[4])), Long.parseLong(r[5]),
+                Integer.parseInt(r[6])));
+            default -> throw new IllegalArgumentException("unknown write " + verb);
+        };
     }
 
     private static ObjectNode error(Throwable e) {

@@ -240,9 +240,18 @@ class Tbrlmm:
                 f"TBRLMM not ready for {tp}")
 
     def write(self, call: KafkaWrite) -> None:
-        verb = {RemoteLogSegmentMetadata: "ADD", RemotePartitionDeleteMetadata: "DELETE"}.get(type(call), "UPDATE")
-        answer = self.ask(f"{verb} {probe_request(call)} {int(DEADLINE_S * 1000)}", DEADLINE_S + 5)
+        """One API call, returning once TBRLMM completed it (its record written and read back)."""
+        answer = self.ask(f"{_verb(call)} {probe_request(call)} {int(DEADLINE_S * 1000)}", DEADLINE_S + 5)
         assert answer == {"ok": True}, f"TBRLMM refused {call}: {answer}"
+
+    def write_all(self, calls: Sequence[KafkaWrite]) -> None:
+        """The API calls in their order, each made without waiting for the one before (TBRLMM's one producer keeps
+        their order on its topic), returning once TBRLMM completed them all."""
+        answers = self.ask_all([f"SEND {_verb(call)} {probe_request(call)}" for call in calls]
+                               + [f"AWAIT {int(DEADLINE_S * 1000)}"], DEADLINE_S + 5)
+        refused = [(call, answer) for call, answer in zip(calls, answers, strict=False) if answer != {"ok": True}]
+        assert not refused, f"TBRLMM refused {len(refused)} of {len(calls)} calls, the first {refused[0]}"
+        assert answers[-1] == {"ok": True, "writes": len(calls)}, f"TBRLMM did not complete the calls: {answers[-1]}"
 
     def catch_up(self, bootstrap: str, tps: Sequence[TopicIdPartition]) -> None:
         """Wait until TBRLMM's consumer has read every record on the metadata partitions of `tps` now."""
@@ -260,6 +269,10 @@ class Tbrlmm:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait(timeout=5)
+
+
+def _verb(call: KafkaWrite) -> str:
+    return {RemoteLogSegmentMetadata: "ADD", RemotePartitionDeleteMetadata: "DELETE"}.get(type(call), "UPDATE")
 
 
 def tp_text(tp: TopicIdPartition) -> str:

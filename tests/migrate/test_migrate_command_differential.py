@@ -198,8 +198,9 @@ class Migrated:
     reports: list[dict[str, Any]] = field(default_factory=list)  # the command's, run by run
 
     def write(self, writes: Mapping[TopicIdPartition, Sequence[KafkaWrite]]) -> None:
-        for call in interleaved(self.rng, writes):
-            self.tbrlmm.write(call)
+        calls = interleaved(self.rng, writes)
+        self.tbrlmm.write_all(calls)
+        for call in calls:
             self.writes[call.topic_id_partition].append(call)
 
     def migrate(self) -> dict[str, Any]:
@@ -241,9 +242,7 @@ def migrated(request: pytest.FixtureRequest, kafka_bootstrap: str, tbrlmm: Tbrlm
     history[deleted] += logs[deleted].deletion(finished=True)
     same_start = same_start_re_uploads()
     tbrlmm.register(tps + [tp for tp, _calls in same_start.values()])
-    for _tp, calls in same_start.values():
-        for call in calls:
-            tbrlmm.write(call)
+    tbrlmm.write_all([call for _tp, calls in same_start.values() for call in calls])
 
     workdir = tmp_path_factory.mktemp("migrate-command")
     topic = unique_topic_name("migrated-from-tbrlmm")
