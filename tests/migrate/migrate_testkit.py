@@ -146,11 +146,16 @@ def workload_history(seed: int, partitions: int = 6, uploads: int = 12) -> list[
     retention, the last partition deleted), interleaved as they reach the topic: each partition's in its order."""
     rng = random.Random(seed)
     tps = [make_tp(f"topic-{i % 2}", i) for i in range(partitions)]
-    queues = [workload(rng, tp, uploads, delete_partition=tp is tps[-1]) for tp in tps]
-    history: list[KafkaWrite] = []
+    return interleaved(rng, {tp: workload(rng, tp, uploads, delete_partition=tp is tps[-1]) for tp in tps})
+
+
+def interleaved(rng: random.Random, writes: Mapping[TopicIdPartition, Sequence[KafkaWrite]]) -> list[KafkaWrite]:
+    """The partitions' writes as they reach the topic from the brokers' threads: each partition's in its order."""
+    queues = [list(calls) for calls in writes.values()]
+    merged: list[KafkaWrite] = []
     while any(queues):
-        history.append(rng.choice([q for q in queues if q]).pop(0))
-    return history
+        merged.append(rng.choice([q for q in queues if q]).pop(0))
+    return merged
 
 
 def kafka_model(history: Iterable[KafkaWrite]) -> ReferenceModel:
