@@ -52,6 +52,20 @@ class AgentSettingsTest {
     }
 
     @Test
+    void segmentLookupsAreKeptASecondAndNextWindowsAskedAheadByDefault() {
+        AgentSettings defaults = AgentSettings.parse(Map.of("agent.start", "false"));
+        assertEquals(1_000, defaults.rlmmLookupCacheMs);
+        assertTrue(defaults.fetchFilesReadAhead);
+        AgentSettings off = AgentSettings.parse(Map.of("agent.start", "false", "agent.rlmm.lookup.cache.ms", "0",
+            "agent.fetch.files.read.ahead", "false"));
+        assertEquals(0, off.rlmmLookupCacheMs);
+        assertFalse(off.fetchFilesReadAhead);
+        ConfigException e = assertThrows(ConfigException.class,
+            () -> AgentSettings.parse(Map.of("agent.start", "false", "agent.rlmm.lookup.cache.ms", "60001")));
+        assertTrue(e.getMessage().contains("agent.rlmm.lookup.cache.ms"), e.getMessage());
+    }
+
+    @Test
     void fetchPathLookupsHaveAShortDeadlineOfTheirOwn() {
         AgentSettings defaults = AgentSettings.parse(Map.of("agent.start", "false"));
         assertEquals(5_000, defaults.lookupTimeoutMs);
