@@ -42,7 +42,6 @@ public final class AgentSettings {
     public static final String FETCH_FILES_ENABLE = "agent.fetch.files.enable";
     public static final String FETCH_FILES_WINDOW_BYTES = "agent.fetch.files.window.bytes";
     public static final String FETCH_FILES_REUSE_MS = "agent.fetch.files.reuse.ms";
-    public static final String FETCH_FILES_READ_AHEAD = "agent.fetch.files.read.ahead";
     public static final String RLMM_LOOKUP_CACHE_MS = "agent.rlmm.lookup.cache.ms";
 
     /** Every key this class understands; the docker test checks the compose file against this set. */
@@ -50,7 +49,7 @@ public final class AgentSettings {
         SOCKET_PATH, START, COMMAND, PYTHON, LOG_FILE, METRICS_PORT, METRICS_ADDRESS,
         CALL_TIMEOUT_MS, COPY_TIMEOUT_MS, FETCH_TIMEOUT_MS, STARTUP_TIMEOUT_MS, LOOKUP_TIMEOUT_MS, HUNG_CHECKS,
         RESTART_BACKOFF_MS, RESTART_BACKOFF_MAX_MS, FETCH_FILES_ENABLE, FETCH_FILES_WINDOW_BYTES,
-        FETCH_FILES_REUSE_MS, FETCH_FILES_READ_AHEAD, RLMM_LOOKUP_CACHE_MS);
+        FETCH_FILES_REUSE_MS, RLMM_LOOKUP_CACHE_MS);
 
     /** The console script the tierlog wheel installs beside its `tierlog` command. */
     static final String AGENT_SCRIPT = "tierlog-agent";
@@ -82,8 +81,6 @@ public final class AgentSettings {
     public final int fetchFilesWindowBytes;
     /** How long the adapter reads an answer's checked files again for later fetches of their segment (0: never). */
     public final long fetchFilesReuseMs;
-    /** Whether a reader's next window is asked for in the background while it reads one (needs the reuse). */
-    public final boolean fetchFilesReadAhead;
     /** How long the RLMM answers a segment lookup from an earlier answer that holds for it (0: always asks). */
     public final long rlmmLookupCacheMs;
     /** The configure() map without the agent.* keys, as strings: what the agent's component receives. */
@@ -134,7 +131,6 @@ public final class AgentSettings {
         this.fetchFiles = parseBool(own, FETCH_FILES_ENABLE, true);
         this.fetchFilesWindowBytes = (int) parseLong(own, FETCH_FILES_WINDOW_BYTES, 8L << 20, 1, Integer.MAX_VALUE);
         this.fetchFilesReuseMs = parseLong(own, FETCH_FILES_REUSE_MS, 10_000, 0, 3_600_000);
-        this.fetchFilesReadAhead = parseBool(own, FETCH_FILES_READ_AHEAD, true);
         this.rlmmLookupCacheMs = parseLong(own, RLMM_LOOKUP_CACHE_MS, 1_000, 0, 60_000);
         this.forwarded = Collections.unmodifiableMap(rest);
         this.command = start ? command(own, pluginJar) : List.of();

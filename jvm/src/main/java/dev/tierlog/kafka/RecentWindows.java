@@ -104,7 +104,6 @@ final class RecentWindows implements Closeable {
     private final long reuseNanos;
     private final LongSupplier nanoClock;
     private final ArrayDeque<Shared> windows = new ArrayDeque<>(); // newest first; guarded by this
-    private boolean closed; // guarded by this: an answer kept after close() (a read-ahead's) is let go at once
 
     /** Keeps at most {@code maxWindows} answers, each reused for {@code reuseMs} after it was checked (0: never). */
     RecentWindows(int maxWindows, long reuseMs, LongSupplier nanoClock) {
@@ -141,11 +140,6 @@ final class RecentWindows implements Closeable {
         return found;
     }
 
-    /** Whether a kept answer of {@code segment} holds {@code position} (it may expire at any time). */
-    synchronized boolean holds(Uuid segment, long position) {
-        return windows.stream().anyMatch(w -> w.segment.equals(segment) && w.start <= position && position <= w.end);
-    }
-
     /** Keep a new answer (the caller keeps its own hold), letting go of the oldest beyond the bound. */
     void keep(Shared window) throws IOException {
         if (!enabled() || !window.acquire()) {
@@ -153,11 +147,7 @@ final class RecentWindows implements Closeable {
         }
         List<Shared> dropped = new ArrayList<>();
         synchronized (this) {
-            if (closed) {
-                dropped.add(window);
-            } else {
-                windows.addFirst(window);
-            }
+            windows.addFirst(window);
             while (windows.size() > maxWindows) {
                 dropped.add(windows.removeLast());
             }
@@ -178,7 +168,6 @@ final class RecentWindows implements Closeable {
     public void close() throws IOException {
         List<Shared> dropped;
         synchronized (this) {
-            closed = true;
             dropped = new ArrayList<>(windows);
             windows.clear();
         }

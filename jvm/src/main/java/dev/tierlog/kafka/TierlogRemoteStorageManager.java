@@ -17,14 +17,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.concurrent.ScheduledFuture;
-import java.util.concurrent.ArrayBlockingQueue;
-import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ExecutionException;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.RejectedExecutionException;
-import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Function;
 
@@ -68,39 +61,18 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
     // At most this many answers are kept open for reuse (each a few chunk files): fetches of this many segments at
     // once each find their last window.
     static final int RECENT_WINDOWS = 64;
-    static final int READ_AHEAD_THREADS = 2;
 
     private volatile AgentClient agent;
     // Set once the agent answered FetchLogSegmentFiles UNIMPLEMENTED (an older agent): then only streams.
     private final AtomicBoolean filesUnimplemented = new AtomicBoolean();
     // Recent FetchLogSegmentFiles answers, read again by the next fetches of their segments (agent.fetch.files.reuse.ms).
     private volatile RecentWindows recent = new RecentWindows(0, 0, System::nanoTime);
-    // Asks for the window after the one a reader is in (agent.fetch.files.read.ahead); null: off.
-    private volatile ExecutorService readAhead;
-    // Windows being asked for ahead: a reader that gets into one waits for its answer instead of asking again.
-    private final List<Ahead> pending = new ArrayList<>(); // guarded by itself
-
-    /** A window asked for ahead of its reader, expected to cover positions {@code start..end} of {@code segment}. */
-    private record Ahead(Uuid segment, long start, long end, CompletableFuture<Void> answered) {
-        boolean holds(Uuid s, long position) {
-            return segment.equals(s) && start <= position && position <= end;
-        }
-    }
 
     @Override
     public void configure(Map<String, ?> configs) {
         AgentSettings settings = AgentSettings.parse(configs);
         agent = new AgentClient(settings, Component.REMOTE_STORAGE_MANAGER, (ch, dl) -> null);
         recent = new RecentWindows(RECENT_WINDOWS, settings.fetchFilesReuseMs, System::nanoTime);
-        if (settings.fetchFiles && settings.fetchFilesReadAhead && recent.enabled()) {
-            // Small and bounded: a read-ahead that finds the queue full is not made (the reader asks itself).
-            readAhead = new ThreadPoolExecutor(READ_AHEAD_THREADS, READ_AHEAD_THREADS, 0, TimeUnit.MILLISECONDS,
-                new ArrayBlockingQueue<>(RECENT_WINDOWS), runnable -> {
-                    Thread thread = new Thread(runnable, "tierlog-rsm-read-ahead");
-                    thread.setDaemon(true);
-                    return thread;
-                });
-        }
         try {
             agent.start();
         } catch (RemoteStorageException e) {
@@ -243,15 +215,20 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
     private SegmentFilesInputStream.Window window(String what, RemoteLogSegmentMetadata metadata, long position,
             Integer end, long last) throws RemoteStorageException {
         Uuid segment = metadata.remoteLogSegmentId().id();
-        SegmentFilesInputStream.Files reused = reuse(what, segment, position, last);
-        if (reused == null && awaitAhead(segment, position)) {
-            reused = reuse(what, segment, position, last);
+        try {
+            SegmentFilesInputStream.Files reused = recent.reuse(segment, position, last);
+            if (reused != null) {
+                return reused;
+            }
+        } catch (IOException e) {
+            LOG.warn("{}: closing expired chunk cache files failed: {}", what, e.toString());
         }
-        if (reused != null) {
-            readAhead(what, metadata, reused.endPosition(), end, last);
-            return reused;
+        FetchSegmentFilesRequest.Builder request = FetchSegmentFilesRequest.newBuilder()
+            .setMetadata(ProtoMapping.toProto(metadata)).setStartPosition(Math.toIntExact(position))
+            .setMaxBytes(agent().settings().fetchFilesWindowBytes);
+        if (end != null) {
+            request.setEndPosition(end);
         }
-        FetchSegmentFilesRequest.Builder request = filesRequest(metadata, position, end);
         String call = what + " files from " + position;
         for (int attempt = 1; attempt <= 2; attempt++) {
             FilesAnswer answer = agent().call(call, agent().settings().lookupTimeoutMs,
@@ -262,9 +239,7 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                 } catch (IOException e) {
                     LOG.warn("{}: closing older chunk cache files failed: {}", what, e.toString());
                 }
-                SegmentFilesInputStream.Files files = answer.files().files(position, last);
-                readAhead(what, metadata, files.endPosition(), end, last);
-                return files;
+                return answer.files().files(position, last);
             }
             if (answer.streamInstead() != null) {
                 LOG.debug("{}: streamed, the agent has no files ({})", call, answer.streamInstead());
@@ -276,101 +251,6 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
             }
         }
         return new SegmentFilesInputStream.Streamed(streamSegment(what, metadata, position, end));
-    }
-
-    private FetchSegmentFilesRequest.Builder filesRequest(RemoteLogSegmentMetadata metadata, long position,
-            Integer end) {
-        FetchSegmentFilesRequest.Builder request = FetchSegmentFilesRequest.newBuilder()
-            .setMetadata(ProtoMapping.toProto(metadata)).setStartPosition(Math.toIntExact(position))
-            .setMaxBytes(agent().settings().fetchFilesWindowBytes);
-        if (end != null) {
-            request.setEndPosition(end);
-        }
-        return request;
-    }
-
-    private SegmentFilesInputStream.Files reuse(String what, Uuid segment, long position, long last) {
-        try {
-            return recent.reuse(segment, position, last);
-        } catch (IOException e) {
-            LOG.warn("{}: closing expired chunk cache files failed: {}", what, e.toString());
-            return null;
-        }
-    }
-
-    /** Waits (at most the lookup deadline) for a window asked for ahead that holds the position; false if none. */
-    private boolean awaitAhead(Uuid segment, long position) {
-        CompletableFuture<Void> answered = null;
-        synchronized (pending) {
-            for (Ahead ahead : pending) {
-                if (ahead.holds(segment, position)) {
-                    answered = ahead.answered();
-                    break;
-                }
-            }
-        }
-        if (answered == null) {
-            return false;
-        }
-        try {
-            answered.get(agent().settings().lookupTimeoutMs, TimeUnit.MILLISECONDS);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-        } catch (ExecutionException | TimeoutException e) {
-            // The reader asks itself.
-        }
-        return true;
-    }
-
-    /**
-     * A reader of the whole rest of a segment (the broker's catching-up fetches) is in a window ending at
-     * {@code windowEnd}: ask for the next window in the background and keep its answer, so that the agent fetches
-     * and checks its chunks while the broker reads this one and the reader finds it open when it gets there.
-     */
-    private void readAhead(String what, RemoteLogSegmentMetadata metadata, long windowEnd, Integer end, long last) {
-        ExecutorService pool = readAhead;
-        long next = windowEnd + 1;
-        Uuid segment = metadata.remoteLogSegmentId().id();
-        if (pool == null || end != null || next > last || recent.holds(segment, next)) {
-            return;
-        }
-        Ahead ahead = new Ahead(segment, next, Math.min(last, next + agent().settings().fetchFilesWindowBytes - 1),
-            new CompletableFuture<>());
-        synchronized (pending) {
-            if (pending.stream().anyMatch(a -> a.holds(segment, next))) {
-                return;
-            }
-            pending.add(ahead);
-        }
-        String call = what + " files from " + next + " (read ahead)";
-        Runnable task = () -> {
-            try {
-                FetchSegmentFilesRequest request = filesRequest(metadata, next, null).build();
-                FilesAnswer answer = agent().call(call, agent().settings().lookupTimeoutMs,
-                    (ch, dl) -> openFiles(ch, dl, request, what, segment, next));
-                if (answer.files() != null) {
-                    try (RecentWindows.Shared files = answer.files()) {
-                        recent.keep(files);
-                    }
-                }
-            } catch (RemoteStorageException | IOException | RuntimeException e) {
-                LOG.debug("{} failed (the reader will ask itself): {}", call, e.toString());
-            } finally {
-                finishAhead(ahead);
-            }
-        };
-        try {
-            pool.execute(task);
-        } catch (RejectedExecutionException e) {
-            finishAhead(ahead);
-        }
-    }
-
-    private void finishAhead(Ahead ahead) {
-        synchronized (pending) {
-            pending.remove(ahead);
-        }
-        ahead.answered().complete(null);
     }
 
     /** Asks for the files of a range, opens them all, then releases their lease (open files stay readable). */
@@ -458,22 +338,8 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
 
     @Override
     public void deleteLogSegmentData(RemoteLogSegmentMetadata metadata) throws RemoteStorageException {
-        Uuid segment = metadata.remoteLogSegmentId().id();
-        List<CompletableFuture<Void>> asked;
-        synchronized (pending) {
-            asked = pending.stream().filter(a -> a.segment().equals(segment)).map(Ahead::answered).toList();
-        }
         try {
-            // A read-ahead of the segment answered now would be kept after the forget below.
-            CompletableFuture.allOf(asked.toArray(CompletableFuture[]::new))
-                .get(agent().settings().lookupTimeoutMs, TimeUnit.MILLISECONDS);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-        } catch (ExecutionException | TimeoutException e) {
-            LOG.debug("deleteLogSegmentData({}): a read-ahead did not finish: {}", segment, e.toString());
-        }
-        try {
-            recent.forget(segment);
+            recent.forget(metadata.remoteLogSegmentId().id());
         } catch (IOException e) {
             LOG.warn("deleteLogSegmentData({}): closing its chunk cache files failed: {}",
                 metadata.remoteLogSegmentId(), e.toString());
@@ -485,10 +351,6 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
 
     @Override
     public void close() throws IOException {
-        ExecutorService pool = readAhead;
-        if (pool != null) {
-            pool.shutdownNow();
-        }
         try {
             recent.close();
         } finally {

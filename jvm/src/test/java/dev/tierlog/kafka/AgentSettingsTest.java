@@ -52,14 +52,11 @@ class AgentSettingsTest {
     }
 
     @Test
-    void segmentLookupsAreKeptASecondAndNextWindowsAskedAheadByDefault() {
+    void segmentLookupsAreKeptASecondByDefault() {
         AgentSettings defaults = AgentSettings.parse(Map.of("agent.start", "false"));
         assertEquals(1_000, defaults.rlmmLookupCacheMs);
-        assertTrue(defaults.fetchFilesReadAhead);
-        AgentSettings off = AgentSettings.parse(Map.of("agent.start", "false", "agent.rlmm.lookup.cache.ms", "0",
-            "agent.fetch.files.read.ahead", "false"));
+        AgentSettings off = AgentSettings.parse(Map.of("agent.start", "false", "agent.rlmm.lookup.cache.ms", "0"));
         assertEquals(0, off.rlmmLookupCacheMs);
-        assertFalse(off.fetchFilesReadAhead);
         ConfigException e = assertThrows(ConfigException.class,
             () -> AgentSettings.parse(Map.of("agent.start", "false", "agent.rlmm.lookup.cache.ms", "60001")));
         assertTrue(e.getMessage().contains("agent.rlmm.lookup.cache.ms"), e.getMessage());

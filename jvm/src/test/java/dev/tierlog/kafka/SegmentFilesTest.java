@@ -3,8 +3,7 @@
  * a cache directory: exact bytes across windows and chunks, the next window only when the reader gets there,
  * every file closed, and the stream (FetchLogSegment) whenever the agent cannot answer with files; with
  * agent.fetch.files.reuse.ms, later fetches inside a recent answer's window read its files again, until it expires,
- * its segment is deleted or the plugin closes; a reader of the rest of a segment finds its next window asked for
- * ahead.
+ * its segment is deleted or the plugin closes.
  */
 package dev.tierlog.kafka;
 
@@ -342,8 +341,7 @@ class SegmentFilesTest {
 
     @Test
     void fetchesInsideARecentWindowReadItsFilesAgain() throws Exception {
-        TierlogRemoteStorageManager rsm = rsm("agent.fetch.files.reuse.ms", "60000",
-            "agent.fetch.files.read.ahead", "false");
+        TierlogRemoteStorageManager rsm = rsm("agent.fetch.files.reuse.ms", "60000");
         // A consumer catching up: each broker fetch reads on from where the one before it stopped.
         int fetch = 100_000;
         for (int start = 0; start + fetch <= WINDOW; start += fetch) {
@@ -366,35 +364,6 @@ class SegmentFilesTest {
             WINDOW + 200)));
         assertEquals(3, storage.filesCalls.get());
         assertEquals(0, storage.streamCalls.get());
-    }
-
-    /** Waits until the agent has had {@code calls} FetchLogSegmentFiles calls (the read-ahead's are in the background). */
-    private void awaitFilesCalls(int calls) throws InterruptedException {
-        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-        while (storage.filesCalls.get() < calls && System.nanoTime() < deadline) {
-            Thread.sleep(5);
-        }
-        assertEquals(calls, storage.filesCalls.get());
-    }
-
-    @Test
-    void aReaderOfTheRestOfASegmentFindsItsNextWindowAskedForAhead() throws Exception {
-        TierlogRemoteStorageManager rsm = rsm("agent.fetch.files.reuse.ms", "60000");
-        try (InputStream in = rsm.fetchLogSegment(METADATA, 0)) {
-            assertArrayEquals(segment(0, 99_999), in.readNBytes(100_000));
-        }
-        awaitFilesCalls(2); // the reader's window, and the next one in the background
-        // The broker's next fetch, in the next window: read from the kept answer, and the one after is asked ahead.
-        try (InputStream in = rsm.fetchLogSegment(METADATA, WINDOW + 10)) {
-            assertArrayEquals(segment(WINDOW + 10, WINDOW + 109), in.readNBytes(100));
-        }
-        awaitFilesCalls(3);
-        assertArrayEquals(segment(2 * WINDOW, SEGMENT.length - 1),
-            readAll(rsm.fetchLogSegment(METADATA, 2 * WINDOW)));
-        awaitFilesCalls(4); // the last window, asked ahead; nothing is asked past the segment's end
-        assertEquals(0, storage.streamCalls.get());
-        rsm.deleteLogSegmentData(METADATA);
-        assertEquals(0, openChunkFiles(), "a deleted segment's windows asked ahead are let go too");
     }
 
     @Test
