@@ -319,10 +319,9 @@ class Importer:
                 start_write(self.appender, event)  # type: ignore[arg-type]
         if primaries:
             self._settle()
-        reflects = max(self.appender.newest.get(tp, -1), self.held.lineage_position(tp) or -1)
-        for key, checkpoint in lineage_checkpoint(final, self.held, tp, bool(primaries),
-                                                  reflects if reflects >= 0 else None, int(time.time() * 1000),
-                                                  self.broker_id):
+        known = [o for o in (self.appender.newest.get(tp), self.held.lineage_position(tp)) if o is not None]
+        for key, checkpoint in lineage_checkpoint(final, self.held, tp, bool(primaries), max(known, default=None),
+                                                  int(time.time() * 1000), self.broker_id):
             self.appender.append(tp, key, checkpoint)
         self._unsettled[tp] = last_offset
 
