@@ -7,8 +7,10 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from migrate_testkit import (
@@ -24,18 +26,20 @@ from migrate_testkit import (
     tierlog_options,
     workload_history,
 )
-from rlmm_testkit import read_topic
+from rlmm_testkit import make_tp, read_topic, segment, update_of
 from support.topics import create_topic, unique_topic_name
 
 from rlmm import codec, state
-from rlmm.events import EpochCheckpoint
+from rlmm.errors import InvalidArgumentError
+from rlmm.events import EpochCheckpoint, segment_key
 from rlmm.kafka_format import encode, metadata_partition
-from rlmm.types import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata
+from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentState, RemotePartitionDeleteMetadata
 from rlmm.view import MetadataView
 from tierlog.cli.kafka_metadata import KafkaRulesReplay
 from tierlog.migration.records import Record, lineage_checkpoint, records_to_reach
 
 REPO = Path(__file__).resolve().parents[2]
+S = RemoteLogSegmentState
 
 
 def _migrate(bootstrap: str, source: str, target: str, state_dir: Path, *extra: str) -> tuple[int, dict]:
@@ -102,6 +106,23 @@ def test_the_imported_records_applied_in_order_answer_as_kafkas_rules_also_after
 
     assert events(kept) + events(rest) == events(written)
     assert [batch for batch in _import_records(history, node, len(kept) + len(rest)) if batch] == []
+
+
+def test_an_import_over_a_tierlog_state_the_source_cannot_reach_names_the_segment() -> None:
+    """tierlog's topic written by more than the import (a segment already deleting that the source says finished
+    copying): nothing is appended over it, the error names the segment."""
+    tp = make_tp("topic-0", 0)
+    added = segment(tp, 0, 99, {0: 0})
+    history = [added, update_of(added, S.COPY_SEGMENT_FINISHED)]
+    held = state.InMemoryState()
+    _apply_in_order(held, [(segment_key(added.remote_log_segment_id), added),
+                           (segment_key(added.remote_log_segment_id),
+                            replace(added, state=S.DELETE_SEGMENT_STARTED))], 0)
+    final = KafkaRulesReplay()
+    for call in history:
+        final.apply(call)
+    with pytest.raises(InvalidArgumentError, match=str(added.remote_log_segment_id)):
+        records_to_reach(final.store, held, tp)
 
 
 @given(scenario=kafka_histories())

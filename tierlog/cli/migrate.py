@@ -53,9 +53,9 @@ from tierlog.cli.kafka_metadata import (
 )
 from tierlog.cli.output import ProgressBar, emit, print_table
 from tierlog.migration.records import (
-    Record,
     SourceProblem,
     SourceRecord,
+    StateRecord,
     TopicMetadata,
     lineage_checkpoint,
     records_to_reach,
@@ -302,12 +302,12 @@ class Importer:
                 self.report.already += undecided
             for _key, event in primaries:
                 if event is not None:
-                    self.report.written[written_kind(event)] += 1  # type: ignore[arg-type]
+                    self.report.written[written_kind(event)] += 1
             if self.appender is not None:
                 self._write(replay.store, tp, primaries, history[-1].offset)
         self._settle()
 
-    def _write(self, final: state.StateReader, tp: TopicIdPartition, primaries: list[Record], last_offset: int
+    def _write(self, final: state.StateReader, tp: TopicIdPartition, primaries: list[StateRecord], last_offset: int
                ) -> None:
         """Append a user partition's records, then, once they are acknowledged (their offsets known), its epochs'
         checkpoint; its progress is recorded once that is acknowledged too (at the next `_settle`)."""
@@ -316,7 +316,7 @@ class Importer:
             if event is None:
                 self.appender.append(tp, key, None)
             else:
-                start_write(self.appender, event)  # type: ignore[arg-type]
+                start_write(self.appender, event)
         if primaries:
             self._settle()
         known = [o for o in (self.appender.newest.get(tp), self.held.lineage_position(tp)) if o is not None]

@@ -157,9 +157,11 @@ def start_write(manager: Any, metadata: TopicMetadata) -> Future[None] | Skipped
 # --- the bulk import: a user partition's final state under Kafka's rules, as the records that bring tierlog there --
 
 Record = tuple[RecordKey, MetadataEvent | None]
+# A segment's or a partition delete's record, or a tombstone.
+StateRecord = tuple[RecordKey, RemoteLogSegmentMetadata | RemotePartitionDeleteMetadata | None]
 
 
-def records_to_reach(final: state.StateReader, held: state.StateReader, tp: TopicIdPartition) -> list[Record]:
+def records_to_reach(final: state.StateReader, held: state.StateReader, tp: TopicIdPartition) -> list[StateRecord]:
     """The segment and partition-delete records (and the tombstones a writer appends after them) that take tierlog's
     `held` state of `tp` to `final`, the state Kafka's rules build from the source's records of `tp`.
 
@@ -174,7 +176,7 @@ def records_to_reach(final: state.StateReader, held: state.StateReader, tp: Topi
     final_delete = final.partition_delete(tp)
     if state.delete_finished(held_delete):
         return []  # nothing changes a deleted partition, in tierlog as in Kafka's rules
-    out: list[Record] = []
+    out: list[StateRecord] = []
     if not state.delete_finished(final_delete):
         held_segments = {md.remote_log_segment_id.id: md for md in held.segments_of(tp)}
         for md in sorted(final.segments_of(tp), key=state.listing_order):
