@@ -334,16 +334,21 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
         if name == "segment_record":
             # Positional, and a one-epoch list read without a loop: this runs once per segment record of a rebuild.
             epochs = datum["segment_leader_epochs"]
+            start = datum["start_offset"]
+            if len(epochs) == 1:  # its epoch mostly starts at the segment's start: one int object for both
+                first = epochs[0]["start_offset"]
+                by_epoch = {epochs[0]["epoch"]: start if first == start else first}
+            else:
+                by_epoch = {e["epoch"]: e["start_offset"] for e in epochs}
             return RemoteLogSegmentMetadata.from_record(
                 RemoteLogSegmentId.from_record(tp, _as_uuid(datum["segment_id"])),
-                datum["start_offset"],
+                start,
                 datum["end_offset"],
                 datum["max_timestamp_ms"],
                 datum["broker_id"],
                 datum["event_timestamp_ms"],
                 datum["segment_size_in_bytes"],
-                {epochs[0]["epoch"]: epochs[0]["start_offset"]} if len(epochs) == 1 else
-                {e["epoch"]: e["start_offset"] for e in epochs},
+                by_epoch,
                 datum["custom_metadata"],
                 _SEGMENT_STATES[datum["state"]],
                 datum.get("txn_idx_empty", False),

@@ -587,6 +587,7 @@ def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[
     for _key, value in prefixed(families[vf.EPOCH_STATE], tp_key):
         lineage = vf.decode_lineage(value)
         partition.lineages[lineage.epoch] = lineage
+    segments = partition.segments
     for key, value in prefixed(families[vf.EPOCH_INDEX], tp_key):
         index = partition.index.get(vf.lineage_epoch(key))
         if index is None:
@@ -594,7 +595,10 @@ def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[
         start = vf.index_start_offset(key)
         # RocksDB iterates in key order, so starts arrive sorted.
         index.starts.append(start)
-        index.ids[start] = uuid.UUID(bytes=value)
+        segment_id = uuid.UUID(bytes=value)
+        known = segments.get(segment_id)
+        # The segment's own id object where it has one (most entries): a second copy per segment costs ~90 bytes.
+        index.ids[start] = segment_id if known is None else known.remote_log_segment_id.id
     return None if partition.empty() else partition
 
 

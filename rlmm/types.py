@@ -9,7 +9,7 @@ import base64
 import binascii
 import enum
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from types import MappingProxyType, ModuleType
 from typing import Any, cast
@@ -190,6 +190,62 @@ class RemoteLogSegmentId:
         return f"{self.topic_id_partition}/{self.id}"
 
 
+class OneEpoch(Mapping[int, int]):
+    """A segment's leader epochs when it has one (most segments): the read-only mapping {epoch: start} in two slots,
+    about 60 bytes where a dict behind a MappingProxyType takes about 220 (a node holds every hosted segment). It
+    compares equal to any mapping with the same one entry, as the dict would."""
+
+    __slots__ = ("_epoch", "_start")
+
+    def __init__(self, epoch: int, start: int) -> None:
+        self._epoch = epoch
+        self._start = start
+
+    def __getitem__(self, epoch: int) -> int:
+        if epoch == self._epoch:
+            return self._start
+        raise KeyError(epoch)
+
+    def get(self, epoch: int, default: Any = None) -> Any:
+        return self._start if epoch == self._epoch else default
+
+    def __contains__(self, epoch: object) -> bool:
+        return epoch == self._epoch
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((self._epoch,))
+
+    def __len__(self) -> int:
+        return 1
+
+    def keys(self) -> tuple[int]:  # type: ignore[override]
+        return (self._epoch,)
+
+    def values(self) -> tuple[int]:  # type: ignore[override]
+        return (self._start,)
+
+    def items(self) -> tuple[tuple[int, int]]:  # type: ignore[override]
+        return ((self._epoch, self._start),)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, OneEpoch):
+            return self._epoch == other._epoch and self._start == other._start
+        if isinstance(other, Mapping):
+            return len(other) == 1 and other.get(self._epoch, _MISSING) == self._start
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as a dict
+
+    def __repr__(self) -> str:
+        return f"{{{self._epoch!r}: {self._start!r}}}"
+
+    def __reduce__(self) -> tuple[type[OneEpoch], tuple[int, int]]:
+        return OneEpoch, (self._epoch, self._start)
+
+
+_MISSING = object()
+
+
 def _frozen_epochs(owner: str, epochs: Mapping[int, int]) -> Mapping[int, int]:
     if not isinstance(epochs, Mapping):
         raise InvalidArgumentError(
@@ -201,6 +257,9 @@ def _frozen_epochs(owner: str, epochs: Mapping[int, int]) -> Mapping[int, int]:
     for epoch, offset in epochs.items():
         _require_int32(owner, f"segment_leader_epochs key {epoch!r}", epoch)
         _require_non_negative(owner, f"segment_leader_epochs[{epoch}]", offset)
+    if len(epochs) == 1:
+        ((epoch, start),) = epochs.items()
+        return OneEpoch(epoch, start)
     return MappingProxyType(dict(sorted(epochs.items())))
 
 
@@ -270,7 +329,8 @@ class RemoteLogSegmentMetadata:
                        event_timestamp_ms, segment_size_in_bytes, epochs, custom_metadata, state, txn_idx_empty)
         return cast(RemoteLogSegmentMetadata, _make_segment(
             remote_log_segment_id, start_offset, end_offset, max_timestamp_ms, broker_id, event_timestamp_ms,
-            segment_size_in_bytes, MappingProxyType(epochs), custom_metadata, state, txn_idx_empty))
+            segment_size_in_bytes, OneEpoch(epoch, epoch_start) if len(epochs) == 1 else MappingProxyType(epochs),
+            custom_metadata, state, txn_idx_empty))
 
     @property
     def topic_id_partition(self) -> TopicIdPartition:
