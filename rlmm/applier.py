@@ -375,6 +375,11 @@ class MetadataApplier:
             self._end_backlog()
             _release_free_memory()
 
+    @property
+    def catching_up(self) -> bool:
+        """Whether a backlog is being read now (a rebuild, or a node that was away)."""
+        return self._catching_up
+
     def _end_backlog(self) -> None:
         self._catching_up = False
         self._view.model.return_borrowed()

@@ -370,13 +370,15 @@ class RemoteLogMetadataManager:
                 return state.segment_for_offset(self._view.batch(), tp, leader_epoch, offset)
         return self._snapshot(tp).segment_for_offset(leader_epoch, offset)
 
-    def _load(self, tp: TopicIdPartition) -> bool:
+    def _load(self, tp: TopicIdPartition, urgent: bool) -> bool:
         """Read tp whole and publish its snapshot for lookups without the lock (the loader's thread); False when tp
-        is registered but not ready yet, to be tried again later."""
+        is registered but not ready yet, to be tried again later. The warm-up also waits while the applier reads a
+        backlog: the partitions it holds would be spread among the backlog's short-lived objects, which then could
+        not go back to the OS once freed (hundreds of MiB after a rebuild at 1M live segments)."""
         with self._lock:
             if self._closed or tp not in self._registered:
                 return True
-            if not self._ready_locked(tp):
+            if not self._ready_locked(tp) or (not urgent and self._applier.catching_up):
                 return False
         # Under the read model's lock only: the applier and the other partitions' lookups go on meanwhile, and the
         # interpreter goes to them every few dozen segments (_let_others_run).
@@ -488,7 +490,7 @@ class _PartitionLoader:
     pause that doubles while nothing is ready (up to LOADER_RETRY_MAX_S), so a node rebuilding its view checks its
     hosted partitions a few times a second at most."""
 
-    def __init__(self, load: Callable[[TopicIdPartition], bool], name: str) -> None:
+    def __init__(self, load: Callable[[TopicIdPartition, bool], bool], name: str) -> None:
         self._load = load
         self._cond = threading.Condition()
         # Insertion-ordered sets: asked for by a lookup, registered, and found not ready (tried again later).
@@ -532,8 +534,8 @@ class _PartitionLoader:
             self._cond.notify()
         self._thread.join(timeout_s)
 
-    def _next(self) -> TopicIdPartition | None:
-        """The next partition to load, waiting for one; None once closed."""
+    def _next(self) -> tuple[TopicIdPartition, bool] | None:
+        """The next partition to load and whether a lookup asked for it, waiting for one; None once closed."""
         with self._cond:
             while not self._closed:
                 queue = self._urgent or self._warm
@@ -541,7 +543,7 @@ class _PartitionLoader:
                     tp = next(iter(queue))
                     del queue[tp]
                     self._loading = 1
-                    return tp
+                    return tp, queue is self._urgent
                 if not self._waiting:
                     self._cond.wait()
                 elif not self._cond.wait(self._pause_s):  # nothing else came: try the waiting ones again
@@ -550,9 +552,10 @@ class _PartitionLoader:
             return None
 
     def _run(self) -> None:
-        while (tp := self._next()) is not None:
+        while (asked := self._next()) is not None:
+            tp, urgent = asked
             try:
-                loaded = self._load(tp)
+                loaded = self._load(tp, urgent)
             except Exception:  # a bug or a storage error: the partition's next lookup reads it then
                 log.exception("reading %s for its lookups failed", tp)
                 loaded = True
