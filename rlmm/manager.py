@@ -62,8 +62,8 @@ CLIENT_PREFIX = "kafka."
 # How soon the loader tries a hosted partition that was not ready again: doubling from the first to the second.
 LOADER_RETRY_MIN_S = 0.05
 LOADER_RETRY_MAX_S = 2.0
-# The loader's pause every few dozen segments it decodes (about 0.3 ms of work): what a lookup waits for the
-# interpreter at most, beside the loader's own 1 ms in ten it costs.
+# The loader's pause every few dozen segments it decodes (read_model.PAUSE_EVERY, about 0.5 ms of work): a lookup
+# waits at most that long for the interpreter; the pauses add about a tenth to a partition's load.
 LOADER_PAUSE_S = 0.00003
 
 
