@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import fastavro
+import fastavro.read
+import zstandard
 from fastavro.schema import to_parsing_canonical_form
 
 from rlmm import view_format
@@ -222,6 +224,40 @@ def view_chunk_schema() -> dict[str, Any]:
             {"name": "values", "type": {"type": "array", "items": "bytes"}},
         ],
     }
+
+
+def _zstd_block(block: BinaryIO) -> io.BytesIO:
+    """A zstandard-compressed block of an Avro file, decompressed by python-zstandard (a dependency already), which
+    releases the GIL where fastavro's own reader (through backports.zstd) holds it: a new node's bootstrap then
+    decompresses a snapshot in one thread while another writes the view's tables (rlmm.view.load_entries)."""
+    length = _read_long(block)
+    data = block.read(length)
+    if len(data) != length:
+        raise EOFError(f"a zstandard block of {length} bytes ends after {len(data)}")
+    try:
+        return io.BytesIO(zstandard.ZstdDecompressor().decompressobj().decompress(data))
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"a zstandard block does not decompress: {exc}") from exc
+
+
+def _read_long(source: BinaryIO) -> int:
+    """An Avro long: a zig-zag varint."""
+    value = shift = 0
+    while True:
+        byte = source.read(1)
+        if not byte:
+            raise EOFError("the file ends inside a block's length")
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return (value >> 1) ^ -(value & 1)
+        shift += 7
+        if shift > 63:
+            raise ValueError("a block's length is longer than a long")
+
+
+# fastavro takes a codec's block reader from this table (its documented hook for codecs); the one for zstandard is
+# replaced by the one above for every Avro file the process reads.
+fastavro.read.BLOCK_READERS["zstandard"] = _zstd_block
 
 
 # A format 2 snapshot's chunks read in C where rlmm._avro_reader was built (None: fastavro reads them): a new node's

@@ -258,7 +258,7 @@ def fold_share(records: Sequence[Record], directory: Path) -> WorkerShare | str:
         return WorkerShare(folded, {}, [])
     partitions = fresh.partitions()
     try:
-        tables, _ = write_tables(fresh.runs(partitions), directory, directory, hashed=False)
+        tables = write_tables(fresh.runs(partitions), directory, directory)
     except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors (a full disk)
         return f"writing its tables failed: {exc}"
     return WorkerShare(folded, tables, list(partitions))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import gc
 import logging
+import queue
 import shutil
 import threading
 import uuid
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rocksdict import (
     AccessType,
@@ -48,6 +49,8 @@ from rlmm.types import (
     RemotePartitionDeleteMetadata,
     TopicIdPartition,
 )
+
+T = TypeVar("T")
 
 _FORMAT_KEY = b"tierlog.view.format"
 _PAST_EVERY_KEY = b"\xff" * 64  # after every key of the view's families (each starts with a 16-byte topic id)
@@ -395,7 +398,7 @@ class MetadataView:
         """Write a state folded in memory as RocksDB tables beside the view, for `load_fresh` to ingest (so that a
         caller can write them while it waits for another process's tables); nothing enters the view."""
         partitions = fresh.partitions()
-        files, _ = write_tables(fresh.runs(partitions), self._tables_directory(), self.path, hashed=False)
+        files = write_tables(fresh.runs(partitions), self._tables_directory(), self.path)
         return FreshTables(partitions, files)
 
     def load_fresh(self, metadata_topic: str, fresh: FreshState | FreshTables, next_offsets: Mapping[int, int],
@@ -441,22 +444,27 @@ class MetadataView:
         return any(map(self._holds, vf.ALL_FAMILIES))
 
     def load_entries(self, metadata_topic: str, runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
-                     next_offsets: Mapping[int, int], view_digest: str | None = None, hashed: bool = True) -> None:
+                     next_offsets: Mapping[int, int], view_digest: str | None = None) -> None:
         """Bulk-load an EMPTY view with entries as this view stores them (a snapshot's), then the metadata-topic
         offsets they reflect: a view that resumes from those offsets.
 
         `runs` are (column family, keys, values): each family's entries in one stretch of runs, keys strictly
-        ascending, the content families in name order. They are written as RocksDB tables beside the view and
-        hashed on the way (unless not `hashed`); with `view_digest`, content that does not hash to it is refused
-        (SnapshotError) before anything enters the view. Then the tables are ingested, and the offsets written
-        last, so an interrupted load never looks like a view that applied them."""
+        ascending, the content families in name order. They are written as RocksDB tables beside the view; with
+        `view_digest`, they are hashed on the way and content that does not hash to it is refused (SnapshotError)
+        before anything enters the view. Then the tables are ingested, and the offsets written last, so an
+        interrupted load never looks like a view that applied them."""
         if self.holds_entries():
             raise ViewFormatError(f"view at {self.path} is not empty; entries load only into an empty view")
         tables = self._tables_directory()
+        digest = state.ViewDigest()
         try:
-            files, loaded = write_tables(runs, tables, self.path, hashed or view_digest is not None)
-            if view_digest is not None and loaded != view_digest:
-                raise SnapshotError(f"its entries make a view with digest {loaded}, the snapshot states {view_digest}")
+            # A thread reads the runs (a snapshot's: decompressing them) and hashes them ahead of the table writer
+            # here; decompression and sha256 run outside the GIL, so a new node's bootstrap uses both cores.
+            with _ReadAhead(runs if view_digest is None else _hashed(runs, digest)) as ahead:
+                files = write_tables(ahead, tables, self.path)
+            if view_digest is not None and digest.hexdigest() != view_digest:
+                raise SnapshotError(f"its entries make a view with digest {digest.hexdigest()}, the snapshot states "
+                                    f"{view_digest}")
         except BaseException:
             shutil.rmtree(tables, ignore_errors=True)
             raise
@@ -527,16 +535,13 @@ def _digest(families: Mapping[str, Any]) -> str:
     return digest.hexdigest()
 
 
-def write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], tables: Path, view: Path,
-                  hashed: bool = True) -> tuple[dict[str, Path], str]:
-    """Write each column family's runs of entries into a RocksDB table file under `tables`: the files by family,
-    and the digest of the content entries (a table needs its keys in RocksDB's order, the digest needs them in the
-    view's; both are checked here, with errors naming what was out of place)."""
-    digest = state.ViewDigest()
+def write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], tables: Path,
+                 view: Path) -> dict[str, Path]:
+    """Write each column family's runs of entries into a RocksDB table file under `tables`; the files by family.
+    Families out of place and keys out of RocksDB's order are refused with errors naming them."""
     files: dict[str, Path] = {}
     writer: SstFileWriter | None = None
     family = ""
-    last: bytes | None = None
     for run_family, keys, values in runs:
         if run_family != family:
             if run_family not in vf.ALL_FAMILIES or run_family == vf.APPLIED:
@@ -548,25 +553,92 @@ def write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], t
             if writer is not None:
                 writer.finish()
                 writer = None
-            family, last = run_family, None
+            family = run_family
         if len(keys) != len(values):
             raise ViewFormatError(f"a run of column family {family} has {len(keys)} keys but {len(values)} values")
         if not keys:
             continue
-        if (last is not None and keys[0] <= last) or not all(map(bytes.__lt__, keys, keys[1:])):
-            raise ViewFormatError(f"the keys of column family {family} are not in strictly ascending order; cannot "
-                                  f"load them into {view}")
         if writer is None:
             files[family] = tables / f"{family}.sst"
             writer = SstFileWriter(_family_options())  # tables laid out as the view's own (partitioned index)
             writer.open(str(files[family]))
-        deque(map(writer.__setitem__, keys, values), maxlen=0)  # one C-level pass, no Python loop per entry
-        last = keys[-1]
-        if hashed and family in vf.CONTENT_FAMILIES:
-            digest.add(family, keys, values)
+        try:
+            deque(map(writer.__setitem__, keys, values), maxlen=0)  # one C-level pass, no Python loop per entry
+        except Exception as exc:  # rocksdict raises bare Exception; the table writer checks the keys' order itself
+            if "ascending order" not in str(exc):
+                raise
+            raise ViewFormatError(f"the keys of column family {family} are not in strictly ascending order; cannot "
+                                  f"load them into {view}") from exc
     if writer is not None:
         writer.finish()
-    return files, digest.hexdigest()
+    return files
+
+
+def _hashed(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
+            digest: state.ViewDigest) -> Iterator[tuple[str, Sequence[bytes], Sequence[bytes]]]:
+    """`runs`, their content entries added to `digest` as they pass."""
+    for family, keys, values in runs:
+        if family in vf.CONTENT_FAMILIES:
+            digest.add(family, keys, values)
+        yield family, keys, values
+
+
+class _ReadAhead(Generic[T]):
+    """Iterates `source` in a thread, at most `depth` items ahead of the reader, so that what the source does outside
+    the GIL overlaps with the reader's work. An error of the source is raised to the reader; leaving the `with`
+    block early stops the thread (it gives up a blocked hand-over within 0.1 s) and closes the source."""
+
+    _END = object()
+
+    def __init__(self, source: Iterable[T], depth: int = 4) -> None:
+        self._queue: queue.Queue[tuple[bool, Any]] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(iter(source),), name="tierlog-read-ahead",
+                                        daemon=True)
+
+    def __enter__(self) -> Iterator[T]:
+        self._thread.start()
+        return self._items()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self, source: Iterator[T]) -> None:
+        try:
+            for item in source:
+                if not self._hand_over((True, item)):
+                    return
+            self._hand_over((True, self._END))
+        except BaseException as exc:  # the reader raises it
+            self._hand_over((False, exc))
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def _hand_over(self, item: tuple[bool, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _items(self) -> Iterator[T]:
+        while True:
+            try:
+                ok, item = self._queue.get(timeout=1.0)  # the thread hands over every item, then the end or an error
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the read-ahead thread ended without handing over its end") from None
+                continue
+            if not ok:
+                raise item
+            if item is self._END:
+                return
+            yield item
 
 
 def _epoch_of(lineage: EpochLineage) -> int:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import io
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
+import zstandard
 from rlmm_testkit import LogWriter, make_tp, workload
 
 from rlmm import archive, codec, state
@@ -369,3 +371,47 @@ def test_a_snapshot_is_trusted_only_when_of_this_topic_id_younger_than_the_tombs
     assert (None if refusal is None else str(refusal)[:len(expected or "")]) == expected
     if refusal is not None:
         assert refusal.stale == ("stale" in expected)  # type: ignore[operator]
+
+
+def test_an_error_reading_the_entries_part_way_reaches_the_loader_and_leaves_the_view_empty(tmp_path: Path) -> None:
+    # The entries are read ahead in a thread (rlmm.view.load_entries): what it raises is raised to the loader, and
+    # the thread ends with the load.
+    replayed = _replayed(tmp_path / "replayed", _archived_log(3))
+    entries = list(snapshot_entries(replayed))
+    replayed.close()
+
+    def failing() -> Any:
+        for family, key, value in entries[:5]:
+            yield family, [key], [value]
+        raise SnapshotError("chunk 6 is corrupt")
+
+    view = MetadataView(tmp_path / "loaded")
+    try:
+        with pytest.raises(SnapshotError, match="chunk 6 is corrupt"):
+            view.load_entries(TOPIC, failing(), {0: 1}, "0" * 64)
+        assert not view.holds_entries()
+        assert not [t for t in threading.enumerate() if t.name == "tierlog-read-ahead"]
+    finally:
+        view.close()
+
+
+def test_zstd_blocks_of_other_writers_load_and_a_damaged_one_is_an_error(tmp_path: Path) -> None:
+    # Snapshots are read with python-zstandard (rlmm.archive._zstd_block); a frame that does not state its size, as
+    # streaming writers leave it, reads too.
+    block = zstandard.ZstdCompressor(write_content_size=False).compress(b"entries" * 100)
+    framed = io.BytesIO(_avro_long(len(block)) + block)
+    assert archive._zstd_block(framed).getvalue() == b"entries" * 100
+    damaged = bytearray(block)
+    damaged[0] ^= 0xFF  # its magic number
+    with pytest.raises(ValueError, match="zstandard block"):
+        archive._zstd_block(io.BytesIO(_avro_long(len(damaged)) + bytes(damaged)))
+    with pytest.raises(EOFError, match="ends after"):
+        archive._zstd_block(io.BytesIO(_avro_long(len(block)) + block[:-3]))
+
+
+def _avro_long(value: int) -> bytes:
+    zigzag, out = (value << 1) ^ (value >> 63), bytearray()
+    while zigzag >= 0x80:
+        out.append(zigzag & 0x7F | 0x80)
+        zigzag >>= 7
+    return bytes(out + bytes([zigzag]))
