@@ -125,6 +125,19 @@ def _agent_calls_during(before: dict[str, tuple[float, float]], after: dict[str,
     return during
 
 
+def _agent_cpu_s(sockets: Path) -> float:
+    """CPU seconds (user and system) the agent serving a socket under `sockets` has used so far; 0.0 if none runs."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+            if b"--socket" in args and args[args.index(b"--socket") + 1].startswith(str(sockets).encode()):
+                fields = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError):
+            continue  # exited while looked at
+    return 0.0
+
+
 def _wait_all_tiered(log_dir: Path, records: int) -> None:
     """Wait until the broker holds only an empty active segment locally: every record tiered and none left to copy,
     so no copy runs during the reads and every broker reads the same bytes remotely. (With local.retention.ms the
@@ -158,12 +171,18 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         remote_sizes = _remote_logs(remote_root)
         port = choice.metrics_port
         before = {} if port is None else _agent_calls(port)
+        cpu = [_agent_cpu_s(sockets)]
         reads = [_consume(args.consumer, classpath, kafka.bootstrap, records)]
         after_cold = {} if port is None else _agent_calls(port)
+        cpu.append(_agent_cpu_s(sockets))
         reads += [_consume(args.consumer, classpath, kafka.bootstrap, records) for _ in range(args.repeat - 1)]
+        cpu.append(_agent_cpu_s(sockets))
         agent = None if port is None else {
             "cold_read": _agent_calls_during(before, after_cold, 1),
             "warm_reads": _agent_calls_during(after_cold, _agent_calls(port), max(args.repeat - 1, 1)),
+            # The agent's own CPU time (user + system) per read: what it takes from the broker and the consumer.
+            "agent_cpu_s": {"cold_read": round(cpu[1] - cpu[0], 2),
+                            "per_warm_read": round((cpu[2] - cpu[1]) / max(args.repeat - 1, 1), 2)},
         }
     if any(r["records"] != records for r in reads):
         raise AssertionError(f"{name}: a read did not return all {records} records: {reads}")

@@ -60,6 +60,11 @@ class StorageBackend(abc.ABC):
     def describe(self, key: str) -> str:
         """Where `key` lives, for error messages (for example: bucket 'b', key 'p/k')."""
 
+    def local_file(self, key: str) -> Path | None:
+        """The file holding the object's bytes on this host, for a store of local files (the filesystem backend);
+        None for a remote store. The caller reads it as it is: no resume, no metrics."""
+        return None
+
     def check(self) -> None:  # noqa: B027 - backends without credentials or a server have nothing to check
         """One cheap request proving the store answers with this config (credentials, bucket); raises
         RemoteStorageError saying what is wrong. Run at start, so a bad config shows before the first copy."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlmm.errors import InvalidArgumentError
+from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError
 from rlmm.types import RemoteLogSegmentId
 from rsm.backend import RangeStream, StorageBackend
 from rsm.chunk_cache import ChunkCache, ChunkKey
@@ -52,22 +52,35 @@ class ChunkedSegment:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkCheck:
+    """What the reader of a file range must check before serving any of its bytes: the CRC32C of `length` bytes at
+    `offset` of the same file (the whole chunk number `chunk` the range lies in)."""
+
+    chunk: int
+    offset: int
+    length: int
+    crc32c: int
+
+
+@dataclass(frozen=True, slots=True)
 class FileRange:
-    """`length` bytes at `offset` of the file at `path`."""
+    """`length` bytes at `offset` of the file at `path`; with a `check`, unchecked bytes the reader checks first."""
 
     path: Path
     offset: int
     length: int
+    check: ChunkCheck | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SegmentFiles:
-    """Segment bytes start..end_position (inclusive) as ranges of checked cache files, pinned by a lease."""
+    """Segment bytes start..end_position (inclusive) as ranges of files: checked cache files pinned by a lease, or
+    (no lease: `lease_id` empty) the store's own files, each range with the check its reader must make."""
 
     ranges: tuple[FileRange, ...]
     end_position: int
-    lease_id: str
-    lease_deadline: float  # time.monotonic() after which the files may be evicted
+    lease_id: str = ""
+    lease_deadline: float | None = None  # time.monotonic() after which leased files may be evicted
 
 
 NextSegment = Callable[[ChunkedSegment], "ChunkedSegment | None"]
@@ -206,6 +219,28 @@ class ChunkReader:
             ranges.append(FileRange(path, low - chunk_start, high - low + 1))
         self.prefetch_after(segment, last, covered=last)
         return SegmentFiles(tuple(ranges), end, lease.id, lease.deadline)
+
+    def store_files(self, segment: ChunkedSegment, path: Path, start: int, end: int) -> SegmentFiles:
+        """Bytes start..end (inclusive, inside the segment) of an untransformed segment as ranges of the store's own
+        file at `path`, each with the CRC32C its whole chunk must have: nothing is read or copied here, the reader
+        checks each chunk as it would a cache file's. Raises RemoteResourceNotFoundError if the file is gone,
+        ChunkCorruptError if it is shorter than the chunk index says."""
+        assert segment.codec.identity, "a transformed segment's stored bytes are not its bytes"
+        index = segment.index
+        first, last = index.chunk_of(start), index.chunk_of(end)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise RemoteResourceNotFoundError(f"no object at {segment.where}") from None
+        if size < index.stored_start(last) + index.stored_length(last):
+            raise self._corrupt(segment, last, f"the object is {size} bytes, shorter than its chunk index says")
+        ranges = []
+        for chunk in range(first, last + 1):
+            chunk_start, length = index.stored_start(chunk), index.stored_length(chunk)
+            low, high = max(start, chunk_start), min(end, chunk_start + length - 1)
+            check = ChunkCheck(chunk, chunk_start, length, index.checksums[chunk])
+            ranges.append(FileRange(path, low, high - low + 1, check))
+        return SegmentFiles(tuple(ranges), end)
 
     def _ensure_cached(self, segment: ChunkedSegment, first: int, last: int) -> bool:
         """Fetch the chunks first..last the cache lacks (one GET per run of missing chunks); False if some could
@@ -420,4 +455,4 @@ def _runs(chunks: list[int]) -> Iterator[tuple[int, int]]:
         yield start, previous
 
 
-__all__ = ["ChunkReader", "ChunkedSegment", "FileRange", "NextSegment", "SegmentFiles"]
+__all__ = ["ChunkCheck", "ChunkReader", "ChunkedSegment", "FileRange", "NextSegment", "SegmentFiles"]

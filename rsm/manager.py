@@ -115,6 +115,9 @@ CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
         check=_non_negative, requirement=">= 0",
     ),
     ConfigKey("fetch.chunk.cache.prefetch.threads", parse_int, 2, check=lambda v: v > 0, requirement="> 0"),
+    # fetch_log_segment_files hands out an untransformed segment's own file when the store keeps local files (the
+    # filesystem backend), its reader checking each chunk, instead of copying the chunks into the disk cache first.
+    ConfigKey("fetch.files.direct", parse_bool, default=True),
     # How long chunk files handed to another process (fetch_log_segment_files) stay pinned if not released.
     ConfigKey("fetch.chunk.cache.lease.ms", parse_int, 30_000, check=lambda v: v > 0, requirement="> 0"),
     # Where a compressed or encrypted segment is staged before its upload (empty: the system's temp dir).
@@ -206,6 +209,7 @@ class RemoteStorageManager:
         self._decoded: OrderedDict[uuid.UUID, ChunkedSegment] = OrderedDict()
         self._decoded_lock = threading.Lock()
         self._lease_s: float = core["fetch.chunk.cache.lease.ms"] / 1000.0
+        self._direct_files: bool = core["fetch.files.direct"]
         self._chunk_cache = _chunk_cache(core, self._metrics)
         self._chunk_cache_bytes: int = core["fetch.chunk.cache.size"]
         self._next_hints: OrderedDict[Any, RemoteLogSegmentMetadata] = OrderedDict()
@@ -532,10 +536,15 @@ class RemoteStorageManager:
         self, metadata: RemoteLogSegmentMetadata, start: int, end: int | None = None, max_bytes: int | None = None
     ) -> SegmentFiles | None:
         """The segment's bytes from `start` to `end` (inclusive; None: to the end), at most `max_bytes` of them,
-        as ranges of checked files in the disk chunk cache, pinned until `release_segment_files(lease_id)` or the
-        lease's deadline (fetch.chunk.cache.lease.ms). Another process on this host (the JVM adapter) reads the
-        files instead of a byte stream; it must open them before the deadline (an open file stays readable
-        after eviction). `end_position` says where the answer stops when `max_bytes` cut it short.
+        as ranges of files another process on this host (the JVM adapter) reads instead of a byte stream.
+        `end_position` says where the answer stops when `max_bytes` cut it short.
+
+        An untransformed segment in a store of local files (the filesystem backend, with fetch.files.direct) is
+        answered with the store's own file, nothing copied: each range carries its chunk's position and CRC32C,
+        which the reader must check before serving the range's bytes. Otherwise the ranges are checked files in
+        the disk chunk cache, pinned until `release_segment_files(lease_id)` or the lease's deadline
+        (fetch.chunk.cache.lease.ms); the reader must open them before the deadline (an open file stays readable
+        after eviction).
 
         None when files cannot be had: no disk cache, a segment written before chunk indexes, or a cache that
         cannot hold the range (disk full, range larger than the cache). Then read with fetch_log_segment.
@@ -547,7 +556,7 @@ class RemoteStorageManager:
         if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end < start):
             raise InvalidArgumentError(f"end position must be None or an int >= start ({start}), got {end!r}")
         with self._metrics.time("rsm.fetch_log_segment_files") as timer:
-            if self._chunk_cache is None:
+            if self._chunk_cache is None and not self._direct_files:
                 return None
             chunked = self._chunked_segment(metadata)
             if chunked is None:
@@ -558,17 +567,24 @@ class RemoteStorageManager:
                     f"start position {start} is at or past the end of {chunked.where} ({size} bytes)"
                 )
             last = size - 1 if end is None else min(end, size - 1)
-            # Never more than a quarter of the cache in one answer, so its files all fit beside other readers'.
-            window = max(chunked.index.chunk_size, self._chunk_cache_bytes // 4)
-            if max_bytes is not None and max_bytes > 0:
-                window = min(window, max_bytes)
-            last = min(last, start + window - 1)
-            files = self._reader.files(chunked, start, last, self._lease_s)
+            wanted = max_bytes if max_bytes is not None and max_bytes > 0 else size
+            own_file = self._backend.local_file(chunked.key) if chunked.codec.identity and self._direct_files else None
+            if own_file is not None:
+                last = min(last, start + wanted - 1)
+                files: SegmentFiles | None = self._reader.store_files(chunked, own_file, start, last)
+            elif self._chunk_cache is None:
+                return None
+            else:
+                # Never more than a quarter of the cache in one answer, so its files all fit beside other readers'.
+                window = min(max(chunked.index.chunk_size, self._chunk_cache_bytes // 4), wanted)
+                last = min(last, start + window - 1)
+                files = self._reader.files(chunked, start, last, self._lease_s)
             timer.bytes = 0 if files is None else last - start + 1
         return files
 
     def release_segment_files(self, lease_id: str) -> bool:
-        """Unpin the files of a fetch_log_segment_files answer; False if the lease was unknown or expired."""
+        """Unpin the files of a fetch_log_segment_files answer; False if the lease was unknown or expired (or the
+        answer had none: the store's own files)."""
         return self._chunk_cache is not None and self._chunk_cache.release(lease_id)
 
     def hint_next_segment(self, metadata: RemoteLogSegmentMetadata, following: RemoteLogSegmentMetadata) -> None:

@@ -49,6 +49,9 @@ class FilesystemBackend(StorageBackend):
             raise InvalidArgumentError(f"object key {key!r} is not a safe relative path")
         return self._root.joinpath(*parts)
 
+    def local_file(self, key: str) -> Path:
+        return self._path(key)
+
     def _error(self, operation: str, key: str, exc: BaseException) -> RemoteStorageError:
         return RemoteStorageError(f"{operation} failed for {self.describe(key)}: {exc}")
 

@@ -26,9 +26,10 @@ CHUNKS = -(-SEGMENT // CHUNK)
 
 
 def _config(base: dict[str, Any], cache_dir: Path, **extra: Any) -> dict[str, Any]:
+    # Files for the adapter come from the cache here, not from the filesystem backend's own files.
     return {
         **base, "chunk.size": CHUNK, "fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": str(cache_dir),
-        "fetch.chunk.cache.prefetch.max.size": 0, **extra,
+        "fetch.chunk.cache.prefetch.max.size": 0, "fetch.files.direct": False, **extra,
     }
 
 

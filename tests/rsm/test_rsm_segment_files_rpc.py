@@ -1,6 +1,8 @@
 """FetchLogSegmentFiles, used as the JVM adapter uses it (rsm/README.md, "Segment bytes as files"): ask for a
 range, open every returned file, release the lease, read the ranges; the bytes equal the segment's. The lease
-keeps files in place against eviction until they are open; an open file stays readable after eviction.
+keeps files in place against eviction until they are open; an open file stays readable after eviction. On the
+filesystem backend an untransformed segment is answered with the backend's own file, unpinned, each range with its
+chunk's checksum, which the reader checks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from support.agent_segments import copy_segment
 
 from rlmm.types import RemoteLogSegmentMetadata
+from rsm.chunk_index import checksum
 from tierlog.agent import messages
 from tierlog.agent.components import ComponentName
 from tierlog.agent.proto import agent_pb2 as pb
@@ -26,6 +29,16 @@ from tierlog.agent.server import AgentServer
 
 CHUNK = 16 << 10
 SEGMENT = 200_000
+
+
+def _cached(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    """A disk chunk cache whose files are handed out (not the filesystem backend's own)."""
+    return {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache",
+            "fetch.files.direct": False, **extra}
+
+
+class ChunkDamaged(Exception):
+    """A chunk the answer said to check failed its check (the adapter's error)."""
 
 
 class Agent:
@@ -59,15 +72,21 @@ class Agent:
         self.storage.ReleaseSegmentFiles(pb.SegmentFilesLease(lease_id=answer.lease_id), timeout=30)
 
     def read_like_the_adapter(self, metadata: RemoteLogSegmentMetadata, start: int, max_bytes: int) -> bytes:
-        """Window by window: open every file, release the lease, then read the ranges from the open files."""
+        """Window by window: open every file, release the lease if there is one, check the chunks the answer says to
+        check, then read the ranges from the open files."""
         out = bytearray()
         while start < metadata.segment_size_in_bytes:
             answer = self.files(metadata, start, max_bytes)
-            assert not answer.stream_instead and answer.lease_ms > 0
+            assert not answer.stream_instead and (answer.lease_ms > 0) == bool(answer.lease_id)
             descriptors = [os.open(r.path, os.O_RDONLY) for r in answer.ranges]
-            self.release(answer)
+            if answer.lease_id:
+                self.release(answer)
             try:
                 for fd, piece in zip(descriptors, answer.ranges, strict=True):
+                    if piece.HasField("check"):
+                        check = piece.check
+                        if checksum(os.pread(fd, check.length, check.offset)) != check.crc32c:
+                            raise ChunkDamaged(f"chunk {check.chunk} of {piece.path} fails its CRC32C")
                     out += os.pread(fd, piece.length, piece.offset)
             finally:
                 for fd in descriptors:
@@ -82,7 +101,7 @@ class Agent:
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Agent]:
-    running = Agent(tmp_path, {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache"})
+    running = Agent(tmp_path, _cached(tmp_path))
     yield running
     running.close()
 
@@ -113,8 +132,8 @@ def test_an_end_position_bounds_the_answer(agent: Agent) -> None:
 
 def test_leased_files_survive_eviction_until_released_and_open_ones_stay_readable(tmp_path: Path) -> None:
     # A cache of four chunks: reading another segment evicts everything that is not pinned.
-    agent = Agent(tmp_path, {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache",
-                             "fetch.chunk.cache.size": 4 * CHUNK, "fetch.chunk.cache.prefetch.max.size": 0})
+    agent = Agent(tmp_path, _cached(tmp_path, **{"fetch.chunk.cache.size": 4 * CHUNK,
+                                                 "fetch.chunk.cache.prefetch.max.size": 0}))
     try:
         data, other = random.Random(3).randbytes(SEGMENT), random.Random(4).randbytes(SEGMENT)
         metadata, other_metadata = agent.copy(data), agent.copy(other)
@@ -145,7 +164,7 @@ def test_a_damaged_cache_file_is_refetched_before_it_is_handed_out(agent: Agent)
 
 
 def test_without_a_disk_cache_the_answer_says_to_stream_instead(tmp_path: Path) -> None:
-    agent = Agent(tmp_path)
+    agent = Agent(tmp_path, {"fetch.files.direct": False})
     try:
         answer = agent.files(agent.copy(b"x" * 1000), 0)
         assert "FetchLogSegment" in answer.stream_instead and not answer.ranges
@@ -167,7 +186,7 @@ def test_a_request_naming_the_next_segment_prefetches_its_first_chunks(agent: Ag
 
 
 def test_the_agent_exports_the_chunk_cache_metrics(tmp_path: Path) -> None:
-    agent = Agent(tmp_path, {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache"}, 0)
+    agent = Agent(tmp_path, _cached(tmp_path), 0)
     try:
         metadata = agent.copy(random.Random(8).randbytes(SEGMENT))
         agent.read_like_the_adapter(metadata, 0, 0)
@@ -179,7 +198,7 @@ def test_the_agent_exports_the_chunk_cache_metrics(tmp_path: Path) -> None:
 
 
 def test_a_restarted_agent_answers_from_its_warm_cache(tmp_path: Path) -> None:
-    config: dict[str, Any] = {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.path": tmp_path / "cache"}
+    config = _cached(tmp_path)
     data = random.Random(9).randbytes(SEGMENT)
     before = Agent(tmp_path, config)
     try:
@@ -195,3 +214,72 @@ def test_a_restarted_agent_answers_from_its_warm_cache(tmp_path: Path) -> None:
         assert "chunk_cache.misses" not in counters and counters["chunk_cache.hits"] == -(-SEGMENT // CHUNK)
     finally:
         after.close()
+
+
+# -- the filesystem backend's own files ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache", ["disk", "none"])
+def test_an_untransformed_segment_is_answered_with_the_backends_own_file_and_nothing_copied(
+    tmp_path: Path, cache: str
+) -> None:
+    config = {"fetch.chunk.cache.class": cache, "fetch.chunk.cache.path": tmp_path / "cache"}
+    agent = Agent(tmp_path, config if cache == "disk" else {})
+    try:
+        data = random.Random(10).randbytes(SEGMENT)
+        metadata = agent.copy(data)
+        assert agent.read_like_the_adapter(metadata, 0, 40_000) == data
+        assert agent.read_like_the_adapter(metadata, 12_345, 0) == data[12_345:]
+        answer = agent.files(metadata, CHUNK + 7, 2 * CHUNK)
+        stored = tmp_path / "remote"
+        assert not answer.lease_id and {Path(r.path).parent.parent.parent for r in answer.ranges} == {stored}
+        # Each range's check covers its whole chunk, where the chunk lies in the file.
+        assert [(r.offset, r.length, r.check.chunk, r.check.offset, r.check.length) for r in answer.ranges] == [
+            (CHUNK + 7, CHUNK - 7, 1, CHUNK, CHUNK), (2 * CHUNK, CHUNK, 2, 2 * CHUNK, CHUNK),
+            (3 * CHUNK, 7, 3, 3 * CHUNK, CHUNK)]
+        assert not list((tmp_path / "cache").rglob("*[0-9]"))  # no chunk was copied into a cache
+    finally:
+        agent.close()
+
+
+def test_a_damaged_chunk_of_the_backends_file_fails_the_readers_check_naming_the_chunk(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    try:
+        data = random.Random(11).randbytes(SEGMENT)
+        metadata = agent.copy(data)
+        (log_file,) = (tmp_path / "remote").rglob("*.log")
+        damaged = bytearray(log_file.read_bytes())
+        damaged[3 * CHUNK + 5] ^= 1
+        log_file.write_bytes(bytes(damaged))
+        assert agent.read_like_the_adapter(metadata, 4 * CHUNK, 0) == data[4 * CHUNK :]
+        with pytest.raises(ChunkDamaged, match="chunk 3 "):
+            agent.read_like_the_adapter(metadata, 0, 3 * CHUNK)
+    finally:
+        agent.close()
+
+
+def test_a_segment_whose_file_is_gone_is_not_found(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    try:
+        metadata = agent.copy(b"y" * 1000)
+        for log_file in (tmp_path / "remote").rglob("*.log"):
+            log_file.unlink()
+        with pytest.raises(grpc.RpcError) as failed:
+            agent.files(metadata, 0)
+        assert failed.value.code() is grpc.StatusCode.NOT_FOUND
+    finally:
+        agent.close()
+
+
+# -- a segment's indexes in one call ---------------------------------------------------------------------------
+
+
+def test_fetch_indexes_answers_each_asked_index_of_a_segment_in_one_call_marking_absent_ones(agent: Agent) -> None:
+    metadata = agent.copy(b"z" * 1000)
+    asked = [pb.OFFSET, pb.TIMESTAMP, pb.TRANSACTION]
+    request = pb.FetchIndexesRequest(metadata=messages.segment_metadata_msg(metadata), index_types=asked)
+    pieces = list(agent.storage.FetchIndexes(request, timeout=30))
+    assert [p.index_type for p in pieces] == asked
+    assert [(p.data, p.absent) for p in pieces] == [(b"\0" * 16, False), (b"\0" * 24, False), (b"", True)]
+    rsm = agent.server.components.get(ComponentName.REMOTE_STORAGE_MANAGER, 5)
+    assert rsm.metrics()["operations"]["backend.get"]["requests"] == 1  # the three from one GET of the packed index

@@ -298,6 +298,25 @@ class RemoteStorageServicer(Servicer):
         fetched = self.rsm(context).fetch_index(metadata, messages.index_type(request.index_type))
         yield from self._chunks(fetched, "FetchIndex")
 
+    @stream
+    def FetchIndexes(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        """Each requested index of one segment in turn, from the rsm's index cache (the first miss loads the
+        segment's whole read group in one GET); an index the segment does not have is one `absent` message."""
+        metadata = messages.segment_metadata(request.metadata)
+        rsm = self.rsm(context)
+        for value in request.index_types:
+            try:
+                fetched = rsm.fetch_index(metadata, messages.index_type(value))
+            except IndexAbsentError:
+                yield pb.IndexChunk(index_type=value, absent=True)
+                continue
+            with contextlib.closing(fetched):
+                data = fetched.read()
+            self.metrics.streamed.labels("FetchIndexes").inc(len(data))
+            view = memoryview(data)
+            for at in range(0, max(len(data), 1), CHUNK_BYTES):
+                yield pb.IndexChunk(index_type=value, data=bytes(view[at : at + CHUNK_BYTES]))
+
     @unary
     def DeleteLogSegmentData(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.rsm(context).delete_log_segment_data(messages.segment_metadata(request))
@@ -314,9 +333,15 @@ class RemoteStorageServicer(Servicer):
         files = rsm.fetch_log_segment_files(metadata, request.start_position, end, request.max_bytes or None)
         if files is None:
             return pb.SegmentFiles(stream_instead=FILES_UNAVAILABLE)
-        ranges = [pb.SegmentFileRange(path=str(r.path), offset=r.offset, length=r.length) for r in files.ranges]
+        ranges = [
+            pb.SegmentFileRange(path=str(r.path), offset=r.offset, length=r.length, check=None if r.check is None
+                                else pb.ChunkCheck(chunk=r.check.chunk, offset=r.check.offset,
+                                                   length=r.check.length, crc32c=r.check.crc32c))
+            for r in files.ranges
+        ]
         self.metrics.streamed.labels("FetchLogSegmentFiles").inc(sum(r.length for r in files.ranges))
-        lease_ms = max(int((files.lease_deadline - time.monotonic()) * 1000), 0)
+        deadline = files.lease_deadline
+        lease_ms = 0 if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
         return pb.SegmentFiles(
             ranges=ranges, end_position=files.end_position, lease_id=files.lease_id, lease_ms=lease_ms
         )

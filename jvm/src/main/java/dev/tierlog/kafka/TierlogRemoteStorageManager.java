@@ -1,17 +1,21 @@
 /*
  * Kafka's RemoteStorageManager, served by the tierlog agent's packed-index object store.
  * Copies pass file paths (the agent runs on the broker's host); fetched segment bytes are read from the files of
- * the agent's chunk cache (FetchLogSegmentFiles, rsm/README.md "Segment bytes as files"), or streamed back with
- * flow control when the agent has no files to offer; indexes are streamed.
+ * the agent's chunk cache or the store's own files (FetchLogSegmentFiles, rsm/README.md "Segment bytes as files"),
+ * or streamed back with flow control when the agent has no files to offer; a segment's indexes come in one call
+ * per group the broker asks for one by one (FetchIndexes, FetchedIndexes).
  */
 package dev.tierlog.kafka;
 
+import java.io.ByteArrayInputStream;
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.channels.FileChannel;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.ArrayList;
+import java.util.EnumMap;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
@@ -34,6 +38,7 @@ import org.apache.kafka.common.Uuid;
 import org.apache.kafka.server.log.remote.storage.LogSegmentData;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata.CustomMetadata;
+import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
 import org.slf4j.Logger;
@@ -45,8 +50,10 @@ import dev.tierlog.kafka.proto.CopyRequest;
 import dev.tierlog.kafka.proto.CopyResponse;
 import dev.tierlog.kafka.proto.Empty;
 import dev.tierlog.kafka.proto.FetchIndexRequest;
+import dev.tierlog.kafka.proto.FetchIndexesRequest;
 import dev.tierlog.kafka.proto.FetchSegmentFilesRequest;
 import dev.tierlog.kafka.proto.FetchSegmentRequest;
+import dev.tierlog.kafka.proto.IndexChunk;
 import dev.tierlog.kafka.proto.RemoteStorageGrpc;
 import dev.tierlog.kafka.proto.SegmentFileRange;
 import dev.tierlog.kafka.proto.SegmentFiles;
@@ -61,10 +68,16 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
     // At most this many answers are kept open for reuse (each a few chunk files): fetches of this many segments at
     // once each find their last window.
     static final int RECENT_WINDOWS = 64;
+    // Indexes fetched with the one the broker asked for, kept until it asks for them (a few segments' worth).
+    static final long FETCHED_INDEX_BYTES = 32L << 20;
+    static final int FETCHED_INDEX_ENTRIES = 1024;
 
     private volatile AgentClient agent;
     // Set once the agent answered FetchLogSegmentFiles UNIMPLEMENTED (an older agent): then only streams.
     private final AtomicBoolean filesUnimplemented = new AtomicBoolean();
+    // Set once the agent answered FetchIndexes UNIMPLEMENTED (an older agent): then one FetchIndex call per index.
+    private final AtomicBoolean indexesUnimplemented = new AtomicBoolean();
+    private final FetchedIndexes fetchedIndexes = new FetchedIndexes(FETCHED_INDEX_BYTES, FETCHED_INDEX_ENTRIES);
     // Recent FetchLogSegmentFiles answers, read again by the next fetches of their segments (agent.fetch.files.reuse.ms).
     private volatile RecentWindows recent = new RecentWindows(0, 0, System::nanoTime);
 
@@ -203,8 +216,15 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
         return stream(what, stub -> stub.fetchLogSegment(request.build()));
     }
 
-    /** One FetchLogSegmentFiles answer: its files, opened, or why the range must be streamed instead. */
-    private record FilesAnswer(RecentWindows.Shared files, String streamInstead, IOException unopened) {
+    /**
+     * One FetchLogSegmentFiles answer: its files, opened (and their chunks checked where the answer says to), or
+     * why the range must be streamed instead, or a file that could not be opened, or a chunk that failed its check.
+     */
+    private record FilesAnswer(RecentWindows.Shared files, String streamInstead, IOException unopened,
+            String damaged) {
+        static FilesAnswer streamInstead(String why) {
+            return new FilesAnswer(null, why, null, null);
+        }
     }
 
     /**
@@ -233,6 +253,9 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
         for (int attempt = 1; attempt <= 2; attempt++) {
             FilesAnswer answer = agent().call(call, agent().settings().lookupTimeoutMs,
                 (ch, dl) -> openFiles(ch, dl, request.build(), what, segment, position));
+            if (answer.damaged() != null) {
+                throw new RemoteStorageException(call + ": " + answer.damaged());
+            }
             if (answer.files() != null) {
                 try {
                     recent.keep(answer.files());
@@ -253,7 +276,10 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
         return new SegmentFilesInputStream.Streamed(streamSegment(what, metadata, position, end));
     }
 
-    /** Asks for the files of a range, opens them all, then releases their lease (open files stay readable). */
+    /**
+     * Asks for the files of a range, opens them all, then releases their lease (open files stay readable). Ranges of
+     * the store's own files come with their chunk's checksum: each such chunk is checked before the files are used.
+     */
     private FilesAnswer openFiles(ManagedChannel ch, Deadline deadline, FetchSegmentFilesRequest request,
             String what, Uuid segment, long position) {
         SegmentFiles answer;
@@ -268,10 +294,10 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                 LOG.info("The tierlog agent at {} does not serve segment files (an older agent); fetched segments "
                     + "are streamed", agent().settings().socketPath);
             }
-            return new FilesAnswer(null, "the agent does not implement FetchLogSegmentFiles", null);
+            return FilesAnswer.streamInstead("the agent does not implement FetchLogSegmentFiles");
         }
         if (!answer.getStreamInstead().isEmpty()) {
-            return new FilesAnswer(null, answer.getStreamInstead(), null);
+            return FilesAnswer.streamInstead(answer.getStreamInstead());
         }
         List<SegmentFilesInputStream.OpenRange> opened = new ArrayList<>();
         try {
@@ -288,8 +314,19 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                     FileChannel.open(Path.of(range.getPath()), StandardOpenOption.READ), range.getPath(),
                     range.getOffset(), range.getLength()));
             }
+            String damaged = null;
+            for (int i = 0; i < opened.size() && damaged == null; i++) {
+                SegmentFileRange range = answer.getRanges(i);
+                if (range.hasCheck()) {
+                    damaged = ChunkChecks.damage(segment.toString(), range.getPath(), opened.get(i).channel(),
+                        range.getCheck());
+                }
+            }
+            if (damaged != null) {
+                throw new DamagedChunk(damaged);
+            }
             return new FilesAnswer(new RecentWindows.Shared(what, segment, position, answer.getEndPosition(), opened,
-                checked), null, null);
+                checked), null, null, null);
         } catch (IOException | RuntimeException e) {
             for (SegmentFilesInputStream.OpenRange range : opened) {
                 try {
@@ -299,11 +336,23 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                 }
             }
             if (e instanceof IOException unopened) {
-                return new FilesAnswer(null, null, unopened);
+                return new FilesAnswer(null, null, unopened, null);
+            }
+            if (e instanceof DamagedChunk damaged) {
+                return new FilesAnswer(null, null, null, damaged.getMessage());
             }
             throw (RuntimeException) e;
         } finally {
-            release(ch, answer.getLeaseId());
+            if (!answer.getLeaseId().isEmpty()) {
+                release(ch, answer.getLeaseId());
+            }
+        }
+    }
+
+    /** A chunk of an answer's file failed its check: its files are closed and none of their bytes served. */
+    private static final class DamagedChunk extends RuntimeException {
+        DamagedChunk(String message) {
+            super(message, null, false, false);
         }
     }
 
@@ -327,17 +376,89 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                 });
     }
 
+    /**
+     * An index of the segment: kept from an earlier FetchIndexes answer, else fetched with the rest of its group in
+     * one call (the others kept for the broker's next calls); one FetchIndex stream with an older agent.
+     */
     @Override
     public InputStream fetchIndex(RemoteLogSegmentMetadata metadata, IndexType indexType)
             throws RemoteStorageException {
-        FetchIndexRequest request = FetchIndexRequest.newBuilder()
-            .setMetadata(ProtoMapping.toProto(metadata)).setIndexType(ProtoMapping.toProto(indexType)).build();
-        return stream("fetchIndex(" + metadata.remoteLogSegmentId() + ", " + indexType + ")",
-            stub -> stub.fetchIndex(request));
+        String what = "fetchIndex(" + metadata.remoteLogSegmentId() + ", " + indexType + ")";
+        Uuid segment = metadata.remoteLogSegmentId().id();
+        FetchedIndexes.Index index = fetchedIndexes.take(segment, indexType);
+        if (index == null && !indexesUnimplemented.get()) {
+            Map<IndexType, FetchedIndexes.Index> fetched = fetchIndexes(what, metadata, indexType);
+            if (fetched != null) {
+                index = fetched.get(indexType);
+                fetchedIndexes.keep(segment, fetched, indexType);
+            }
+        }
+        if (index == null) {
+            FetchIndexRequest request = FetchIndexRequest.newBuilder()
+                .setMetadata(ProtoMapping.toProto(metadata)).setIndexType(ProtoMapping.toProto(indexType)).build();
+            return stream(what, stub -> stub.fetchIndex(request));
+        }
+        if (index.absent()) {
+            throw new RemoteResourceNotFoundException("segment " + metadata.remoteLogSegmentId() + " has no "
+                + indexType + " index");
+        }
+        return new ByteArrayInputStream(index.data());
+    }
+
+    /** The indexes of {@code type}'s group in one FetchIndexes call; null if the agent does not implement it. */
+    private Map<IndexType, FetchedIndexes.Index> fetchIndexes(String what, RemoteLogSegmentMetadata metadata,
+            IndexType type) throws RemoteStorageException {
+        FetchIndexesRequest.Builder request = FetchIndexesRequest.newBuilder()
+            .setMetadata(ProtoMapping.toProto(metadata));
+        Map<dev.tierlog.kafka.proto.IndexType, IndexType> group =
+            new EnumMap<>(dev.tierlog.kafka.proto.IndexType.class);
+        for (IndexType t : FetchedIndexes.groupOf(type)) {
+            group.put(ProtoMapping.toProto(t), t);
+            request.addIndexTypes(ProtoMapping.toProto(t));
+        }
+        return agent().call(what, agent().settings().lookupTimeoutMs, (ch, dl) -> {
+            Map<IndexType, ByteArrayOutputStream> data = new EnumMap<>(IndexType.class);
+            Map<IndexType, FetchedIndexes.Index> fetched = new EnumMap<>(IndexType.class);
+            try {
+                Iterator<IndexChunk> pieces = RemoteStorageGrpc.newBlockingStub(ch).withDeadline(dl)
+                    .fetchIndexes(request.build());
+                while (pieces.hasNext()) {
+                    IndexChunk piece = pieces.next();
+                    IndexType pieceType = group.get(piece.getIndexType());
+                    if (pieceType == null) {
+                        throw Status.INTERNAL.withDescription("FetchIndexes answered a " + piece.getIndexType()
+                            + " index, not asked for").asRuntimeException();
+                    }
+                    if (piece.getAbsent()) {
+                        fetched.put(pieceType, new FetchedIndexes.Index(null));
+                    } else {
+                        piece.getData().writeTo(data.computeIfAbsent(pieceType, t -> new ByteArrayOutputStream()));
+                    }
+                }
+            } catch (StatusRuntimeException e) {
+                if (e.getStatus().getCode() != Status.Code.UNIMPLEMENTED) {
+                    throw e;
+                }
+                if (indexesUnimplemented.compareAndSet(false, true)) {
+                    LOG.info("The tierlog agent at {} does not serve FetchIndexes (an older agent); each index is "
+                        + "fetched on its own", agent().settings().socketPath);
+                }
+                return null;
+            } catch (IOException e) {
+                throw new IllegalStateException("a ByteArrayOutputStream failed", e); // it does not
+            }
+            data.forEach((t, bytes) -> fetched.put(t, new FetchedIndexes.Index(bytes.toByteArray())));
+            if (!fetched.keySet().containsAll(group.values())) {
+                throw Status.INTERNAL.withDescription("FetchIndexes answered " + fetched.keySet() + " for "
+                    + group.values()).asRuntimeException();
+            }
+            return fetched;
+        });
     }
 
     @Override
     public void deleteLogSegmentData(RemoteLogSegmentMetadata metadata) throws RemoteStorageException {
+        fetchedIndexes.forget(metadata.remoteLogSegmentId().id());
         try {
             recent.forget(metadata.remoteLogSegmentId().id());
         } catch (IOException e) {

@@ -3,7 +3,8 @@
  * a cache directory: exact bytes across windows and chunks, the next window only when the reader gets there,
  * every file closed, and the stream (FetchLogSegment) whenever the agent cannot answer with files; with
  * agent.fetch.files.reuse.ms, later fetches inside a recent answer's window read its files again, until it expires,
- * its segment is deleted or the plugin closes.
+ * its segment is deleted or the plugin closes. Answers of the store's own file (no lease) have each chunk checked
+ * against its CRC32C before any byte is served; a damaged chunk is an error naming segment and chunk.
  */
 package dev.tierlog.kafka;
 
@@ -11,6 +12,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assertions.assertThrowsExactly;
 
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
@@ -31,6 +33,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.stream.Stream;
+import java.util.zip.CRC32C;
 
 import com.google.protobuf.ByteString;
 
@@ -43,6 +46,7 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentState;
 import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -50,6 +54,7 @@ import org.junit.jupiter.api.Timeout;
 import org.junit.jupiter.api.io.TempDir;
 
 import dev.tierlog.kafka.proto.Chunk;
+import dev.tierlog.kafka.proto.ChunkCheck;
 import dev.tierlog.kafka.proto.Empty;
 import dev.tierlog.kafka.proto.FetchSegmentFilesRequest;
 import dev.tierlog.kafka.proto.FetchSegmentRequest;
@@ -77,6 +82,8 @@ class SegmentFilesTest {
     @TempDir
     Path dir;
     private Path cache;
+    // The segment as the store's own file (the filesystem backend's object): positions are file offsets.
+    private Path storeFile;
     private FilesStorage storage;
     private FakeAgent.Running agent;
     private final List<TierlogRemoteStorageManager> plugins = new ArrayList<>();
@@ -90,6 +97,8 @@ class SegmentFilesTest {
         volatile boolean unimplemented;
         volatile boolean streamInstead;
         volatile boolean notFound;
+        // Answer with the store's own file and each chunk's checksum, without a lease.
+        volatile boolean fromStore;
         // Answers left that name a file that is not there (an expired lease's evicted chunk).
         final AtomicInteger missingAnswers = new AtomicInteger();
 
@@ -113,17 +122,31 @@ class SegmentFilesTest {
                 SEGMENT.length - 1);
             last = Math.min(last, start + request.getMaxBytes() - 1);
             boolean missing = missingAnswers.getAndUpdate(n -> Math.max(0, n - 1)) > 0;
-            SegmentFiles.Builder files = SegmentFiles.newBuilder().setEndPosition(last)
-                .setLeaseId(UUID.randomUUID().toString()).setLeaseMs(30_000);
+            SegmentFiles.Builder files = SegmentFiles.newBuilder().setEndPosition(last);
+            if (!fromStore) {
+                files.setLeaseId(UUID.randomUUID().toString()).setLeaseMs(30_000);
+            }
             for (long position = start; position <= last; ) {
                 long chunk = position / CHUNK;
                 long length = Math.min(last + 1, (chunk + 1) * CHUNK) - position;
+                if (fromStore) {
+                    int chunkLength = (int) Math.min(CHUNK, SEGMENT.length - chunk * CHUNK);
+                    CRC32C crc = new CRC32C();
+                    crc.update(SEGMENT, (int) chunk * CHUNK, chunkLength);
+                    files.addRanges(SegmentFileRange.newBuilder().setPath(storeFile.toString()).setOffset(position)
+                        .setLength(length).setCheck(ChunkCheck.newBuilder().setChunk((int) chunk)
+                            .setOffset(chunk * CHUNK).setLength(chunkLength).setCrc32C((int) crc.getValue())));
+                    position += length;
+                    continue;
+                }
                 Path file = missing ? cache.resolve("evicted") : cache.resolve(String.valueOf(chunk));
                 files.addRanges(SegmentFileRange.newBuilder().setPath(file.toString())
                     .setOffset(HEADER + position - chunk * CHUNK).setLength(length));
                 position += length;
             }
-            leases.add(files.getLeaseId());
+            if (!fromStore) {
+                leases.add(files.getLeaseId());
+            }
             answer(observer, files.build());
         }
 
@@ -165,6 +188,7 @@ class SegmentFilesTest {
             System.arraycopy(SEGMENT, chunk * CHUNK, file, HEADER, file.length - HEADER);
             Files.write(cache.resolve(String.valueOf(chunk)), file);
         }
+        storeFile = Files.write(dir.resolve("store.log"), SEGMENT);
         storage = new FilesStorage();
         agent = FakeAgent.serve(dir.resolve("a.sock"), storage);
     }
@@ -392,6 +416,46 @@ class SegmentFilesTest {
         assertEquals(1, openChunkFiles(), "a stream reading a kept window keeps its files");
         assertArrayEquals(segment(WINDOW + 3, WINDOW + 100), readAll(reading));
         assertEquals(0, openChunkFiles());
+    }
+
+    @Test
+    void theStoresOwnFileIsCheckedAndReadWithoutALease() throws Exception {
+        storage.fromStore = true;
+        TierlogRemoteStorageManager rsm = rsm();
+        int start = CHUNK + 5;
+        assertArrayEquals(segment(start, SEGMENT.length - 1), readAll(rsm.fetchLogSegment(METADATA, start)));
+        assertEquals((SEGMENT.length - start + WINDOW - 1) / WINDOW, storage.filesCalls.get());
+        assertTrue(storage.released.isEmpty(), "nothing to release: " + storage.released);
+        assertEquals(0, storage.streamCalls.get());
+    }
+
+    @Test
+    void aDamagedChunkOfTheStoresFileIsAnErrorNamingSegmentAndChunkNeverBytes() throws Exception {
+        storage.fromStore = true;
+        TierlogRemoteStorageManager rsm = rsm();
+        flip(2 * CHUNK + 10); // chunk 2, in the first window
+        RemoteStorageException first = assertThrowsExactly(RemoteStorageException.class,
+            () -> rsm.fetchLogSegment(METADATA, 0));
+        assertTrue(first.getMessage().contains("segment " + METADATA.remoteLogSegmentId().id() + " chunk 2 ")
+            && first.getMessage().contains("fails its CRC32C"), first.getMessage());
+        // Other chunks are served.
+        assertArrayEquals(segment(WINDOW, WINDOW + 99), rsm.fetchLogSegment(METADATA, WINDOW, WINDOW + 99)
+            .readAllBytes());
+        // A reader reaching a damaged chunk in a later window fails there.
+        flip(2 * CHUNK + 10);
+        flip(5 * CHUNK + 7);
+        try (InputStream in = rsm.fetchLogSegment(METADATA, 0)) {
+            assertArrayEquals(segment(0, WINDOW - 1), in.readNBytes(WINDOW));
+            IOException later = assertThrows(IOException.class, in::read);
+            assertTrue(later.getMessage().contains(" chunk 5 "), later.getMessage());
+        }
+        assertEquals(0, storage.streamCalls.get());
+    }
+
+    private void flip(long position) throws IOException {
+        byte[] bytes = Files.readAllBytes(storeFile);
+        bytes[(int) position] ^= 1;
+        Files.write(storeFile, bytes);
     }
 
     @Test
