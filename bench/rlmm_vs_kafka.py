@@ -81,11 +81,10 @@ from rlmm import (  # noqa: E402
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from rlmm.archive import write_view_snapshot  # noqa: E402
 from rlmm.bootstrap import snapshot_key  # noqa: E402
 from rlmm.event_log import TopicSettings, check_topic  # noqa: E402
 from rlmm.events import RecordKey  # noqa: E402
-from rlmm.snapshot import snapshot_entries  # noqa: E402
+from rlmm.snapshot import snapshot_entries, write_view_snapshot  # noqa: E402
 from rlmm.view import MetadataView  # noqa: E402
 from rsm.backend import StorageBackend  # noqa: E402
 from rsm.snapshot_source import BucketSnapshotSource  # noqa: E402

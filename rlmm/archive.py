@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import fastavro
-import fastavro.read
-import zstandard
 from fastavro.schema import to_parsing_canonical_form
 
 from rlmm import view_format
@@ -44,6 +42,7 @@ TOPIC_ID_META = "tierlog.snapshot.topic_id"  # absent in files written before it
 CREATED_META = "tierlog.snapshot.created_ms"
 RECORDS_FORMAT = 1
 VIEW_FORMAT = 2
+TABLES_FORMAT = 3
 # Entries per chunk: a chunk is one Avro datum, so this bounds what a reader holds at once.
 _CHUNK_ENTRIES = 20_000
 _FILE_NAME = re.compile(r"^(?P<first>\d{20})-(?P<last>\d{20})\.avro$")
@@ -226,38 +225,53 @@ def view_chunk_schema() -> dict[str, Any]:
     }
 
 
-def _zstd_block(block: BinaryIO) -> io.BytesIO:
-    """A zstandard-compressed block of an Avro file, decompressed by python-zstandard (a dependency already), which
-    releases the GIL where fastavro's own reader (through backports.zstd) holds it: a new node's bootstrap then
-    decompresses a snapshot in one thread while another writes the view's tables (rlmm.view.load_entries)."""
-    length = _read_long(block)
-    data = block.read(length)
-    if len(data) != length:
-        raise EOFError(f"a zstandard block of {length} bytes ends after {len(data)}")
-    try:
-        return io.BytesIO(zstandard.ZstdDecompressor().decompressobj().decompress(data))
-    except zstandard.ZstdError as exc:
-        raise ValueError(f"a zstandard block does not decompress: {exc}") from exc
+def view_table_schema() -> dict[str, Any]:
+    """Schema of one part of a format 3 snapshot: a stretch of the bytes of one column family's RocksDB table."""
+    return {
+        "type": "record",
+        "name": "ViewTablePart",
+        "namespace": "io.tierlog.snapshot",
+        "doc": "Consecutive bytes of the RocksDB table file holding one column family of the materialized view.",
+        "fields": [
+            {"name": "family", "type": "string"},
+            {"name": "part", "type": "bytes"},
+        ],
+    }
 
 
-def _read_long(source: BinaryIO) -> int:
-    """An Avro long: a zig-zag varint."""
-    value = shift = 0
-    while True:
-        byte = source.read(1)
-        if not byte:
-            raise EOFError("the file ends inside a block's length")
-        value |= (byte[0] & 0x7F) << shift
-        if byte[0] < 0x80:
-            return (value >> 1) ^ -(value & 1)
-        shift += 7
-        if shift > 63:
-            raise ValueError("a block's length is longer than a long")
+# Bytes per part of a table: a part is one Avro datum, so this bounds what a reader holds at once beside the file.
+_TABLE_PART_BYTES = 8 << 20
 
 
-# fastavro takes a codec's block reader from this table (its documented hook for codecs); the one for zstandard is
-# replaced by the one above for every Avro file the process reads.
-fastavro.read.BLOCK_READERS["zstandard"] = _zstd_block
+def write_table_snapshot(
+    out: BinaryIO, metadata_topic: str, tables: Iterable[tuple[str, Path]], end_offsets: Mapping[int, int],
+    view_digest: str, topic_id: str | None = None, created_ms: int | None = None,
+) -> None:
+    """Write RocksDB table files of a view (one per column family, in the view's options; rlmm.view.write_tables)
+    and the digest of their content as a snapshot file of format 3. Their blocks are compressed already."""
+    fastavro.writer(
+        out, fastavro.parse_schema(view_table_schema()), _table_parts(tables), codec="null",
+        metadata=_view_meta(TABLES_FORMAT, metadata_topic, end_offsets, view_digest, topic_id, created_ms),
+    )
+
+
+def _table_parts(tables: Iterable[tuple[str, Path]]) -> Iterator[dict[str, Any]]:
+    for family, path in tables:
+        with path.open("rb") as table:
+            while part := table.read(_TABLE_PART_BYTES):
+                yield {"family": family, "part": part}
+
+
+def _view_meta(snapshot_format: int, metadata_topic: str, end_offsets: Mapping[int, int], view_digest: str,
+               topic_id: str | None, created_ms: int | None) -> dict[str, str]:
+    return {
+        META_TOPIC: metadata_topic,
+        END_OFFSETS_META: _encode_ends(end_offsets),
+        SNAPSHOT_FORMAT_META: str(snapshot_format),
+        VIEW_FORMAT_META: str(view_format.FORMAT_VERSION),
+        VIEW_DIGEST_META: view_digest,
+        **_source_meta(topic_id, created_ms),
+    }
 
 
 # A format 2 snapshot's chunks read in C where rlmm._avro_reader was built (None: fastavro reads them): a new node's
@@ -266,39 +280,37 @@ _CHUNK_PROGRAM = reader_program(view_chunk_schema())
 _CHUNK_FORM = to_parsing_canonical_form(view_chunk_schema())
 
 
-def write_view_snapshot(
+def write_chunked_view_snapshot(
     out: BinaryIO, metadata_topic: str, entries: Iterable[tuple[str, bytes, bytes]], end_offsets: Mapping[int, int],
     view_digest: str, topic_id: str | None = None, created_ms: int | None = None,
 ) -> None:
-    """Write a view's entries (in the current view format) and its digest as a snapshot file of format 2."""
+    """Write a view's entries (in the current view format) and its digest as a snapshot file of format 2, entry by
+    entry, as releases before format 3 wrote them (rlmm.snapshot.write_view_snapshot writes format 3)."""
     fastavro.writer(
-        # zstd: as small as deflate, and decompressed in half the time, on the path of a new node's bootstrap
-        # (fastavro reads it through backports.zstd before Python 3.14). Files of either codec are read.
-        out, fastavro.parse_schema(view_chunk_schema()), _chunks(entries), codec="zstandard",
-        metadata={
-            META_TOPIC: metadata_topic,
-            END_OFFSETS_META: _encode_ends(end_offsets),
-            SNAPSHOT_FORMAT_META: str(VIEW_FORMAT),
-            VIEW_FORMAT_META: str(view_format.FORMAT_VERSION),
-            VIEW_DIGEST_META: view_digest,
-            **_source_meta(topic_id, created_ms),
-        },
+        # zstd: as small as deflate, and decompressed in half the time. Files of either codec are read.
+        out, fastavro.parse_schema(view_chunk_schema()),
+        ({"family": family, "keys": keys, "values": values} for family, keys, values in entry_runs(entries)),
+        codec="zstandard",
+        metadata=_view_meta(VIEW_FORMAT, metadata_topic, end_offsets, view_digest, topic_id, created_ms),
     )
 
 
-def _chunks(entries: Iterable[tuple[str, bytes, bytes]]) -> Iterator[dict[str, Any]]:
+def entry_runs(entries: Iterable[tuple[str, bytes, bytes]]) -> Iterator[tuple[str, list[bytes], list[bytes]]]:
+    """(column family, keys, values) runs of consecutive entries of one family, of at most 20,000 entries each."""
     family: str | None = None
     keys: list[bytes] = []
     values: list[bytes] = []
     for entry_family, key, value in entries:
         if entry_family != family or len(keys) >= _CHUNK_ENTRIES:
             if keys:
-                yield {"family": family, "keys": keys, "values": values}
+                assert family is not None
+                yield family, keys, values
             family, keys, values = entry_family, [], []
         keys.append(key)
         values.append(value)
     if keys:
-        yield {"family": family, "keys": keys, "values": values}
+        assert family is not None
+        yield family, keys, values
 
 
 def view_runs(chunks: Iterable[dict[str, Any]]) -> Iterator[tuple[str, list[bytes], list[bytes]]]:
@@ -333,13 +345,13 @@ def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[Sna
         version = int(meta.get(SNAPSHOT_FORMAT_META, RECORDS_FORMAT))
         topic_id = meta.get(TOPIC_ID_META)
         created = None if topic_id is None else int(meta[CREATED_META])
-        if version == VIEW_FORMAT:
+        if version in (VIEW_FORMAT, TABLES_FORMAT):
             header = SnapshotHeader(meta[META_TOPIC], ends, version, int(meta[VIEW_FORMAT_META]),
                                     meta[VIEW_DIGEST_META], topic_id, created)
         elif version == RECORDS_FORMAT:
             header = SnapshotHeader(meta[META_TOPIC], ends, topic_id=topic_id, created_ms=created)
         else:
-            raise ValueError(f"snapshot format {version}, this tierlog reads {RECORDS_FORMAT} and {VIEW_FORMAT}")
+            raise ValueError(f"snapshot format {version}, this tierlog reads {RECORDS_FORMAT} to {TABLES_FORMAT}")
     except (KeyError, ValueError, OSError) as exc:
         handle.close()
         raise SnapshotError(f"{name} is not a tierlog snapshot ({exc}); build one with `tierlog` snapshot") from exc

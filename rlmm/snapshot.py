@@ -1,22 +1,37 @@
 """Bootstrap snapshots: a copy of the materialized view (or, in format 1, of the compacted metadata log) that a
 new node loads instead of the topic.
 
-The file format is `rlmm.archive`'s. This module materializes a snapshot into an empty view: format 2 by writing
-its entries as they are while checking that the view they make has the digest the snapshot states, format 1 by
-replaying its records. It also applies archive records to a view and lists the entries a format 2 snapshot holds.
+The file format is `rlmm.archive`'s. This module writes a view's entries as a snapshot of format 3: the RocksDB
+tables of each column family, which a new node ingests as they are, with no work per entry. The writer checks that
+the entries it put into the tables make the view digest the snapshot states; the file's sha256 (in its name, checked
+by the reader) then proves a reader has those tables. It materializes a snapshot into an empty view: format 3 by
+ingesting its tables, format 2 (entries, as earlier releases wrote) by writing its entries as they are while checking
+that the view they make has the digest the snapshot states, format 1 by replaying its records. It also applies archive
+records to a view and lists the entries a view snapshot holds.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from rlmm import state
 from rlmm import view_format as vf
-from rlmm.archive import VIEW_FORMAT, SnapshotHeader, from_archived, read_snapshot, view_runs
+from rlmm.archive import (
+    TABLES_FORMAT,
+    VIEW_FORMAT,
+    SnapshotHeader,
+    entry_runs,
+    from_archived,
+    read_snapshot,
+    view_runs,
+    write_table_snapshot,
+)
 from rlmm.errors import SnapshotError
 from rlmm.events import RecordKey
-from rlmm.view import ConsumedRecord, MetadataView, apply_records
+from rlmm.view import ConsumedRecord, MetadataView, apply_records, hashed_runs, write_tables
 
 _BATCH = 5000
 
@@ -56,18 +71,40 @@ def load_snapshot(
 
 def load_into(view: MetadataView, header: SnapshotHeader, datums: Iterable[dict[str, Any]],
               progress: Progress | None = None) -> None:
-    """Materialize a snapshot read with `rlmm.archive.read_snapshot` into an empty view; SnapshotError when a
-    format 2 snapshot's entries do not make the view digest it states, or were written for another view format."""
-    if header.format != VIEW_FORMAT:
+    """Materialize a snapshot read with `rlmm.archive.read_snapshot` into an empty view; SnapshotError when its
+    tables do not ingest, when a format 2 snapshot's entries do not make the view digest it states, or when it was
+    written for another view format."""
+    if header.format not in (VIEW_FORMAT, TABLES_FORMAT):
         apply_archived(view, header.metadata_topic, datums, header.end_offsets, progress)
         return
     if header.view_format not in vf.READABLE_FORMATS:
         raise SnapshotError(f"its entries are in view format {header.view_format}, this tierlog stores "
                             f"{vf.FORMAT_VERSION}")
+    if header.format == TABLES_FORMAT:
+        # The writer checked that the tables hold entries making the digest the header states
+        # (write_view_snapshot), and the file's sha256 that these are its tables.
+        parts = ((datum["family"], datum["part"]) for datum in _counted(datums, progress))
+        view.load_tables(header.metadata_topic, parts, header.end_offsets)
+        return
     # The file's sha256 proves it arrived as written; the view digest, checked as the entries load, that what they
     # make is the view it describes.
     view.load_entries(header.metadata_topic, view_runs(_counted(datums, progress)), header.end_offsets,
                       header.view_digest)
+
+
+def write_view_snapshot(
+    out: BinaryIO, metadata_topic: str, entries: Iterable[tuple[str, bytes, bytes]], end_offsets: Mapping[int, int],
+    view_digest: str, topic_id: str | None = None, created_ms: int | None = None,
+) -> None:
+    """Write a view's entries (content families by name, then bookkeeping: `snapshot_entries`) and its digest as a
+    snapshot file of format 3. SnapshotError, having written nothing, when the entries do not make `view_digest`."""
+    with tempfile.TemporaryDirectory(prefix="tierlog-snapshot-tables-") as work:
+        digest = state.ViewDigest()
+        tables = write_tables(hashed_runs(entry_runs(entries), digest), Path(work), Path(work))
+        if digest.hexdigest() != view_digest:
+            raise SnapshotError(f"the entries make a view with digest {digest.hexdigest()}, not the stated "
+                                f"{view_digest}; no snapshot written")
+        write_table_snapshot(out, metadata_topic, tables.items(), end_offsets, view_digest, topic_id, created_ms)
 
 
 def _counted(datums: Iterable[dict[str, Any]], progress: Progress | None) -> Iterator[dict[str, Any]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import gc
 import logging
-import queue
 import shutil
 import threading
 import uuid
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, BinaryIO
 
 from rocksdict import (
     AccessType,
@@ -49,8 +48,6 @@ from rlmm.types import (
     RemotePartitionDeleteMetadata,
     TopicIdPartition,
 )
-
-T = TypeVar("T")
 
 _FORMAT_KEY = b"tierlog.view.format"
 _PAST_EVERY_KEY = b"\xff" * 64  # after every key of the view's families (each starts with a 16-byte topic id)
@@ -458,10 +455,7 @@ class MetadataView:
         tables = self._tables_directory()
         digest = state.ViewDigest()
         try:
-            # A thread reads the runs (a snapshot's: decompressing them) and hashes them ahead of the table writer
-            # here; decompression and sha256 run outside the GIL, so a new node's bootstrap uses both cores.
-            with _ReadAhead(runs if view_digest is None else _hashed(runs, digest)) as ahead:
-                files = write_tables(ahead, tables, self.path)
+            files = write_tables(runs if view_digest is None else hashed_runs(runs, digest), tables, self.path)
             if view_digest is not None and digest.hexdigest() != view_digest:
                 raise SnapshotError(f"its entries make a view with digest {digest.hexdigest()}, the snapshot states "
                                     f"{view_digest}")
@@ -469,6 +463,45 @@ class MetadataView:
             shutil.rmtree(tables, ignore_errors=True)
             raise
         self._ingest(metadata_topic, files.items(), next_offsets)
+
+    def load_tables(self, metadata_topic: str, parts: Iterable[tuple[str, bytes]],
+                    next_offsets: Mapping[int, int]) -> None:
+        """Bulk-load an EMPTY view with RocksDB tables written as the view writes them (rlmm.view.write_tables; a
+        format 3 snapshot's), then the metadata-topic offsets they reflect. `parts` are (column family, bytes):
+        each family's table in one stretch of consecutive parts. A table RocksDB refuses is a SnapshotError naming
+        its family; the offsets are written last, so an interrupted load never looks like a view that applied them."""
+        if self.holds_entries():
+            raise ViewFormatError(f"view at {self.path} is not empty; tables load only into an empty view")
+        tables = self._tables_directory()
+        files: dict[str, Path] = {}
+        try:
+            table: BinaryIO | None = None
+            current = ""
+            try:
+                for family, part in parts:
+                    if family != current:
+                        if family not in vf.ALL_FAMILIES or family == vf.APPLIED:
+                            raise ViewFormatError(f"cannot load a table of column family {family!r} into the view "
+                                                  f"at {self.path}")
+                        if family in files:
+                            raise ViewFormatError(f"the table of column family {family} comes in two stretches; "
+                                                  f"cannot load it into {self.path}")
+                        if table is not None:
+                            table.close()
+                        current, files[family] = family, tables / f"{family}.sst"
+                        table = files[family].open("xb")
+                    assert table is not None  # opened for the first part
+                    table.write(part)
+            finally:
+                if table is not None:
+                    table.close()
+        except BaseException:
+            shutil.rmtree(tables, ignore_errors=True)
+            raise
+        try:
+            self._ingest(metadata_topic, files.items(), next_offsets)
+        except Exception as exc:  # rocksdict raises bare Exception for a table it cannot read
+            raise SnapshotError(f"its tables do not load into the view at {self.path}: {exc}") from exc
 
     def _tables_directory(self) -> Path:
         """An empty directory beside the view for the tables of a load."""
@@ -574,71 +607,13 @@ def write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], t
     return files
 
 
-def _hashed(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
-            digest: state.ViewDigest) -> Iterator[tuple[str, Sequence[bytes], Sequence[bytes]]]:
+def hashed_runs(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]],
+                digest: state.ViewDigest) -> Iterator[tuple[str, Sequence[bytes], Sequence[bytes]]]:
     """`runs`, their content entries added to `digest` as they pass."""
     for family, keys, values in runs:
         if family in vf.CONTENT_FAMILIES:
             digest.add(family, keys, values)
         yield family, keys, values
-
-
-class _ReadAhead(Generic[T]):
-    """Iterates `source` in a thread, at most `depth` items ahead of the reader, so that what the source does outside
-    the GIL overlaps with the reader's work. An error of the source is raised to the reader; leaving the `with`
-    block early stops the thread (it gives up a blocked hand-over within 0.1 s) and closes the source."""
-
-    _END = object()
-
-    def __init__(self, source: Iterable[T], depth: int = 4) -> None:
-        self._queue: queue.Queue[tuple[bool, Any]] = queue.Queue(depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(iter(source),), name="tierlog-read-ahead",
-                                        daemon=True)
-
-    def __enter__(self) -> Iterator[T]:
-        self._thread.start()
-        return self._items()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self, source: Iterator[T]) -> None:
-        try:
-            for item in source:
-                if not self._hand_over((True, item)):
-                    return
-            self._hand_over((True, self._END))
-        except BaseException as exc:  # the reader raises it
-            self._hand_over((False, exc))
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-
-    def _hand_over(self, item: tuple[bool, Any]) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _items(self) -> Iterator[T]:
-        while True:
-            try:
-                ok, item = self._queue.get(timeout=1.0)  # the thread hands over every item, then the end or an error
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    raise RuntimeError("the read-ahead thread ended without handing over its end") from None
-                continue
-            if not ok:
-                raise item
-            if item is self._END:
-                return
-            yield item
 
 
 def _epoch_of(lineage: EpochLineage) -> int:

@@ -14,9 +14,8 @@ import pytest
 from cli_testkit import MetadataTopic, Run
 from confluent_kafka.admin import AdminClient
 
-from rlmm.archive import write_view_snapshot
 from rlmm.event_log import TopicInfo, check_topic
-from rlmm.snapshot import snapshot_entries
+from rlmm.snapshot import snapshot_entries, write_view_snapshot
 from rlmm.view import MetadataView
 from tierlog.pipeline.generate import fold
 

@@ -23,10 +23,10 @@ from rlmm_testkit import LogRecord, LogWriter, compacted, make_tp, partition_del
 
 from rlmm import codec, lineage
 from rlmm import view_format as vf
-from rlmm.archive import read_snapshot, write_view_snapshot
+from rlmm.archive import read_snapshot
 from rlmm.errors import InvalidArgumentError, RemoteStorageError, ViewFormatError
 from rlmm.events import EpochCheckpoint, EpochLineage, RecordKey, epoch_key, epochs_key, key_of
-from rlmm.snapshot import load_into
+from rlmm.snapshot import load_into, write_view_snapshot
 from rlmm.state import InMemoryState, apply_record, doomed_keys, pending_checkpoint, records_after
 from rlmm.types import (
     RemoteLogSegmentMetadata,

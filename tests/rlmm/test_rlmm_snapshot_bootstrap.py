@@ -19,7 +19,7 @@ from support.spark import s3_settings
 
 from dev.s3 import S3Endpoint
 from rlmm import RemoteLogMetadataManager, applier
-from rlmm.archive import read_snapshot, view_entries, view_runs, write_snapshot, write_view_snapshot
+from rlmm.archive import TABLES_FORMAT, SnapshotHeader, read_snapshot, write_chunked_view_snapshot, write_snapshot
 from rlmm.bootstrap import (
     SnapshotSource,
     TopicPosition,
@@ -30,7 +30,7 @@ from rlmm.bootstrap import (
 from rlmm.errors import RemoteStorageError
 from rlmm.event_log import check_topic
 from rlmm.lineage import pending_checkpoint
-from rlmm.snapshot import holds_everything_until, snapshot_entries
+from rlmm.snapshot import holds_everything_until, load_into, snapshot_entries, write_view_snapshot
 from rlmm.types import TopicIdPartition
 from rlmm.view import MetadataView
 from rsm.backend import StorageBackend
@@ -289,7 +289,7 @@ def test_a_node_bootstrapped_from_a_view_snapshot_equals_a_topic_rebuild_in_look
     tps = _history(writer, seed=11, partitions=4)
     key = _snapshot(kafka_bootstrap, metadata_topic, store)
     header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
-    assert header.format == 2 and header.view_digest == writer.view_digest()
+    assert header.format == TABLES_FORMAT and header.view_digest == writer.view_digest()
     tps += _history(writer, seed=12, partitions=2)
     expected = writer.view_digest()
 
@@ -309,17 +309,28 @@ def test_a_node_bootstrapped_from_a_view_snapshot_equals_a_topic_rebuild_in_look
     assert _bookkeeping(tmp_path / "from-snapshot") == _bookkeeping(tmp_path / "from-topic")
 
 
-def _forge_entries(kafka_bootstrap: str, metadata_topic: str, store: StorageBackend) -> str:
+def _entries_of(data: bytes, scratch: Path) -> tuple[SnapshotHeader, list[tuple[str, bytes, bytes]]]:
+    """A view snapshot's header and the entries it holds, whatever its format (loaded into a scratch view)."""
+    header, datums = read_snapshot(io.BytesIO(data))
+    view = MetadataView.open(scratch)
+    try:
+        load_into(view, header, datums)
+        return header, list(snapshot_entries(view))
+    finally:
+        view.close()
+
+
+def _forge_entries(kafka_bootstrap: str, metadata_topic: str, store: StorageBackend, scratch: Path) -> str:
     """Replace the newest snapshot with one whose entries differ from what its digest states (a writer bug: its
-    sha256 still matches, so only the view digest tells); the forged snapshot's key."""
+    sha256 still matches, so only the view digest tells; a format 2 file, whose entries a reader hashes, as earlier
+    releases wrote); the forged snapshot's key."""
     good = _snapshot(kafka_bootstrap, metadata_topic, store)
-    header, datums = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(good)))
-    entries = list(view_entries(datums))
+    header, entries = _entries_of(BucketSnapshotSource(store).read(good), scratch)
     family, entry_key, value = entries[len(entries) // 2]
     entries[len(entries) // 2] = (family, entry_key, value[:-1])
     forged = io.BytesIO()
     assert header.view_digest is not None
-    write_view_snapshot(forged, metadata_topic, entries, header.end_offsets, header.view_digest)
+    write_chunked_view_snapshot(forged, metadata_topic, entries, header.end_offsets, header.view_digest)
     store.delete([good])
     return _put_snapshot(store, metadata_topic, _topic_id(kafka_bootstrap, metadata_topic), forged.getvalue())
 
@@ -330,7 +341,7 @@ def test_a_snapshot_whose_entries_do_not_make_its_digest_falls_back_to_the_topic
 ) -> None:
     writer = make_manager(partitions=PARTITIONS)
     _history(writer, seed=13, partitions=2)
-    bad = _forge_entries(kafka_bootstrap, metadata_topic, store)
+    bad = _forge_entries(kafka_bootstrap, metadata_topic, store, tmp_path / "scratch")
     expected = writer.view_digest()
 
     with caplog.at_level(logging.INFO, logger="rlmm.bootstrap"), \
@@ -359,7 +370,7 @@ def test_a_snapshot_whose_entries_do_not_make_its_digest_leaves_the_view_empty(
 ) -> None:
     writer = make_manager(partitions=PARTITIONS)
     _history(writer, seed=20, partitions=1)
-    _forge_entries(kafka_bootstrap, metadata_topic, store)
+    _forge_entries(kafka_bootstrap, metadata_topic, store, tmp_path / "scratch")
     position = TopicPosition(_topic_id(kafka_bootstrap, metadata_topic), 86_400_000, {})
 
     loaded, holds_entries = _bootstrap_empty_view(tmp_path / "node", store, metadata_topic, position)
@@ -400,8 +411,8 @@ def test_a_view_a_snapshot_load_left_unfinished_is_started_afresh_with_a_log_lin
     # A load cut short where a crash can cut it: its entries in, but not yet its offsets, or not yet its source.
     header, datums = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
     view = MetadataView.open(tmp_path / "node")
-    view.load_entries(metadata_topic, view_runs(datums), {} if cut_short == "before the applied offsets" else
-                      header.end_offsets, header.view_digest)
+    view.load_tables(metadata_topic, ((datum["family"], datum["part"]) for datum in datums),
+                     {} if cut_short == "before the applied offsets" else header.end_offsets)
     view.close()
 
     with caplog.at_level(logging.INFO), \
@@ -445,7 +456,7 @@ def test_the_snapshot_writer_continues_from_a_format_1_snapshot_to_the_topics_vi
 
     assert key is not None
     header, _ = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(key)))
-    assert (header.format, header.view_digest) == (2, writer.view_digest())
+    assert (header.format, header.view_digest) == (TABLES_FORMAT, writer.view_digest())
 
 
 def test_a_bootstrapped_node_resolves_readiness_when_partitions_register_not_at_the_next_interval(
@@ -471,10 +482,10 @@ def test_a_snapshot_whose_header_names_another_topic_id_is_skipped_as_foreign_wi
     _history(writer, seed=21, partitions=2)
     expected = writer.view_digest()
     good = _snapshot(kafka_bootstrap, metadata_topic, store)
-    header, datums = read_snapshot(io.BytesIO(BucketSnapshotSource(store).read(good)))
+    header, entries = _entries_of(BucketSnapshotSource(store).read(good), tmp_path / "scratch")
     # Filed under this topic's id, newer than the good one, but taken of another incarnation of the topic.
     foreign = io.BytesIO()
-    write_view_snapshot(foreign, metadata_topic, view_entries(datums), header.end_offsets, header.view_digest or "",
+    write_view_snapshot(foreign, metadata_topic, entries, header.end_offsets, header.view_digest or "",
                         "AAAAAAAAAAAAAAAAAAAAAA", int(time.time() * 1000))
     data = foreign.getvalue()
     bad = snapshot_key(LOCATION, metadata_topic, _topic_id(kafka_bootstrap, metadata_topic),

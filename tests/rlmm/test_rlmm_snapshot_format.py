@@ -6,32 +6,31 @@ from __future__ import annotations
 import hashlib
 import io
 import random
-import threading
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
-import zstandard
 from rlmm_testkit import LogWriter, make_tp, workload
 
 from rlmm import archive, codec, state
 from rlmm import view_format as vf
 from rlmm.archive import (
     RECORDS_FORMAT,
+    TABLES_FORMAT,
     VIEW_FORMAT,
     SnapshotHeader,
     read_snapshot,
     to_archived,
     view_chunk_schema,
     view_entries,
+    write_chunked_view_snapshot,
     write_snapshot,
-    write_view_snapshot,
 )
 from rlmm.bootstrap import TopicPosition, why_not_trusted
 from rlmm.errors import SnapshotError, ViewFormatError
 from rlmm.lineage import pending_checkpoint
-from rlmm.snapshot import apply_archived, load_into, load_snapshot, snapshot_entries
+from rlmm.snapshot import apply_archived, load_into, load_snapshot, snapshot_entries, write_view_snapshot
 from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate
 from rlmm.view import MetadataView
 
@@ -78,11 +77,11 @@ def _load(path: Path, data: bytes) -> MetadataView:
     return view
 
 
-def test_a_view_snapshot_round_trips_its_header_and_entries_across_chunks() -> None:
+def test_a_format_2_snapshot_round_trips_its_header_and_entries_across_chunks() -> None:
     entries = [(vf.EPOCH_INDEX, i.to_bytes(8, "big"), b"x" * (i % 7)) for i in range(45_000)]
     entries += [(vf.PARTITION_META, b"k", b"v"), (vf.SEGMENTS, b"a", b""), (vf.SEGMENTS, b"b", b"2")]
     out = io.BytesIO()
-    write_view_snapshot(out, TOPIC, entries, {0: 7, 3: 9}, "d" * 64)
+    write_chunked_view_snapshot(out, TOPIC, entries, {0: 7, 3: 9}, "d" * 64)
 
     header, datums = read_snapshot(io.BytesIO(out.getvalue()))
 
@@ -97,7 +96,7 @@ def test_chunks_read_in_c_are_those_fastavro_reads_and_other_blocks_are_left_to_
     entries = [(vf.SEGMENTS, i.to_bytes(8, "big"), bytes(range(i % 200))) for i in range(30_000)]
     entries += [(vf.PARTITION_META, b"k\xff", b"")]
     out = io.BytesIO()
-    write_view_snapshot(out, TOPIC, entries, {0: 7}, "d" * 64)
+    write_chunked_view_snapshot(out, TOPIC, entries, {0: 7}, "d" * 64)
     read_in_c: list[int] = []
     read_plain = archive.read_plain
 
@@ -124,11 +123,14 @@ def test_chunks_read_in_c_are_those_fastavro_reads_and_other_blocks_are_left_to_
     assert list(view_entries(read_snapshot(io.BytesIO(out.getvalue()))[1])) == entries
 
 
-def test_view_snapshots_are_written_with_zstd_and_those_of_earlier_releases_in_deflate_still_load(
+def test_format_2_snapshots_are_written_with_zstd_and_those_of_earlier_releases_in_deflate_still_load(
     tmp_path: Path
 ) -> None:
     replayed = _replayed(tmp_path / "replayed", _archived_log(2))
-    written = _view_snapshot(replayed)
+    out = io.BytesIO()
+    write_chunked_view_snapshot(out, TOPIC, snapshot_entries(replayed), replayed.applied_offsets(TOPIC),
+                                replayed.digest())
+    written = out.getvalue()
     assert fastavro.reader(io.BytesIO(written)).codec == "zstandard"
     header, chunks = read_snapshot(io.BytesIO(written))
     earlier = io.BytesIO()  # the same file as releases before zstd wrote it
@@ -170,13 +172,18 @@ def test_a_loaded_view_snapshot_equals_the_view_it_was_taken_of_bookkeeping_incl
         replayed.close()
 
 
-def test_a_view_snapshot_whose_entries_do_not_make_its_digest_is_refused(tmp_path: Path) -> None:
+def test_entries_that_do_not_make_the_stated_digest_are_refused_by_the_writer_and_in_format_2_by_the_reader(
+    tmp_path: Path
+) -> None:
     replayed = _replayed(tmp_path / "replayed", _archived_log(2))
     entries = list(snapshot_entries(replayed))
     family, key, value = entries[0]
     entries[0] = (family, key, value + b"\x00")
     out = io.BytesIO()
-    write_view_snapshot(out, TOPIC, entries, replayed.applied_offsets(TOPIC), replayed.digest())
+    with pytest.raises(SnapshotError, match=r"digest .* not the stated"):
+        write_view_snapshot(out, TOPIC, entries, replayed.applied_offsets(TOPIC), replayed.digest())
+    assert out.getvalue() == b""
+    write_chunked_view_snapshot(out, TOPIC, entries, replayed.applied_offsets(TOPIC), replayed.digest())
     replayed.close()
 
     with pytest.raises(SnapshotError, match="digest"):
@@ -311,14 +318,16 @@ def test_entries_out_of_the_views_order_are_refused_and_leave_the_view_empty(tmp
         view.close()
 
 
-@pytest.mark.parametrize("fmt", [RECORDS_FORMAT, VIEW_FORMAT])
+@pytest.mark.parametrize("fmt", [RECORDS_FORMAT, VIEW_FORMAT, TABLES_FORMAT])
 def test_the_header_names_the_topic_id_and_creation_time_and_older_files_name_neither(fmt: int) -> None:
     def header_of(**source: Any) -> SnapshotHeader:
         out = io.BytesIO()
         if fmt == RECORDS_FORMAT:
             write_snapshot(out, TOPIC, [], {0: 3}, **source)
+        elif fmt == VIEW_FORMAT:
+            write_chunked_view_snapshot(out, TOPIC, [], {0: 3}, "d" * 64, **source)
         else:
-            write_view_snapshot(out, TOPIC, [], {0: 3}, "d" * 64, **source)
+            write_view_snapshot(out, TOPIC, [], {0: 3}, state.ViewDigest().hexdigest(), **source)
         out.seek(0)
         return read_snapshot(out)[0]
 
@@ -373,45 +382,54 @@ def test_a_snapshot_is_trusted_only_when_of_this_topic_id_younger_than_the_tombs
         assert refusal.stale == ("stale" in expected)  # type: ignore[operator]
 
 
-def test_an_error_reading_the_entries_part_way_reaches_the_loader_and_leaves_the_view_empty(tmp_path: Path) -> None:
-    # The entries are read ahead in a thread (rlmm.view.load_entries): what it raises is raised to the loader, and
-    # the thread ends with the load.
-    replayed = _replayed(tmp_path / "replayed", _archived_log(3))
-    entries = list(snapshot_entries(replayed))
+def test_a_view_snapshot_is_written_as_the_views_tables_in_parts_and_loads_without_hashing_its_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(8))
+    monkeypatch.setattr(archive, "_TABLE_PART_BYTES", 1024)  # several parts per table
+    data = _view_snapshot(replayed)
+    header, datums = read_snapshot(io.BytesIO(data))
+    parts = [(datum["family"], len(datum["part"])) for datum in datums]
+    assert header.format == TABLES_FORMAT and header.view_digest == replayed.digest()
+    families = [family for family, _ in parts]
+    assert sorted(set(families)) == sorted({family for family, _, _ in snapshot_entries(replayed)})
+    assert len(parts) > len(set(families))  # a table in several parts, each family's in one stretch
+    assert families == sorted(families, key=families.index)
+    monkeypatch.setattr(state.ViewDigest, "add", lambda *args: pytest.fail("a table snapshot's entries were hashed"))
+    loaded = _load(tmp_path / "loaded", data)
+    try:
+        monkeypatch.undo()
+        assert loaded.digest() == replayed.digest()
+        assert list(snapshot_entries(loaded)) == list(snapshot_entries(replayed))
+    finally:
+        loaded.close()
+        replayed.close()
+
+
+@pytest.mark.parametrize("damage", ["table bytes", "unknown family", "applied offsets family", "family split"])
+def test_tables_that_do_not_load_are_refused_naming_what_is_wrong_and_leave_no_offsets(
+    tmp_path: Path, damage: str
+) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(9))
+    header, datums = read_snapshot(io.BytesIO(_view_snapshot(replayed)))
     replayed.close()
-
-    def failing() -> Any:
-        for family, key, value in entries[:5]:
-            yield family, [key], [value]
-        raise SnapshotError("chunk 6 is corrupt")
-
+    parts = [(datum["family"], datum["part"]) for datum in datums]
+    family, part = parts[0]
+    if damage == "table bytes":
+        parts[0] = (family, part[:100] + bytes(len(part) - 100))
+    elif damage == "unknown family":
+        parts[0] = ("no-such-family", part)
+    elif damage == "applied offsets family":
+        parts[0] = (vf.APPLIED, part)
+    else:
+        parts.append((family, part))
+    expected = {"table bytes": (SnapshotError, "do not load"), "unknown family": (ViewFormatError, "no-such-family"),
+                "applied offsets family": (ViewFormatError, vf.APPLIED),
+                "family split": (ViewFormatError, "two stretches")}[damage]
     view = MetadataView(tmp_path / "loaded")
     try:
-        with pytest.raises(SnapshotError, match="chunk 6 is corrupt"):
-            view.load_entries(TOPIC, failing(), {0: 1}, "0" * 64)
-        assert not view.holds_entries()
-        assert not [t for t in threading.enumerate() if t.name == "tierlog-read-ahead"]
+        with pytest.raises(expected[0], match=expected[1]):
+            view.load_tables(TOPIC, parts, header.end_offsets)
+        assert view.applied_offsets(TOPIC) == {}
     finally:
         view.close()
-
-
-def test_zstd_blocks_of_other_writers_load_and_a_damaged_one_is_an_error(tmp_path: Path) -> None:
-    # Snapshots are read with python-zstandard (rlmm.archive._zstd_block); a frame that does not state its size, as
-    # streaming writers leave it, reads too.
-    block = zstandard.ZstdCompressor(write_content_size=False).compress(b"entries" * 100)
-    framed = io.BytesIO(_avro_long(len(block)) + block)
-    assert archive._zstd_block(framed).getvalue() == b"entries" * 100
-    damaged = bytearray(block)
-    damaged[0] ^= 0xFF  # its magic number
-    with pytest.raises(ValueError, match="zstandard block"):
-        archive._zstd_block(io.BytesIO(_avro_long(len(damaged)) + bytes(damaged)))
-    with pytest.raises(EOFError, match="ends after"):
-        archive._zstd_block(io.BytesIO(_avro_long(len(block)) + block[:-3]))
-
-
-def _avro_long(value: int) -> bytes:
-    zigzag, out = (value << 1) ^ (value >> 63), bytearray()
-    while zigzag >= 0x80:
-        out.append(zigzag & 0x7F | 0x80)
-        zigzag >>= 7
-    return bytes(out + bytes([zigzag]))

@@ -20,10 +20,10 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from rlmm.archive import read_archive_file, read_snapshot, write_view_snapshot
+from rlmm.archive import read_archive_file, read_snapshot
 from rlmm.bootstrap import SnapshotRef, list_snapshots, read_verified, snapshot_key
 from rlmm.errors import RemoteStorageError, SnapshotError
-from rlmm.snapshot import apply_archived, holds_everything_until, load_into, snapshot_entries
+from rlmm.snapshot import apply_archived, holds_everything_until, load_into, snapshot_entries, write_view_snapshot
 from rlmm.view import MetadataView
 from rsm.backend import StorageBackend, read_all
 from rsm.snapshot_source import BucketSnapshotSource
