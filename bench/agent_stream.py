@@ -1,7 +1,10 @@
 """Cost of the agent hop: a segment read straight from an rsm, through the agent's gRPC byte stream, and through
 the agent's file-path RPC (FetchLogSegmentFiles: the client reads the chunk cache's files itself, as the JVM
 adapter does), cold (nothing cached) and warm; GETs per cold whole-segment read; copy and index-fetch latency.
-Filesystem backend by default, so only the hop shows; `--backend s3` uses the dev services' S3.
+Filesystem backend by default, so only the hop shows (there the file path answers with the backend's own file, which
+the reader checks chunk by chunk as the JVM adapter does; `--no-direct` makes it copy into the cache as on S3);
+`--backend s3` uses the dev services' S3 and adds raw boto3 ranged GETs of the same object (one per window, read
+sequentially) as the baseline the issue names.
 
 With `--curve 1,4,16`: the concurrency curve instead, N readers each reading a different segment at once, cold,
 through the agent's file path and its byte stream (each reader a process of its own, as brokers' fetch threads are
@@ -36,6 +39,8 @@ import grpc  # noqa: E402
 
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition  # noqa: E402
 from rsm import IndexType, LogSegmentData, RemoteStorageManager  # noqa: E402
+from rsm.chunk_index import checksum  # noqa: E402
+from rsm.keys import keys_for  # noqa: E402
 from tierlog.agent import messages  # noqa: E402
 from tierlog.agent.components import ComponentName  # noqa: E402
 from tierlog.agent.proto import agent_pb2 as pb  # noqa: E402
@@ -58,13 +63,33 @@ def _timed(fn: Callable[[], Any], repeat: int, before: Callable[[], Any] | None 
     return times
 
 
-def _backend_config(backend: str, base: Path) -> dict[str, Any]:
+def _backend_config(backend: str, base: Path, direct: bool) -> dict[str, Any]:
     if backend == "filesystem":
-        return {"storage.backend": "filesystem", "filesystem.root": str(base / "remote")}
+        return {"storage.backend": "filesystem", "filesystem.root": str(base / "remote"), "fetch.files.direct": direct}
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from rsm_common import rsm_s3_config, services_env
 
     return rsm_s3_config(services_env(), f"bench/agent-stream/{uuid.uuid4().hex[:8]}")
+
+
+def _raw_ranged_gets(config: dict[str, Any], stored: RemoteLogSegmentMetadata, size: int, window: int) -> Callable[
+        [], None]:
+    """A read of the segment's `.log` object with raw boto3: one ranged GET per window, each body read as it comes."""
+    from rsm_common import CountingClient, services_env
+
+    raw = CountingClient(services_env())
+    key = f"{config['s3.prefix']}/{keys_for(stored, False).log}"
+
+    def read() -> None:
+        received = 0
+        for start in range(0, size, window):
+            answer = raw.client.get_object(Bucket=raw.bucket, Key=key, Range=f"bytes={start}-{start + window - 1}")
+            body = answer["Body"]
+            while chunk := body.read(READ_BYTES):
+                received += len(chunk)
+        assert received == size, received
+
+    return read
 
 
 def _gets(rsm: Any) -> int:
@@ -72,7 +97,8 @@ def _gets(rsm: Any) -> int:
 
 
 def _read_files(storage: Any, stored_msg: Any, size: int, window: int) -> int:
-    """Read a segment as the JVM adapter does: per window, open every file, release the lease, read the ranges."""
+    """Read a segment as the JVM adapter does: per window, open every file, release the lease if there is one, check
+    the chunks the answer says to check, read the ranges."""
     position = received = 0
     while position < size:
         answer = storage.FetchLogSegmentFiles(
@@ -80,8 +106,12 @@ def _read_files(storage: Any, stored_msg: Any, size: int, window: int) -> int:
         )
         assert not answer.stream_instead, answer.stream_instead
         descriptors = [os.open(r.path, os.O_RDONLY) for r in answer.ranges]
-        storage.ReleaseSegmentFiles(pb.SegmentFilesLease(lease_id=answer.lease_id), timeout=30)
+        if answer.lease_id:
+            storage.ReleaseSegmentFiles(pb.SegmentFilesLease(lease_id=answer.lease_id), timeout=30)
         for fd, piece in zip(descriptors, answer.ranges, strict=True):
+            if piece.HasField("check"):
+                check = piece.check
+                assert checksum(os.pread(fd, check.length, check.offset)) == check.crc32c, f"chunk {check.chunk}"
             offset, end = piece.offset, piece.offset + piece.length
             while offset < end:
                 received += len(os.pread(fd, min(READ_BYTES, end - offset), offset))
@@ -225,12 +255,15 @@ def main() -> None:
     parser.add_argument("--prefetch-mib", type=int, default=None,
                         help="fetch.chunk.cache.prefetch.max.size in MiB (default: the rsm's)")
     parser.add_argument("--curve", default=None, help="reader counts, e.g. 1,4,16: the concurrency curve only")
+    parser.add_argument("--no-direct", action="store_true",
+                        help="filesystem backend: the file path copies into the chunk cache (fetch.files.direct=false)")
     args = parser.parse_args()
     if args.curve is not None:
         with tempfile.TemporaryDirectory(prefix="tlb-") as tmp:
             (Path(tmp) / "meta.properties").write_text("version=1\n")
             print(json.dumps(_curve(
-                args, Path(tmp), _backend_config(args.backend, Path(tmp)), [int(n) for n in args.curve.split(",")]
+                args, Path(tmp), _backend_config(args.backend, Path(tmp), not args.no_direct),
+                [int(n) for n in args.curve.split(",")]
             ), indent=2))
         return
     size = args.segment_mib * MIB
@@ -253,7 +286,7 @@ def main() -> None:
         segment = RemoteLogSegmentMetadata(
             RemoteLogSegmentId(tp, uuid.uuid4()), 0, 999_999, 1, 1, 1, size, {0: 0}
         )
-        backend = _backend_config(args.backend, base)
+        backend = _backend_config(args.backend, base, not args.no_direct)
         agent_cache = base / "agent-cache"
         cached: dict[str, Any] = {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.size": 4 * size}
         if args.prefetch_mib is not None:
@@ -341,6 +374,8 @@ def main() -> None:
             results["agent_stream_warm"] = _timed(stream_through_agent, args.repeat)
             results["agent_files_cold"] = _timed(files_through_agent, args.repeat, before=recopy)
             results["agent_files_warm"] = _timed(files_through_agent, args.repeat)
+            if args.backend == "s3":
+                results["raw_boto3_ranged_gets"] = _timed(_raw_ranged_gets(backend, stored, size, window), args.repeat)
             gets_stream = cold_gets(stream_through_agent, agent_rsm, recopy)
             gets_files = cold_gets(files_through_agent, agent_rsm, recopy)
             # One call for the whole segment (max_bytes 0: the agent's choice, here the whole segment).
@@ -369,6 +404,12 @@ def main() -> None:
                 "repeat": args.repeat,
                 "whole_segment_read_mib_per_s_median": rates,
                 "ratio_to_direct_rsm_uncached": {k: round(v / baseline, 3) for k, v in rates.items()},
+                **({"ratio_to_raw_boto3_ranged_gets": {
+                    k: round(v / rates["raw_boto3_ranged_gets"], 3) for k, v in rates.items()
+                }} if "raw_boto3_ranged_gets" in rates else {}),
+                "direct_files": args.backend == "filesystem" and not args.no_direct,
+                "cpus": os.cpu_count(),
+                "load_average": os.getloadavg(),
                 "gets_per_cold_segment_read": {
                     # The broker fetches the offset index first; that GET brings the chunk index along.
                     "direct_rsm_after_index_fetch": results["gets_per_cold_read_direct_uncached_after_index_fetch"],
