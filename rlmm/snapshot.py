@@ -146,16 +146,9 @@ def apply_archived(view: MetadataView, metadata_topic: str, datums: Iterable[dic
 
 
 def snapshot_entries(view: MetadataView) -> Iterator[tuple[str, bytes, bytes]]:
-    """What a format 2 snapshot of the view holds: its content, then each user partition's bookkeeping (lineage
+    """What a view snapshot of the view holds: its content, then each user partition's bookkeeping (lineage
     checkpoints owed and position), which decides the checkpoints the node's next write appends."""
-    yield from view.entries()
-    metas = sorted(
-        (vf.tp_key_of(tp), vf.encode_partition_meta(
-            vf.PartitionMeta(tp.topic, view.checkpointed_lineage(tp), view.lineage_position(tp))))
-        for tp in view.user_partitions()
-    )
-    for key, value in metas:
-        yield vf.PARTITION_META, key, value
+    return view.snapshot_entries()
 
 
 def holds_everything_until(ends: Mapping[int, int], newest_ms: Mapping[int, int], base_ms: int,

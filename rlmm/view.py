@@ -360,6 +360,10 @@ class MetadataView:
         """The content as (column family, key, value), families by name and keys in RocksDB's byte order."""
         return _entries(self._cf)
 
+    def snapshot_entries(self) -> Iterator[tuple[str, bytes, bytes]]:
+        """What a bootstrap snapshot holds (rlmm.snapshot): the content, then each user partition's bookkeeping."""
+        return _snapshot_entries(self._cf)
+
     def digest(self) -> str:
         """sha256 of the view's content, equal on every node that applied the same metadata log."""
         return _digest(self._cf)
@@ -542,9 +546,7 @@ class ViewPointInTime:
 
     def snapshot_entries(self) -> Iterator[tuple[str, bytes, bytes]]:
         """What a bootstrap snapshot holds (rlmm.snapshot): the content, then each user partition's bookkeeping."""
-        yield from _entries(self._families)
-        for key, value in self._families[vf.PARTITION_META].items():
-            yield vf.PARTITION_META, bytes(key), bytes(value)
+        return _snapshot_entries(self._families)
 
 
 def _applied_offsets(families: Mapping[str, Any], metadata_topic: str) -> dict[int, int]:
@@ -557,6 +559,14 @@ def _entries(families: Mapping[str, Any]) -> Iterator[tuple[str, bytes, bytes]]:
     for family in sorted(vf.CONTENT_FAMILIES):
         for key, value in families[family].items():
             yield family, bytes(key), bytes(value)
+
+
+def _snapshot_entries(families: Mapping[str, Any]) -> Iterator[tuple[str, bytes, bytes]]:
+    # The bookkeeping as stored, read from its own family: not through the read model, which would decode every
+    # partition's segments to reach it.
+    yield from _entries(families)
+    for key, value in families[vf.PARTITION_META].items():
+        yield vf.PARTITION_META, bytes(key), bytes(value)
 
 
 def _digest(families: Mapping[str, Any]) -> str:

@@ -433,3 +433,30 @@ def test_tables_that_do_not_load_are_refused_naming_what_is_wrong_and_leave_no_o
         assert view.applied_offsets(TOPIC) == {}
     finally:
         view.close()
+
+
+def test_writing_a_snapshot_of_a_view_reads_no_partition_into_memory(tmp_path: Path) -> None:
+    # A snapshot writer (the agent's, every snapshot.interval.ms) reads the view's families as stored: decoding every
+    # partition's segments through the read model cost 25 s and the cluster's whole state in memory at 1M segments.
+    _replayed(tmp_path / "view", _archived_log(10)).close()
+    view = MetadataView(tmp_path / "view")
+    try:
+        assert view.user_partitions() and not view.model.partitions
+        data = _view_snapshot(view)
+        assert not view.model.partitions
+    finally:
+        view.close()
+    loaded = _load(tmp_path / "loaded", data)
+    try:
+        assert [loaded.lineage_position(tp) for tp in loaded.user_partitions()] == \
+            [lineage_position for lineage_position in _positions(tmp_path / "view")]
+    finally:
+        loaded.close()
+
+
+def _positions(path: Path) -> list[int | None]:
+    view = MetadataView(path)
+    try:
+        return [view.lineage_position(tp) for tp in view.user_partitions()]
+    finally:
+        view.close()
