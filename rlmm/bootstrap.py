@@ -12,6 +12,7 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from rlmm.archive import SnapshotHeader, read_snapshot
@@ -66,13 +67,17 @@ def snapshot_prefix(location: str, metadata_topic: str, topic_id: str) -> str:
     return f"{location.strip('/')}/{metadata_topic}/{topic_id.replace('/', '_').replace('+', '-')}/"
 
 
-def snapshot_key(location: str, metadata_topic: str, topic_id: str, created_ms: int, data: bytes) -> str:
-    """The key a snapshot's bytes are stored under: newest sorts last, and the name carries the digest."""
+def snapshot_key(location: str, metadata_topic: str, topic_id: str, created_ms: int, data: bytes | Path) -> str:
+    """The key a snapshot's bytes (or the file holding them) are stored under: newest sorts last, and the name
+    carries the digest."""
     return f"{snapshot_prefix(location, metadata_topic, topic_id)}{created_ms:020d}-{sha256_hex(data)}.avro"
 
 
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def sha256_hex(data: bytes | Path) -> str:
+    if isinstance(data, bytes):
+        return hashlib.sha256(data).hexdigest()
+    with data.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def list_snapshots(source: SnapshotSource, location: str, metadata_topic: str, topic_id: str) -> list[SnapshotRef]:

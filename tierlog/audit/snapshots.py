@@ -97,6 +97,7 @@ def write_snapshot_now(store: StorageBackend, settings: SnapshotSettings, topic_
     ends_then = None if topic_ends is None else topic_ends()
     with tempfile.TemporaryDirectory(prefix="tierlog-snapshot-") as work:
         view, base_ms = materialize_newest(store, settings, topic_id, Path(work))
+        path = Path(work) / "snapshot.avro"
         try:
             base = view.applied_offsets(topic)
             newest_ms: dict[int, int] = {}
@@ -105,16 +106,21 @@ def write_snapshot_now(store: StorageBackend, settings: SnapshotSettings, topic_
                 return None
             created = asked_ms if ends_then is None else holds_everything_until(ends, newest_ms, base_ms, ends_then,
                                                                                  asked_ms)
-            buffer = io.BytesIO()
-            write_view_snapshot(buffer, topic, snapshot_entries(view), ends, view.digest(), topic_id, created)
+            with path.open("wb") as out:
+                write_view_snapshot(out, topic, snapshot_entries(view), ends, view.digest(), topic_id, created)
         finally:
             view.close()
-    data = buffer.getvalue()
-    key = snapshot_key(settings.location, topic, topic_id, created, data)
-    store.put(key, data)
-    log.info("wrote snapshot %s (%d bytes) up to offsets %s, holding every record until %d", key, len(data), ends,
-             created)
+        key = _put(store, settings, topic_id, created, path)
+    log.info("wrote snapshot %s up to offsets %s, holding every record until %d", key, ends, created)
     _prune(store, settings, topic_id)
+    return key
+
+
+def _put(store: StorageBackend, settings: SnapshotSettings, topic_id: str, created_ms: int, path: Path) -> str:
+    """Upload a snapshot file under its key (from the file: a large cluster's snapshot is never held in memory)."""
+    key = snapshot_key(settings.location, settings.metadata_topic, topic_id, created_ms, path)
+    store.put(key, path)
+    log.info("uploaded snapshot %s (%d bytes)", key, path.stat().st_size)
     return key
 
 
@@ -140,10 +146,8 @@ def write_snapshot_of_view(store: StorageBackend, settings: SnapshotSettings, to
             ends = moment.applied_offsets(topic)
             with path.open("wb") as out:
                 write_view_snapshot(out, topic, moment.snapshot_entries(), ends, moment.digest(), topic_id, asked_ms)
-        data = path.read_bytes()
-    key = snapshot_key(settings.location, topic, topic_id, asked_ms, data)
-    store.put(key, data)
-    log.info("wrote snapshot %s (%d bytes) of this node's view at offsets %s", key, len(data), ends)
+        key = _put(store, settings, topic_id, asked_ms, path)
+    log.info("wrote snapshot %s of this node's view at offsets %s", key, ends)
     _prune(store, settings, topic_id)
     return key
 
