@@ -186,14 +186,24 @@ def encode_with(version: SchemaVersion, datum: dict[str, Any]) -> bytes:
 
 # The epoch_checkpoint_record version before checkpoints were keyed per epoch, which releases before them read: a
 # whole-partition checkpoint (every epoch under the partition's key, all that version could say) is written with it,
-# so that brokers not yet upgraded read what upgraded ones write during a rolling upgrade.
+# so that brokers not yet upgraded read what upgraded ones write during a rolling upgrade. It cannot say which
+# segments are overwritten: a node reading it lists them in their epochs, as those releases did.
 WHOLE_PARTITION_CHECKPOINT_VERSION = 2
+# The epoch_checkpoint_record version before overwritten segment ids, which releases before them read: a checkpoint
+# none of whose epochs has overwritten segments (nearly all) is written with it, for the same reason.
+PLAIN_CHECKPOINT_VERSION = 3
+# Older versions whose datum, as its writer wrote it, reads like the current version's (the fields the current one
+# adds are read with their defaults, see from_datum): read in C as they are, without fastavro's schema resolution.
+_READ_AS_WRITTEN = frozenset({("epoch_checkpoint_record", PLAIN_CHECKPOINT_VERSION)})
 
 
 def encode(event: MetadataEvent) -> bytes:
     name, datum = to_datum(event)
-    if isinstance(event, EpochCheckpoint) and event.whole_partition:
-        return encode_with(registry().version(name, WHOLE_PARTITION_CHECKPOINT_VERSION), datum)
+    if isinstance(event, EpochCheckpoint):
+        if event.whole_partition:
+            return encode_with(registry().version(name, WHOLE_PARTITION_CHECKPOINT_VERSION), datum)
+        if not any(lineage.overwritten_segment_ids for lineage in event.epochs):
+            return encode_with(registry().version(name, PLAIN_CHECKPOINT_VERSION), datum)
     return encode_with(registry().current[name], datum)
 
 
@@ -236,7 +246,8 @@ def decode_datum(value: bytes, plain_ids: bool = False) -> tuple[str, dict[str, 
     if writer is None:
         raise DecodeError(f"unknown schema fingerprint {fp.hex()}: written by a newer tierlog? upgrade this node")
     reader = registry().current[writer.name]
-    if plain_ids and reader is writer and writer.program is not None and type(value) is bytes:
+    if plain_ids and writer.program is not None and type(value) is bytes and (
+            reader is writer or (writer.name, writer.version) in _READ_AS_WRITTEN):
         assert _avro_reader is not None  # a program is compiled only with the reader there
         try:
             return writer.name, _avro_reader.read(writer.program, value, _HEADER)
@@ -277,7 +288,8 @@ def _as_uuid(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid_from_text(str(value))
 
 
-# Each checkpoint of an epoch restates the segments displaced in it, so the same ids come again and again.
+# Each checkpoint of an epoch restates the segments displaced (or overwritten) in it, so the same ids come again and
+# again.
 @lru_cache(maxsize=65536)
 def _displaced_id(value: str) -> uuid.UUID:
     return _as_uuid(value)
@@ -317,6 +329,7 @@ def to_datum(event: MetadataEvent) -> tuple[str, dict[str, Any]]:
                     "epoch": lineage.epoch,
                     "highest_log_offset": lineage.highest_log_offset,
                     "displaced_segment_ids": sorted(str(s) for s in lineage.displaced_segment_ids),
+                    "overwritten_segment_ids": sorted(str(s) for s in lineage.overwritten_segment_ids),
                 }
                 for lineage in event.epochs
             ],
@@ -368,6 +381,7 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
                         e["epoch"],
                         e["highest_log_offset"],
                         frozenset(map(_displaced_id, e["displaced_segment_ids"])),
+                        frozenset(map(_displaced_id, e.get("overwritten_segment_ids", ()))),
                     )
                     for e in datum["epochs"]
                 ),

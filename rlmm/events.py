@@ -30,36 +30,51 @@ _INT64 = (0, INT64_MAX, "a non-negative int64")
 
 @dataclass(frozen=True, slots=True)
 class EpochLineage:
-    """What compaction could otherwise lose about one leader epoch of a user partition."""
+    """What compaction could otherwise lose about one leader epoch of a user partition.
+
+    `displaced_segment_ids`: finished segments a newer upload moved out of the epoch's offset index (Kafka's
+    unreferenced ids; listed in the epoch). `overwritten_segment_ids`: finished segments whose entry a later
+    COPY_SEGMENT_FINISHED from the same start took without displacing them (it ended the epoch below its highest
+    offset): Kafka's offsetToId.put drops them from the epoch's index and does not add them to the unreferenced
+    ids, so the epoch's listing leaves them out until their delete starts."""
 
     epoch: int
     highest_log_offset: int | None
     displaced_segment_ids: frozenset[uuid.UUID] = frozenset()
+    overwritten_segment_ids: frozenset[uuid.UUID] = frozenset()
 
     def __post_init__(self) -> None:
         require_range("EpochLineage", "epoch", self.epoch, *_INT32)
         if self.highest_log_offset is not None:
             require_range("EpochLineage", "highest_log_offset", self.highest_log_offset, *_INT64)
-        if not isinstance(self.displaced_segment_ids, frozenset) or not all(
-                isinstance(s, uuid.UUID) for s in self.displaced_segment_ids):
+        for name in ("displaced_segment_ids", "overwritten_segment_ids"):
+            ids = getattr(self, name)
+            if not isinstance(ids, frozenset) or not all(isinstance(s, uuid.UUID) for s in ids):
+                raise InvalidArgumentError(f"EpochLineage.{name} must be a frozenset of UUIDs, got {ids!r}")
+        both = self.displaced_segment_ids & self.overwritten_segment_ids
+        if both:
             raise InvalidArgumentError(
-                f"EpochLineage.displaced_segment_ids must be a frozenset of UUIDs, got {self.displaced_segment_ids!r}")
+                f"EpochLineage of epoch {self.epoch} holds segments both displaced and overwritten: "
+                f"{sorted(map(str, both))}")
 
     @classmethod
-    def from_record(cls, epoch: int, highest_log_offset: int | None,
-                    displaced_segment_ids: frozenset[uuid.UUID]) -> EpochLineage:
-        """Build one from values a schema-typed decoder produced (ints, a frozenset of UUIDs): when they are plainly
+    def from_record(cls, epoch: int, highest_log_offset: int | None, displaced_segment_ids: frozenset[uuid.UUID],
+                    overwritten_segment_ids: frozenset[uuid.UUID] = frozenset()) -> EpochLineage:
+        """Build one from values a schema-typed decoder produced (ints, frozensets of UUIDs): when they are plainly
         within range the checks are skipped, else the full constructor judges and names what is wrong."""
-        if 0 <= epoch <= INT32_MAX and (highest_log_offset is None or 0 <= highest_log_offset <= INT64_MAX):
-            return cls.derived(epoch, highest_log_offset, displaced_segment_ids)
-        return cls(epoch, highest_log_offset, displaced_segment_ids)
+        if 0 <= epoch <= INT32_MAX and (highest_log_offset is None or 0 <= highest_log_offset <= INT64_MAX) and (
+                not overwritten_segment_ids or overwritten_segment_ids.isdisjoint(displaced_segment_ids)):
+            return cls.derived(epoch, highest_log_offset, displaced_segment_ids, overwritten_segment_ids)
+        return cls(epoch, highest_log_offset, displaced_segment_ids, overwritten_segment_ids)
 
     @classmethod
     def derived(cls, epoch: int, highest_log_offset: int | None,
-                displaced_segment_ids: frozenset[uuid.UUID] = frozenset()) -> EpochLineage:
+                displaced_segment_ids: frozenset[uuid.UUID] = frozenset(),
+                overwritten_segment_ids: frozenset[uuid.UUID] = frozenset()) -> EpochLineage:
         """A lineage the rules derive from values already checked (a stored lineage, an accepted segment), built
         without checking them again: a rebuild derives one per finished segment."""
-        return cast(EpochLineage, _make_lineage(epoch, highest_log_offset, displaced_segment_ids))
+        return cast(EpochLineage, _make_lineage(epoch, highest_log_offset, displaced_segment_ids,
+                                                overwritten_segment_ids))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
 """Kafka's per-leader-epoch lineage (RemoteLogLeaderEpochState) over a state store, and its checkpoints.
 
 Per user partition and leader epoch: the offset index of COPY_SEGMENT_FINISHED segments, the finished segments a
-newer upload displaced, and the highest log offset. These facts depend on the order of the segment records, so a
+newer upload displaced (listed in the epoch), the finished segments whose entry a later upload from the same start
+took (overwritten: left out of the epoch's listing, as Kafka's RemoteLogLeaderEpochState then references them
+nowhere), and the highest log offset. These facts depend on the order of the segment records, so a
 writer appends a checkpoint of each epoch an event changed, under that epoch's `epochs:<tp>:<epoch>` key; a
 compacted log, which may have lost the records that produced a fact, replays to the same lineage through each
 epoch's newest checkpoint. The store remembers which epochs changed since their newest checkpoint (they owe one),
@@ -61,6 +63,7 @@ _LAST = 2**63 - 1
 def reference_finished(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int | None) -> None:
     """Kafka's rule for a COPY_SEGMENT_FINISHED segment, in each of its leader epochs."""
     tp = md.topic_id_partition
+    segment = md.remote_log_segment_id.id
     _upgrade_bookkeeping(store, tp)
     changed = []
     for epoch, start in md.segment_leader_epochs.items():
@@ -68,19 +71,23 @@ def reference_finished(store: LineageStore, md: RemoteLogSegmentMetadata, offset
         current = store.lineage(tp, epoch)
         highest = current.highest_log_offset if current else None
         displaced = set(current.displaced_segment_ids) if current else set()
+        overwritten = set(current.overwritten_segment_ids) if current else set()
         # A newer upload covering the same or a larger range (after a leader change) replaces older segments.
         while (last := store.index_floor(tp, epoch, _LAST)) is not None and last[0] >= start and (
             highest is None or highest <= end
         ):
             store.index_remove(tp, epoch, last[0])
             displaced.add(last[1])
+        # An entry the loop left (the epoch goes on past this segment's end) is taken over, as Kafka's offsetToId.put
+        # does: its segment is no longer referenced in this epoch, and not displaced either.
         previous = store.index_get(tp, epoch, start)
-        store.index_put(tp, epoch, start, md.remote_log_segment_id.id)
-        if previous is not None and previous != md.remote_log_segment_id.id:
-            displaced.add(previous)
-        displaced.discard(md.remote_log_segment_id.id)
+        store.index_put(tp, epoch, start, segment)
+        if previous is not None and previous != segment:
+            overwritten.add(previous)
+        displaced.discard(segment)
+        overwritten.discard(segment)
         highest = end if highest is None else max(highest, end)
-        lineage = EpochLineage.derived(epoch, highest, frozenset(displaced))
+        lineage = EpochLineage.derived(epoch, highest, frozenset(displaced), frozenset(overwritten))
         if lineage != current:
             store.put_lineage(tp, lineage)
             changed.append(epoch)
@@ -88,7 +95,7 @@ def reference_finished(store: LineageStore, md: RemoteLogSegmentMetadata, offset
 
 
 def unreference(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int | None) -> None:
-    """Remove a segment from every epoch's offset index and displaced set; highest offsets stay."""
+    """Remove a segment from every epoch's offset index and displaced and overwritten sets; highest offsets stay."""
     tp = md.topic_id_partition
     segment = md.remote_log_segment_id.id
     _upgrade_bookkeeping(store, tp)
@@ -97,9 +104,11 @@ def unreference(store: LineageStore, md: RemoteLogSegmentMetadata, offset: int |
         if store.index_get(tp, epoch, start) == segment:
             store.index_remove(tp, epoch, start)
         lineage = store.lineage(tp, epoch)
-        if lineage is not None and segment in lineage.displaced_segment_ids:
+        if lineage is not None and (segment in lineage.displaced_segment_ids
+                                    or segment in lineage.overwritten_segment_ids):
             _put_or_drop(store, tp, EpochLineage.derived(
-                epoch, lineage.highest_log_offset, lineage.displaced_segment_ids - {segment}))
+                epoch, lineage.highest_log_offset, lineage.displaced_segment_ids - {segment},
+                lineage.overwritten_segment_ids - {segment}))
             changed.append(epoch)
     _advance(store, tp, offset, changed)
 
@@ -135,7 +144,8 @@ def _put_or_drop(store: LineageStore, tp: TopicIdPartition, lineage: EpochLineag
 
 def _kept(lineage: EpochLineage) -> bool:
     """Whether an epoch's lineage says anything (an empty one is not stored)."""
-    return lineage.highest_log_offset is not None or bool(lineage.displaced_segment_ids)
+    return lineage.highest_log_offset is not None or bool(lineage.displaced_segment_ids) or bool(
+        lineage.overwritten_segment_ids)
 
 
 # --- which epochs owe a checkpoint (the store's `checkpointed_lineage` bookkeeping, see view_format) ---------
@@ -220,19 +230,24 @@ def _fold(store: LineageStore, tp: TopicIdPartition, old: EpochLineage | None, n
     new = new or EpochLineage(epoch, None)
     # A highest offset never goes down, even under a checkpoint another writer computed before it.
     highest = max((h for h in (old.highest_log_offset, new.highest_log_offset) if h is not None), default=None)
-    new = EpochLineage.derived(epoch, highest, old.displaced_segment_ids if stale else new.displaced_segment_ids)
+    new = old if stale else new
+    new = EpochLineage.derived(epoch, highest, new.displaced_segment_ids, new.overwritten_segment_ids)
     if old == new:
         return
-    for segment_id in sorted(new.displaced_segment_ids - old.displaced_segment_ids):
+    # Removals first: a segment the checkpoint no longer references frees its entry, which a segment it references
+    # again may then take.
+    unreferenced_before = old.displaced_segment_ids | old.overwritten_segment_ids
+    unreferenced_now = new.displaced_segment_ids | new.overwritten_segment_ids
+    for segment_id in sorted(unreferenced_now - unreferenced_before):
         start = _start_in(store, tp, segment_id, epoch)
         if start is not None and store.index_get(tp, epoch, start) == segment_id:
             store.index_remove(tp, epoch, start)
-    for segment_id in sorted(old.displaced_segment_ids - new.displaced_segment_ids):
+    for segment_id in sorted(unreferenced_before - unreferenced_now):
         start = _start_in(store, tp, segment_id, epoch, finished=True)
-        # Only into a free entry: one the checkpoint leaves to a segment it does not call displaced means that this
-        # store holds one of the two in an older state than the writer saw (a compacted replay applies a segment's
-        # newest record only, later), and that record unreferences it when it comes; a segment put over the other
-        # would take the entry with it.
+        # Only into a free entry: one the checkpoint leaves to a segment it does not call displaced or overwritten
+        # means that this store holds one of the two in an older state than the writer saw (a compacted replay
+        # applies a segment's newest record only, later), and that record unreferences it when it comes; a segment
+        # put over the other would take the entry with it.
         if start is not None and store.index_get(tp, epoch, start) is None:
             store.index_put(tp, epoch, start, segment_id)
     _put_or_drop(store, tp, new)

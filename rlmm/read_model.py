@@ -122,7 +122,8 @@ class EpochFloors:
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """Segments a listing shows (state.is_listed), in listing order (state.listing_order), and their total size."""
+    """Segments a listing shows (all epochs': state.is_listed; an epoch's: state.is_listed_in), in listing order
+    (state.listing_order), and their total size."""
 
     segments: list[RemoteLogSegmentMetadata] = field(default_factory=list)
     size: int = 0
@@ -206,13 +207,18 @@ def snapshot_of(partition: PartitionModel | None) -> PartitionSnapshot:
     listed = sorted(filter(state.is_listed, partition.segments.values()), key=state.listing_order)
     by_epoch: dict[int, list[RemoteLogSegmentMetadata]] = {}
     for md in listed:
-        for epoch in md.segment_leader_epochs:
+        for epoch in _epochs_listing(md, partition.lineages):
             by_epoch.setdefault(epoch, []).append(md)
     return PartitionSnapshot(
         state.delete_finished(partition.delete), floors,
         {epoch: _listing(segments) for epoch, segments in by_epoch.items()}, _listing(listed),
         dict(partition.lineages),
     )
+
+
+def _epochs_listing(md: RemoteLogSegmentMetadata, lineages: dict[int, EpochLineage]) -> list[int]:
+    """The epochs whose listings show md (state.is_listed_in) under the partition's `lineages`."""
+    return [epoch for epoch in md.segment_leader_epochs if state.is_listed_in(md, lineages.get(epoch))]
 
 
 def _listing(segments: list[RemoteLogSegmentMetadata]) -> Listing:
@@ -225,22 +231,38 @@ def _folded(
 ) -> PartitionSnapshot:
     """`snapshot` after `change` folded into `partition` (`before`: the changed segments as they were)."""
     relisting = _Relisting(snapshot)
+    lineages = partition.lineages if change.lineages else snapshot.lineages  # before the change: snapshot.lineages
     touched: dict[int, set[int]] = {}  # epoch -> starts whose answer may have changed
     for epoch, start in change.index:
         touched.setdefault(epoch, set()).add(start)
+    relisted: set[uuid.UUID] = set()
     for segment_id in change.segments:
         old, new = before.get(segment_id), partition.segments.get(segment_id)
         if old is new:
             continue
+        relisted.add(segment_id)
         # The index maps a segment only at its own epochs' starts, so these are the answers that name it.
         for md in (old, new):
             if md is not None:
                 for epoch, start in md.segment_leader_epochs.items():
                     touched.setdefault(epoch, set()).add(start)
         if old is not None and state.is_listed(old):
-            relisting.remove(old)
+            relisting.remove(old, _epochs_listing(old, snapshot.lineages))
         if new is not None and state.is_listed(new):
-            relisting.add(new)
+            relisting.add(new, _epochs_listing(new, lineages))
+    # A segment an epoch's lineage stops (or starts) calling overwritten comes back to (or leaves) that epoch's
+    # listing, though the segment itself did not change.
+    for epoch in change.lineages:
+        was, now = snapshot.lineages.get(epoch), lineages.get(epoch)
+        for segment_id in _overwritten(was) ^ _overwritten(now):
+            md = partition.segments.get(segment_id)
+            if segment_id in relisted or md is None or epoch not in md.segment_leader_epochs:
+                continue
+            listed_before, listed_now = state.is_listed_in(md, was), state.is_listed_in(md, now)
+            if listed_before and not listed_now:
+                relisting.remove(md, [epoch], everything=False)
+            elif listed_now and not listed_before:
+                relisting.add(md, [epoch], everything=False)
     floors = snapshot.floors
     if touched:
         floors = dict(floors)
@@ -249,8 +271,12 @@ def _folded(
     listings, everything = relisting.done()
     return PartitionSnapshot(
         snapshot.deleted or state.delete_finished(partition.delete), floors, listings, everything,
-        dict(partition.lineages) if change.lineages else snapshot.lineages,
+        dict(lineages) if change.lineages else snapshot.lineages,
     )
+
+
+def _overwritten(epoch_lineage: EpochLineage | None) -> frozenset[uuid.UUID]:
+    return frozenset() if epoch_lineage is None else epoch_lineage.overwritten_segment_ids
 
 
 def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], partition: PartitionModel) -> None:
@@ -292,17 +318,19 @@ class _Relisting:
             edit = self._edits[epoch] = (list(base.segments), [base.size])
         return edit
 
-    def remove(self, md: RemoteLogSegmentMetadata) -> None:
+    def remove(self, md: RemoteLogSegmentMetadata, epochs: list[int], everything: bool = True) -> None:
+        """Take md out of the listings of `epochs` (and of all epochs' listing, with `everything`)."""
         order = state.listing_order(md)
-        for epoch in (None, *md.segment_leader_epochs):
+        for epoch in (None, *epochs) if everything else epochs:
             segments, size = self._edit(epoch)
             position = bisect.bisect_left(segments, order, key=state.listing_order)
             if position < len(segments) and state.listing_order(segments[position]) == order:
                 size[0] -= segments.pop(position).segment_size_in_bytes
 
-    def add(self, md: RemoteLogSegmentMetadata) -> None:
+    def add(self, md: RemoteLogSegmentMetadata, epochs: list[int], everything: bool = True) -> None:
+        """Put md into the listings of `epochs` (and of all epochs' listing, with `everything`)."""
         order = state.listing_order(md)
-        for epoch in (None, *md.segment_leader_epochs):
+        for epoch in (None, *epochs) if everything else epochs:
             segments, size = self._edit(epoch)
             segments.insert(bisect.bisect_left(segments, order, key=state.listing_order), md)
             size[0] += md.segment_size_in_bytes

@@ -364,14 +364,26 @@ def listing_order(md: RemoteLogSegmentMetadata) -> tuple[int, int, bytes]:
     return md.start_offset, md.end_offset, md.remote_log_segment_id.id.bytes
 
 
+def is_listed_in(md: RemoteLogSegmentMetadata, epoch_lineage: EpochLineage | None) -> bool:
+    """Whether the listing of the epoch whose lineage is `epoch_lineage` shows md, a segment with that epoch: a listed
+    segment, unless a later upload overwrote its entry in the epoch while it is COPY_SEGMENT_FINISHED (Kafka's
+    RemoteLogLeaderEpochState then holds it neither in offsetToId nor in the unreferenced ids)."""
+    return md.state in _LISTED and not (
+        epoch_lineage is not None and md.state is S.COPY_SEGMENT_FINISHED
+        and md.remote_log_segment_id.id in epoch_lineage.overwritten_segment_ids)
+
+
 def list_segments(
     store: StateReader, tp: TopicIdPartition, epoch: int | None = None
 ) -> list[RemoteLogSegmentMetadata]:
-    """Segments not finished deleting (containing `epoch` when given), by start offset then id."""
-    found = [
-        md for md in store.segments_of(tp)
-        if is_listed(md) and (epoch is None or epoch in md.segment_leader_epochs)
-    ]
+    """Segments not finished deleting, by start offset then id; with `epoch`, those with the epoch its listing
+    shows (is_listed_in)."""
+    if epoch is None:
+        found = [md for md in store.segments_of(tp) if is_listed(md)]
+    else:
+        lineage_of_epoch = store.lineage(tp, epoch)
+        found = [md for md in store.segments_of(tp)
+                 if epoch in md.segment_leader_epochs and is_listed_in(md, lineage_of_epoch)]
     found.sort(key=listing_order)
     return found
 

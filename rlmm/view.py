@@ -964,10 +964,11 @@ class FreshState(state.InMemoryState):
     def _append_finished(self, md: RemoteLogSegmentMetadata, offset: int, raw: bytes | None) -> bool:
         """The rules' outcome for the record most of a compacted topic holds, without their store calls: a segment
         COPY_SEGMENT_FINISHED that the partition does not hold, that starts after every segment indexed in each of
-        its epochs, and that no epoch holds as displaced. Kafka's rule (rlmm.lineage.reference_finished) then
-        displaces nothing: the segment is indexed last, each epoch's highest offset rises to its end, and the epochs
-        whose lineage changed owe a checkpoint. False, having changed nothing, for any other case (a partition with a
-        delete state, bookkeeping of the older forms), which the rules apply."""
+        its epochs (so it takes no segment's entry), and that no epoch holds as displaced or overwritten. Kafka's
+        rule (rlmm.lineage.reference_finished) then displaces and overwrites nothing: the segment is indexed last,
+        each epoch's highest offset rises to its end, and the epochs whose lineage changed owe a checkpoint. False,
+        having changed nothing, for any other case (a partition with a delete state, bookkeeping of the older forms),
+        which the rules apply."""
         tp = md.remote_log_segment_id.topic_id_partition
         segment = md.remote_log_segment_id.id
         held = self._peek(tp)
@@ -993,10 +994,11 @@ class FreshState(state.InMemoryState):
             end = md.epoch_end_offset(epoch) if len(epochs) > 1 else md.end_offset
             if current is None:
                 changes.append((epoch, start, EpochLineage.derived(epoch, end)))
-            elif segment in current.displaced_segment_ids:
+            elif segment in current.displaced_segment_ids or segment in current.overwritten_segment_ids:
                 return False
             elif current.highest_log_offset is None or current.highest_log_offset < end:
-                changes.append((epoch, start, EpochLineage.derived(epoch, end, current.displaced_segment_ids)))
+                changes.append((epoch, start, EpochLineage.derived(
+                    epoch, end, current.displaced_segment_ids, current.overwritten_segment_ids)))
             else:
                 changes.append((epoch, start, None))
         held = self._get(tp)

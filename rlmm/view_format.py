@@ -107,18 +107,42 @@ def decode_partition_delete(raw: bytes) -> RemotePartitionDeleteMetadata:
     return event
 
 
+# A lineage is (epoch, highest offset or -1, displaced ids), then, only when it has overwritten ids, those ids and
+# their count (big-endian uint32): a value without them is as views before overwritten ids wrote it (its length is
+# 12 plus a multiple of 16, with them it is 16 more than that), so those views and their digests stay the same.
+_COUNT = struct.Struct(">I")
+_ID = 16
+
+
 def encode_lineage(lineage: EpochLineage) -> bytes:
     highest = -1 if lineage.highest_log_offset is None else lineage.highest_log_offset
     ids = b"".join(sorted(s.bytes for s in lineage.displaced_segment_ids))
-    return _EPOCH.pack(lineage.epoch) + _OFFSET.pack(highest) + ids
+    head = _EPOCH.pack(lineage.epoch) + _OFFSET.pack(highest) + ids
+    if not lineage.overwritten_segment_ids:
+        return head
+    overwritten = sorted(s.bytes for s in lineage.overwritten_segment_ids)
+    return head + b"".join(overwritten) + _COUNT.pack(len(overwritten))
 
 
 def decode_lineage(raw: bytes) -> EpochLineage:
     epoch = _EPOCH.unpack_from(raw, 0)[0]
     highest = _OFFSET.unpack_from(raw, _EPOCH.size)[0]
     body = raw[_EPOCH.size + _OFFSET.size:]
-    ids = frozenset(uuid.UUID(bytes=body[i:i + 16]) for i in range(0, len(body), 16))
-    return EpochLineage(epoch, None if highest < 0 else highest, ids)
+    overwritten: frozenset[uuid.UUID] = frozenset()
+    if len(body) % _ID == _COUNT.size:
+        (count,) = _COUNT.unpack_from(body, len(body) - _COUNT.size)
+        split = len(body) - _COUNT.size - count * _ID
+        if split < 0:
+            raise ValueError(f"a stored lineage of epoch {epoch} counts {count} overwritten ids but holds fewer")
+        overwritten = _ids(body[split:len(body) - _COUNT.size])
+        body = body[:split]
+    return EpochLineage(epoch, None if highest < 0 else highest, _ids(body), overwritten)
+
+
+def _ids(body: bytes) -> frozenset[uuid.UUID]:
+    if len(body) % _ID:
+        raise ValueError(f"a stored lineage's ids take {len(body)} bytes, not a multiple of {_ID}")
+    return frozenset(uuid.UUID(bytes=body[i:i + _ID]) for i in range(0, len(body), _ID))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,7 +28,14 @@ from rlmm.archive import read_snapshot
 from rlmm.errors import InvalidArgumentError, RemoteStorageError, ViewFormatError
 from rlmm.events import EpochCheckpoint, EpochLineage, RecordKey, epoch_key, epochs_key, key_of
 from rlmm.snapshot import load_into, write_view_snapshot
-from rlmm.state import InMemoryState, apply_record, doomed_keys, pending_checkpoint, records_after
+from rlmm.state import (
+    InMemoryState,
+    apply_record,
+    doomed_keys,
+    list_segments,
+    pending_checkpoint,
+    records_after,
+)
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentState,
@@ -398,3 +406,85 @@ def test_a_view_snapshot_taken_by_the_release_before_still_loads(tmp_path: Path,
         assert pending_checkpoint(view, TP, 0, 0) is None and view.lineage_position(TP) == 7
     finally:
         view.close()
+
+
+# --- overwritten segments: a later upload from the same start that ends the epoch below its highest offset --------
+
+def test_a_checkpoint_is_written_as_v3_unless_an_epoch_has_overwritten_segments_then_as_v4_and_both_round_trip(
+) -> None:
+    plain = EpochCheckpoint(TP, (EpochLineage(4, 149, frozenset({uuid.UUID(int=7)})),), 1, 2, 42,
+                            whole_partition=False)
+    overwriting = EpochCheckpoint(TP, (EpochLineage(4, 149, frozenset({uuid.UUID(int=7)}),
+                                                    frozenset({uuid.UUID(int=8)})),), 1, 2, 42, whole_partition=False)
+    v3 = codec.registry().version("epoch_checkpoint_record", 3)
+    v4 = codec.registry().current["epoch_checkpoint_record"]
+    assert v4.version == 4
+    for checkpoint, version in ((plain, v3), (overwriting, v4)):
+        value = codec.encode(checkpoint)
+        assert value[2:10][::-1] == version.fingerprint
+        assert codec.decode(value) == checkpoint
+        assert codec.decode_datum(value)[1]["epochs"][0]["epoch"] == 4  # fastavro's reading, resolved to v4
+    # The release before overwritten ids reads the v3 one with the v3 schema alone.
+    datum: Any = fastavro.schemaless_reader(io.BytesIO(codec.encode(plain)[10:]), v3.schema)
+    assert datum["epochs"][0]["displaced_segment_ids"] == [uuid.UUID(int=7)]
+
+
+def test_a_view_lineage_without_overwritten_ids_keeps_its_bytes_and_one_with_them_round_trips() -> None:
+    plain = EpochLineage(3, 149, frozenset({uuid.UUID(int=7), uuid.UUID(int=9)}))
+    assert vf.encode_lineage(plain) == (vf.EPOCH.pack(3) + vf.OFFSET.pack(149)
+                                        + uuid.UUID(int=7).bytes + uuid.UUID(int=9).bytes)
+    for lineage_ in (plain, EpochLineage(3, None), EpochLineage(3, 149, frozenset(), frozenset({uuid.UUID(int=8)})),
+                     EpochLineage(3, 149, frozenset({uuid.UUID(int=7)}),
+                                  frozenset({uuid.UUID(int=8), uuid.UUID(int=5)}))):
+        assert vf.decode_lineage(vf.encode_lineage(lineage_)) == lineage_
+
+
+def _overwriting_history() -> LogWriter:
+    """Epoch 0: X (0-149) finished; Y (0-99) overwrites X's entry (the epoch goes on to 149); W (0-199) displaces Y,
+    whose delete then finishes. X stays overwritten: Kafka's epoch listing leaves it out."""
+    writer = LogWriter()
+    writer.add_and_update(segment(TP, 0, 149, {0: 0}), S.COPY_SEGMENT_FINISHED)
+    y = writer.add_and_update(segment(TP, 0, 99, {0: 0}), S.COPY_SEGMENT_FINISHED)
+    writer.add_and_update(segment(TP, 0, 199, {0: 0}), S.COPY_SEGMENT_FINISHED)
+    writer.update(update_of(y, S.DELETE_SEGMENT_STARTED))
+    writer.update(update_of(y, S.DELETE_SEGMENT_FINISHED))
+    return writer
+
+
+def test_a_compacted_replay_keeps_a_segment_overwritten_through_its_epochs_checkpoint() -> None:
+    writer = _overwriting_history()
+    full = replay(writer.log)
+    x = next(md for md in full.segments_of(TP) if md.end_offset == 149)
+    assert full.lineage(TP, 0) == EpochLineage(0, 199, frozenset(), frozenset({x.remote_log_segment_id.id}))
+    # Compacted, Y is gone and W's upload displaces X instead: only the checkpoint says X is overwritten.
+    for log in (compacted(writer.log), compacted(writer.log, keep_tombstones=True)):
+        node = replay(log)
+        assert node.digest() == full.digest()
+        assert list_segments(node, TP, 0) == list_segments(full, TP, 0) == [
+            md for md in full.segments_of(TP) if md.end_offset == 199]
+        assert list_segments(node, TP) == list_segments(full, TP)
+
+
+def test_a_view_applies_overwritten_segments_as_the_in_memory_store_and_a_snapshot_carries_them(
+        tmp_path: Path) -> None:
+    writer = _overwriting_history()
+    full = replay(writer.log)
+    view = MetadataView(tmp_path / "view")
+    try:
+        apply_records(view, METADATA_TOPIC, [ConsumedRecord(0, i, key, event)
+                                             for i, (key, event) in enumerate(compacted(writer.log))], {0: 99})
+        assert view.digest() == full.digest()
+        assert view.lineage(TP, 0) == full.lineage(TP, 0)
+        assert list_segments(view, TP, 0) == list_segments(full, TP, 0)
+        out = io.BytesIO()
+        write_view_snapshot(out, METADATA_TOPIC, sorted(view.entries()), {0: 99}, view.digest())
+    finally:
+        view.close()
+    header, datums = read_snapshot(io.BytesIO(out.getvalue()))
+    loaded = MetadataView(tmp_path / "loaded")
+    try:
+        load_into(loaded, header, datums)
+        assert loaded.lineage(TP, 0) == full.lineage(TP, 0)
+        assert list_segments(loaded, TP, 0) == list_segments(full, TP, 0)
+    finally:
+        loaded.close()

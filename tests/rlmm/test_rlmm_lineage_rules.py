@@ -5,6 +5,7 @@ Each test drives the rules directly on an InMemoryState, records at explicit met
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from rlmm_testkit import make_tp, segment
@@ -12,7 +13,14 @@ from rlmm_testkit import make_tp, segment
 from rlmm import codec, lineage
 from rlmm import view_format as vf
 from rlmm.events import EpochCheckpoint, EpochLineage, key_of
-from rlmm.state import InMemoryState, apply_record, highest_offset_for_epoch, segment_for_offset
+from rlmm.state import (
+    InMemoryState,
+    apply_record,
+    highest_offset_for_epoch,
+    list_segments,
+    remote_log_size,
+    segment_for_offset,
+)
 from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentState
 
 S = RemoteLogSegmentState
@@ -52,13 +60,51 @@ def test_a_reupload_covering_the_same_or_a_larger_range_displaces_the_older_segm
     assert _displaced(store, 0) == {old.remote_log_segment_id.id}
 
 
-def test_a_smaller_reupload_below_the_highest_offset_does_not_displace_but_takes_over_its_start() -> None:
-    # highestLogOffset (149) is above the new segment's end (99): Kafka's loop stops; the put replaces the entry.
+def _overwritten(store: InMemoryState, epoch: int) -> frozenset[uuid.UUID]:
+    found = store.lineage(TP, epoch)
+    return found.overwritten_segment_ids if found else frozenset()
+
+
+def _listed_ids(store: InMemoryState, epoch: int | None = None) -> list[uuid.UUID]:
+    return [md.remote_log_segment_id.id for md in list_segments(store, TP, epoch)]
+
+
+def test_a_smaller_reupload_below_the_highest_offset_overwrites_the_entry_and_its_epoch_no_longer_lists_the_older(
+) -> None:
+    # highestLogOffset (149) is above the new segment's end (99): Kafka's loop stops; offsetToId.put replaces the entry
+    # and adds the old segment to no set, so listRemoteLogSegments(epoch) and remoteLogSize(epoch) leave it out while
+    # the all-epochs listing still has it.
     old, new = _finished(0, 149, {0: 0}), _finished(0, 99, {0: 0})
     store = _store_with(old, new)
     assert store.index_get(TP, 0, 0) == new.remote_log_segment_id.id
-    assert _displaced(store, 0) == {old.remote_log_segment_id.id}
+    assert _displaced(store, 0) == frozenset()
+    assert _overwritten(store, 0) == {old.remote_log_segment_id.id}
     assert highest_offset_for_epoch(store, TP, 0) == 149
+    assert _listed_ids(store, 0) == [new.remote_log_segment_id.id]
+    assert remote_log_size(store, TP, 0) == new.segment_size_in_bytes
+    assert set(_listed_ids(store)) == {old.remote_log_segment_id.id, new.remote_log_segment_id.id}
+
+
+def test_an_overwritten_segment_is_listed_in_its_epoch_again_once_its_delete_starts_and_gone_once_it_finishes() -> None:
+    old, new = _finished(0, 149, {0: 0}), _finished(0, 99, {0: 0})
+    store = _store_with(old, new)
+    deleting = dataclasses.replace(old, state=S.DELETE_SEGMENT_STARTED)
+    assert apply_record(store, key_of(deleting), deleting, 2).applied
+    assert _overwritten(store, 0) == frozenset()
+    assert store.index_get(TP, 0, 0) == new.remote_log_segment_id.id
+    assert _listed_ids(store, 0) == [new.remote_log_segment_id.id, old.remote_log_segment_id.id]
+    deleted = dataclasses.replace(old, state=S.DELETE_SEGMENT_FINISHED)
+    assert apply_record(store, key_of(deleted), deleted, 3).applied
+    assert _listed_ids(store, 0) == _listed_ids(store) == [new.remote_log_segment_id.id]
+
+
+def test_an_overwritten_segment_stays_out_of_its_epoch_when_a_later_upload_displaces_the_entry_that_took_it() -> None:
+    # Kafka's loop moves only offsetToId's entries to the unreferenced ids: the overwritten segment holds none.
+    old, new, larger = _finished(0, 149, {0: 0}), _finished(0, 99, {0: 0}), _finished(0, 199, {0: 0})
+    store = _store_with(old, new, larger)
+    assert _displaced(store, 0) == {new.remote_log_segment_id.id}
+    assert _overwritten(store, 0) == {old.remote_log_segment_id.id}
+    assert _listed_ids(store, 0) == [new.remote_log_segment_id.id, larger.remote_log_segment_id.id]
 
 
 def test_unreferencing_removes_the_index_entry_and_keeps_the_highest_offset() -> None:

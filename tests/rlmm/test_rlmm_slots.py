@@ -46,8 +46,9 @@ def test_made_objects_equal_constructed_ones(native: bool, monkeypatch: pytest.M
     assert type(made) is RemoteLogSegmentMetadata and made == built and hash(made) == hash(built)
     assert codec.encode(made) == codec.encode(built)
     assert maker(RemoteLogSegmentId, ["topic_id_partition", "id"])(TP, uuid.UUID(int=99)) == segment_id
-    lineage = maker(EpochLineage, _names(EpochLineage))(4, 30, frozenset({uuid.UUID(int=1)}))
-    assert lineage == EpochLineage(4, 30, frozenset({uuid.UUID(int=1)}))
+    lineage = maker(EpochLineage, _names(EpochLineage))(4, 30, frozenset({uuid.UUID(int=1)}),
+                                                        frozenset({uuid.UUID(int=2)}))
+    assert lineage == EpochLineage(4, 30, frozenset({uuid.UUID(int=1)}), frozenset({uuid.UUID(int=2)}))
     made_uuid = maker(uuid.UUID, ["int", "is_safe"])(2**128 - 1, uuid.SafeUUID.unknown)
     assert made_uuid == uuid.UUID(int=2**128 - 1) and str(made_uuid) == "ffffffff-ffff-ffff-ffff-ffffffffffff"
     assert hash(made_uuid) == hash(uuid.UUID(int=2**128 - 1)) and weakref.ref(made_uuid)() is made_uuid
@@ -70,7 +71,7 @@ def test_a_made_object_holds_its_values_and_lets_them_go() -> None:
     make = _slots.maker(EpochLineage, tuple(_names(EpochLineage)))
     displaced = frozenset({uuid.UUID(int=3)})
     before = sys.getrefcount(displaced)
-    lineage = make(1, None, displaced)
+    lineage = make(1, None, displaced, frozenset())
     assert sys.getrefcount(displaced) == before + 1
     del lineage
     gc.collect()

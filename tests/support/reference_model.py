@@ -37,9 +37,6 @@ PARTITION_NEXT: dict[RemotePartitionDeleteState | None, set[RemotePartitionDelet
     P.DELETE_PARTITION_FINISHED: {P.DELETE_PARTITION_FINISHED},
 }
 
-LISTED_STATES = (S.COPY_SEGMENT_STARTED, S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED)
-
-
 def epoch_end(md: RemoteLogSegmentMetadata, epoch: int) -> int:
     """Last offset of `epoch` in the segment: one before the next epoch's start, or the segment's end."""
     later_starts = [start for e, start in md.segment_leader_epochs.items() if e > epoch]
@@ -67,7 +64,8 @@ class EpochState:
         return key, self.offset_to_id[key]
 
     def copy_finished(self, start: int, end: int, segment: uuid.UUID) -> None:
-        # A re-upload after a leader change covering the same or a larger range displaces the older entries.
+        # A re-upload after a leader change covering the same or a larger range displaces the older entries; an
+        # entry it leaves at its own start is overwritten, its segment added to no set (offsetToId.put).
         while self.offset_to_id:
             last = max(self.offset_to_id)
             if last < start or (self.highest_log_offset is not None and self.highest_log_offset > end):
@@ -212,10 +210,16 @@ class ReferenceModel:
     def list_remote_log_segments(
         self, tp: TopicIdPartition, epoch: int | None = None
     ) -> list[RemoteLogSegmentMetadata]:
-        found = [
-            md for md in self._live(tp).segments.values()
-            if md.state in LISTED_STATES and (epoch is None or epoch in md.segment_leader_epochs)
-        ]
+        """Kafka's listings: all epochs', every segment held (not DELETE_SEGMENT_FINISHED); an epoch's, the segments
+        its offsetToId maps and its unreferenced ids (a finished segment whose entry a later upload took is in
+        neither)."""
+        partition = self._live(tp)
+        if epoch is None:
+            found = list(partition.segments.values())
+        else:
+            epoch_state = partition.epochs.get(epoch)
+            ids = set() if epoch_state is None else {*epoch_state.offset_to_id.values(), *epoch_state.unreferenced}
+            found = [partition.segments[segment] for segment in ids]
         return sorted(found, key=listing_order)
 
     def remote_log_size(self, tp: TopicIdPartition, epoch: int) -> int:

@@ -3,8 +3,9 @@ topic, so that brokers can go back to TopicBasedRemoteLogMetadataManager (TBRLMM
 
 TBRLMM rebuilds its state by replaying its topic, so the export is a history whose replay under Kafka's rules
 answers as tierlog does, checked in memory before anything is written. Per user partition, in this order:
-- finished segments that some epoch's offset index no longer holds (a re-upload displaced them there) and segments
-  being deleted: add, copy finished (and delete started), so the later uploads displace them as they did;
+- finished segments that some epoch's offset index no longer holds (a re-upload displaced them there, or took their
+  entry and ended the epoch below its highest offset: overwritten) and segments being deleted: add, copy finished
+  (and delete started), so the later uploads displace or overwrite them as they did;
 - the finished segments every epoch's offset index holds, in each epoch by their start there: add, copy finished;
 - segments being copied: add;
 - where tierlog's highest offset of an epoch is above what the segments left raise it to (the segments that raised
@@ -13,8 +14,9 @@ answers as tierlog does, checked in memory before anything is written. Per user 
 - the partition's delete state, through each state up to it (a finished delete: TBRLMM forgets the partition).
 Each record carries the segment's current broker id, event time and custom metadata.
 
-Where a re-upload displaced a finished segment within one leader epoch, the order of the original uploads matters
-and tierlog's state does not always tell it; when the replay of a partition would answer otherwise than tierlog, the
+Where a re-upload displaced or overwrote a finished segment within one leader epoch, the order of the original
+uploads matters and tierlog's state does not always tell it: for a partition with overwritten segments a few orders
+are tried (`_superseded_orders`), and when the replay of a partition would still answer otherwise than tierlog, the
 export names the partitions and writes nothing.
 """
 
@@ -24,7 +26,7 @@ import argparse
 import graphlib
 import itertools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rlmm import state
@@ -47,6 +49,7 @@ from tierlog.cli.kafka_metadata import (
     describe_topic,
     end_offsets,
     fold_tierlog,
+    partition_answers,
     store_differences,
 )
 from tierlog.cli.output import ProgressBar, emit
@@ -127,20 +130,76 @@ def partition_history(store: state.StateReader, tp: TopicIdPartition) -> list[To
     if not state.is_deleted(store, tp):
         segments = sorted(store.segments_of(tp), key=state.listing_order)
         referenced = [md for md in segments if md.state is S.COPY_SEGMENT_FINISHED and _is_referenced(store, md)]
-        displaced = {segment for lineage in store.lineages_of(tp) for segment in lineage.displaced_segment_ids}
-        # Segments a later upload displaced come before those being deleted that nothing displaced.
-        superseded = sorted((md for md in segments if md.state in (S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED)
-                             and md not in referenced),
-                            key=lambda md: (md.remote_log_segment_id.id not in displaced, *_upload_order(md)))
-        for md in superseded:
-            history.extend(_lifecycle(md, md.state is S.COPY_SEGMENT_FINISHED or _was_copied(store, md)))
-        for md in (*_in_key_order(referenced), *(md for md in segments if md.state is S.COPY_SEGMENT_STARTED)):
-            history.extend(_lifecycle(md))
-        history.extend(_stand_ins(store, tp, history))
+        superseded = [md for md in segments
+                      if md.state in (S.COPY_SEGMENT_FINISHED, S.DELETE_SEGMENT_STARTED) and md not in referenced]
+        orders = _superseded_orders(store, tp)
+        for attempt, (order, took) in enumerate(orders, 1):
+            history = []
+            for md in sorted(superseded, key=order):
+                history.extend(_lifecycle(md, md.state is S.COPY_SEGMENT_FINISHED or _was_copied(store, md)))
+            in_key_order = _in_key_order(referenced)
+            # Stable: those that took an overwritten segment's entry last, once the epoch went on past them.
+            for md in (*sorted(in_key_order, key=took), *(md for md in segments if md.state is S.COPY_SEGMENT_STARTED)):
+                history.extend(_lifecycle(md))
+            history.extend(_stand_ins(store, tp, history))
+            if attempt == len(orders) or _replays_to(store, tp, history):
+                break
     if delete is not None:
         history.extend(RemotePartitionDeleteMetadata(tp, target, delete.event_timestamp_ms, delete.broker_id)
                        for target in RemotePartitionDeleteState if target <= delete.state)
     return history
+
+
+Order = Callable[[RemoteLogSegmentMetadata], tuple[Any, ...]]
+
+
+def _superseded_orders(store: state.StateReader, tp: TopicIdPartition) -> list[tuple[Order, Order]]:
+    """The orders to try: of the finished segments the offset indexes no longer hold and those being deleted, and
+    (a stable sort's key) of the segments the indexes hold, after their key order.
+
+    First, segments a later upload displaced or overwrote before the others, each group in upload order. Where some
+    epoch calls segments overwritten (a later upload from the same start took their entry and ended the epoch below
+    its highest offset), that upload must have come while the epoch went on past it: then also the overwritten
+    segments first, longest first, so each is overwritten by the shorter ones after it rather than displacing
+    them, and the held segments that took an overwritten one's entry after the others."""
+    displaced = {segment for lineage in store.lineages_of(tp) for segment in lineage.displaced_segment_ids}
+    overwritten: dict[uuid.UUID, int] = {}
+    for lineage in store.lineages_of(tp):
+        for segment in lineage.overwritten_segment_ids:
+            overwritten[segment] = lineage.epoch
+    taken = set()  # (epoch, start) of the entries overwritten segments had
+    for segment, epoch in overwritten.items():
+        md = store.segment(RemoteLogSegmentId(tp, segment))
+        if md is not None and epoch in md.segment_leader_epochs:
+            taken.add((epoch, md.segment_leader_epochs[epoch]))
+
+    def replaced_first(md: RemoteLogSegmentMetadata) -> tuple[Any, ...]:
+        return (md.remote_log_segment_id.id not in displaced | overwritten.keys(), *_upload_order(md))
+
+    def overwritten_longest_first(md: RemoteLogSegmentMetadata) -> tuple[Any, ...]:
+        if md.remote_log_segment_id.id in overwritten:
+            return (0, -md.end_offset, md.start_offset, md.remote_log_segment_id.id.bytes)
+        return (1 if md.remote_log_segment_id.id in displaced else 2, *_upload_order(md))
+
+    def as_they_are(_md: RemoteLogSegmentMetadata) -> tuple[Any, ...]:
+        return ()
+
+    def took_last(md: RemoteLogSegmentMetadata) -> tuple[Any, ...]:
+        return (any(entry in taken for entry in md.segment_leader_epochs.items()),)
+
+    first = (replaced_first, as_they_are)
+    return [first, (overwritten_longest_first, as_they_are), (overwritten_longest_first, took_last)] if overwritten \
+        else [first]
+
+
+def _replays_to(store: state.StateReader, tp: TopicIdPartition, history: list[TopicMetadata]) -> bool:
+    """Whether `history` (a partition's segment records) replays under Kafka's rules to what `store` answers for tp,
+    its delete state aside."""
+    replay = KafkaRulesReplay()
+    for record in history:
+        replay.apply(record)
+    ours, theirs = partition_answers(store, tp), partition_answers(replay.store, tp)
+    return {**ours, "delete_state": None} == {**theirs, "delete_state": None}
 
 
 def _stand_ins(store: state.StateReader, tp: TopicIdPartition, history: list[TopicMetadata]

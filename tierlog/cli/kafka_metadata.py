@@ -235,12 +235,13 @@ class KafkaRulesReplay:
 
 def partition_answers(store: state.StateReader, tp: TopicIdPartition) -> dict[str, Any]:
     """What Kafka's RLMM API answers for `tp` from `store`: its delete state, its listed segments, per leader epoch the
-    highest offset and the remote log size, and the segment a lookup finds at each listed segment's first and last
-    offset of each of its epochs; comparable between two stores."""
+    highest offset, the remote log size and the listing's segment ids, and the segment a lookup finds at each listed
+    segment's first and last offset of each of its epochs; comparable between two stores."""
     segments = state.list_segments(store, tp)
     epochs = sorted({lin.epoch for lin in store.lineages_of(tp)}
                     | {epoch for md in segments for epoch in md.segment_leader_epochs})
     delete = store.partition_delete(tp)
+    listings = {e: state.list_segments(store, tp, e) for e in epochs}
     lookups: dict[str, str | None] = {}
     for md in segments:
         for epoch, start in md.segment_leader_epochs.items():
@@ -251,7 +252,8 @@ def partition_answers(store: state.StateReader, tp: TopicIdPartition) -> dict[st
         "delete_state": None if delete is None else delete.state.name,
         "segments": {str(md.remote_log_segment_id.id): _segment_answer(md) for md in segments},
         "highest_offset": {e: state.highest_offset_for_epoch(store, tp, e) for e in epochs},
-        "remote_log_size": {e: state.remote_log_size(store, tp, e) for e in epochs},
+        "remote_log_size": {e: sum(md.segment_size_in_bytes for md in listed) for e, listed in listings.items()},
+        "listing": {e: [str(md.remote_log_segment_id.id) for md in listed] for e, listed in listings.items()},
         "lookups": lookups,
     }
 
@@ -283,7 +285,7 @@ def answer_differences(expected: Mapping[str, Any], found: Mapping[str, Any], ex
             fields = ", ".join(f"{name} {value} / {theirs[segment][name]}"
                                for name, value in ours[segment].items() if value != theirs[segment][name])
             lines.append(f"segment {segment}: {fields} ({expected_name} / {found_name})")
-    for answer in ("highest_offset", "remote_log_size", "lookups"):
+    for answer in ("highest_offset", "remote_log_size", "listing", "lookups"):
         for at in sorted(set(expected[answer]) | set(found[answer]), key=str):
             mine, other = expected[answer].get(at), found[answer].get(at)
             if mine != other:

@@ -100,10 +100,11 @@ def read_control(client: Mapping[str, Any], topic: str, timeout_s: float) -> tup
 
     consumer = Consumer({**client, "group.id": f"{topic}-reader", "enable.auto.commit": False})
     folded = ControlState()
+    deadline = time.monotonic() + timeout_s
     try:
-        _low, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+        end = _end_offset(consumer, TopicPartition(topic, 0), deadline)
         consumer.assign([TopicPartition(topic, 0, 0)])
-        position, deadline = 0, time.monotonic() + timeout_s
+        position = 0
         while position < end:
             if time.monotonic() > deadline:
                 raise MetadataLogError(f"reading the migration control topic {topic} to offset {end} took longer "
@@ -116,3 +117,21 @@ def read_control(client: Mapping[str, Any], topic: str, timeout_s: float) -> tup
     finally:
         consumer.close()
     return folded, end
+
+
+# Errors of a partition just created (or whose leader moves) that go away once its leader is known.
+_NOT_YET_LED = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART,
+                          KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+
+
+def _end_offset(consumer: Any, partition: Any, deadline: float) -> int:
+    """The partition's end offset, asked again while its leader is not known yet, until `deadline`."""
+    while True:
+        try:
+            _low, end = consumer.get_watermark_offsets(partition, timeout=max(deadline - time.monotonic(), 0.1))
+            return int(end)
+        except KafkaException as exc:
+            if not (exc.args and exc.args[0].code() in _NOT_YET_LED) or time.monotonic() > deadline:
+                raise MetadataLogError(f"cannot read the end offset of the migration control topic "
+                                       f"{partition.topic}: {exc}") from exc
+            time.sleep(0.2)
