@@ -207,8 +207,15 @@ def snapshot_of(partition: PartitionModel | None) -> PartitionSnapshot:
     listed = sorted(filter(state.is_listed, partition.segments.values()), key=state.listing_order)
     by_epoch: dict[int, list[RemoteLogSegmentMetadata]] = {}
     for md in listed:
-        for epoch in _epochs_listing(md, partition.lineages):
+        for epoch in md.segment_leader_epochs:
             by_epoch.setdefault(epoch, []).append(md)
+    # Only the few epochs with overwritten segments list fewer: checked after, as a check per segment and epoch costs
+    # about 1 us per segment (measured: +100 ms on the first snapshot of a partition of 100k segments).
+    for epoch, lineage in partition.lineages.items():
+        if lineage.overwritten_segment_ids and epoch in by_epoch:
+            by_epoch[epoch] = [md for md in by_epoch[epoch] if state.is_listed_in(md, lineage)]
+            if not by_epoch[epoch]:
+                del by_epoch[epoch]
     return PartitionSnapshot(
         state.delete_finished(partition.delete), floors,
         {epoch: _listing(segments) for epoch, segments in by_epoch.items()}, _listing(listed),
