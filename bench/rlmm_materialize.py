@@ -141,7 +141,8 @@ def tierlog_records(events: Iterable[SegmentEvent]) -> Iterator[tuple[TopicIdPar
 # first events, see check_fast_encoding) and writes the harness's event lines beside them.
 
 _SEGMENT_VERSION = codec.registry().current["segment_record"]
-_CHECKPOINT_VERSION = codec.registry().current["epoch_checkpoint_record"]
+# The version a writer uses for checkpoints without overwritten segments (all of the bench's).
+_CHECKPOINT_VERSION = codec.registry().version("epoch_checkpoint_record", codec.PLAIN_CHECKPOINT_VERSION)
 _SEGMENT_HEAD = codec.MAGIC + _SEGMENT_VERSION.fingerprint[::-1]
 _CHECKPOINT_HEAD = codec.MAGIC + _CHECKPOINT_VERSION.fingerprint[::-1]
 FINISHED_CUSTOM = b"\x00" * 24
