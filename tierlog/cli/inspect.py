@@ -116,7 +116,8 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
                 "topic_state": in_cluster(tp.topic, str(tp.topic_id)),
                 "epochs": [
                     {"epoch": lin.epoch, "highest_log_offset": lin.highest_log_offset,
-                     "displaced_segments": len(lin.displaced_segment_ids)}
+                     "displaced_segments": len(lin.displaced_segment_ids),
+                     "overwritten_segments": len(lin.overwritten_segment_ids)}
                     for lin in view.lineages_of(tp)
                 ],
                 "segment_list": ([segment_row(md, args.uuid_format) for md in segments]
@@ -139,7 +140,7 @@ def cmd_describe(args: argparse.Namespace, settings: Settings) -> int:
             if d["segment_list"] is None:
                 continue
             print(f"\nleader epochs of {d['topic']}-{d['partition']}:")
-            print_table(d["epochs"], ["epoch", "highest_log_offset", "displaced_segments"])
+            print_table(d["epochs"], ["epoch", "highest_log_offset", "displaced_segments", "overwritten_segments"])
             print(f"\nsegments of {d['topic']}-{d['partition']}:")
             print_table(
                 [{**s, "size": human_bytes(s["size_bytes"]),
