@@ -3,7 +3,7 @@ filesystem backend with its disk chunk cache, the adapter reading the cache's fi
 with Kafka's own TopicBasedRemoteLogMetadataManager and in-JVM LocalTieredStorage (the kafka-storage test-fixtures
 jar dev/kafka fetches), over the same records. One broker at a time, the first read cold, then warm ones.
 
-Usage: python bench/broker_tiered_read.py [--mib 128] [--segment-mib 16] [--repeat 3] [--split]
+Usage: python bench/broker_tiered_read.py [--mib 128] [--segment-mib 16] [--repeat 3] [--rounds 1] [--split]
 [--consumer throughput|perf-test]; prints one JSON document. The brokers run with the full JIT (C2), as in
 production; `--split` adds tierlog's rsm beside Kafka's TBRLMM. The reader is bench/broker_read/ConsumerThroughput.java
 (assigns the partition, reads from offset 0 to the end offset), or with `--consumer perf-test` Kafka's own
@@ -193,6 +193,8 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
         "remote_mib_read": round(sum(remote_sizes) / MIB, 1),
         "produce_and_tier_s": round(tiered_s, 1),
         "cold_mib_per_s": reads[0]["mib_per_s"],
+        # Seconds from the first poll to the first record, cold read first (the consumer perf-test does not say).
+        **({"first_record_s": [r["first_record_s"] for r in reads]} if "first_record_s" in reads[0] else {}),
         "warm_mib_per_s": [r["mib_per_s"] for r in reads[1:]],
         "median_mib_per_s": statistics.median(r["mib_per_s"] for r in reads),
         # Other work on the machine slows a broker's reads: the 1-minute load average right after them.
@@ -201,11 +203,60 @@ def _run(name: str, choice: PluginChoice, sockets: Path, base: Path, args: argpa
     }
 
 
+def _round(args: argparse.Namespace, base: Path, sockets: Path, classpath: str, turn: int) -> dict[str, Any]:
+    """One broker per plugin choice, each tiering and reading the same records; the order rotates with `turn`, so
+    over rounds none is always first (right after the previous broker's shutdown) or last."""
+    base.mkdir()
+    # broker_properties wants an S3 location for tierlog's rsm; the filesystem backend overrides it.
+    unused_s3 = S3Location("http://127.0.0.1:1", "unused", "unused", "unused", "unused")
+    rsm = {
+        "rsm.config.storage.backend": "filesystem",
+        "rsm.config.filesystem.root": str(base / "tierlog-remote"),
+        "rsm.config.fetch.chunk.cache.class": "disk",
+        "rsm.config.fetch.chunk.cache.path": str(base / "tierlog-cache"),
+        **({} if args.files_window_mib is None else {
+            "rsm.config.agent.fetch.files.window.bytes": str(args.files_window_mib * MIB),
+        }),
+    }
+    runs = {
+        "tierlog": lambda: _run("tierlog", PluginChoice(s3=unused_s3, metrics_port=free_ports(1)[0], extra=rsm),
+                                sockets, base, args, classpath, base / "tierlog-remote"),
+        "kafka_local_tiered_storage": lambda: _run(
+            "kafka", PluginChoice(rlmm=KAFKA_RLMM, rsm=KAFKA_LOCAL_RSM, local_tiered_storage_dir=base / "local-tiered"),
+            sockets, base, args, classpath, base / "local-tiered"),
+    }
+    if args.split:
+        runs["tierlog_rsm_with_tbrlmm"] = lambda: _run(
+            "tierlog-rsm", PluginChoice(rlmm=KAFKA_RLMM, s3=unused_s3, metrics_port=free_ports(1)[0], extra={
+                **rsm, "rsm.config.filesystem.root": str(base / "tierlog-remote-2"),
+                "rsm.config.fetch.chunk.cache.path": str(base / "tierlog-cache-2"),
+            }), sockets, base, args, classpath, base / "tierlog-remote-2")
+    names = list(runs)
+    order = names[turn % len(names):] + names[:turn % len(names)]
+    done = {name: runs[name]() for name in order}
+    results = {name: done[name] for name in names}
+    theirs = results["kafka_local_tiered_storage"]
+    tiered = {name: (r["remote_segments"], r["remote_mib_read"]) for name, r in results.items()}
+    if len(set(tiered.values())) > 1:
+        print(f"warning: the brokers tiered different segments (count, MiB): {tiered}", file=sys.stderr)
+    return {
+        "order": order,
+        **results,
+        **{f"ratio_{name}_to_kafka": {
+            "cold": round(result["cold_mib_per_s"] / theirs["cold_mib_per_s"], 3),
+            "median": round(result["median_mib_per_s"] / theirs["median_mib_per_s"], 3),
+        } for name, result in results.items() if result is not theirs},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=128, help="MiB of records in the topic")
     parser.add_argument("--segment-mib", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3, help="reads per broker (the first one cold)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="times the whole comparison runs, each with fresh brokers, in rotating order; a cold "
+                             "read is one read per broker, so several rounds show how much its ratio varies")
     parser.add_argument("--files-window-mib", type=int, default=None,
                         help="the adapter's agent.fetch.files.window.bytes in MiB (default: the adapter's, 8)")
     parser.add_argument("--split", action="store_true",
@@ -218,35 +269,9 @@ def main() -> None:
         base = Path(tmp)
         classpath = (_perf_test_classpath(libs) if args.consumer == "perf-test"
                      else _compile_consumer(libs, base / "classes"))
-        # broker_properties wants an S3 location for tierlog's rsm; the filesystem backend overrides it.
-        unused_s3 = S3Location("http://127.0.0.1:1", "unused", "unused", "unused", "unused")
-        rsm = {
-            "rsm.config.storage.backend": "filesystem",
-            "rsm.config.filesystem.root": str(base / "tierlog-remote"),
-            "rsm.config.fetch.chunk.cache.class": "disk",
-            "rsm.config.fetch.chunk.cache.path": str(base / "tierlog-cache"),
-            **({} if args.files_window_mib is None else {
-                "rsm.config.agent.fetch.files.window.bytes": str(args.files_window_mib * MIB),
-            }),
-        }
-        tierlog = PluginChoice(s3=unused_s3, metrics_port=free_ports(1)[0], extra=rsm)
-        kafka = PluginChoice(rlmm=KAFKA_RLMM, rsm=KAFKA_LOCAL_RSM, local_tiered_storage_dir=base / "local-tiered")
-        results = {
-            "tierlog": _run("tierlog", tierlog, Path(sockets), base, args, classpath, base / "tierlog-remote"),
-            "kafka_local_tiered_storage": _run("kafka", kafka, Path(sockets), base, args, classpath,
-                                               base / "local-tiered"),
-        }
-        if args.split:
-            rsm_alone = PluginChoice(rlmm=KAFKA_RLMM, s3=unused_s3, metrics_port=free_ports(1)[0], extra={
-                **rsm, "rsm.config.filesystem.root": str(base / "tierlog-remote-2"),
-                "rsm.config.fetch.chunk.cache.path": str(base / "tierlog-cache-2"),
-            })
-            results["tierlog_rsm_with_tbrlmm"] = _run("tierlog-rsm", rsm_alone, Path(sockets), base, args, classpath,
-                                                      base / "tierlog-remote-2")
-    theirs = results["kafka_local_tiered_storage"]
-    tiered = {name: (r["remote_segments"], r["remote_mib_read"]) for name, r in results.items()}
-    if len(set(tiered.values())) > 1:
-        print(f"warning: the brokers tiered different segments (count, MiB): {tiered}", file=sys.stderr)
+        rounds = [_round(args, base / f"round-{turn}", Path(sockets), classpath, turn) for turn in range(args.rounds)]
+    ratios = {key: {kind: [r[key][kind] for r in rounds] for kind in ("cold", "median")}
+              for key in rounds[0] if key.startswith("ratio_")}
     print(json.dumps({
         "benchmark": "broker_tiered_read",
         "topic_mib": args.mib,
@@ -258,11 +283,12 @@ def main() -> None:
                       "left) before the first read; remote_segments and remote_mib_read are what it tiered",
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
-        **results,
-        **{f"ratio_{name}_to_kafka": {
-            "cold": round(result["cold_mib_per_s"] / theirs["cold_mib_per_s"], 3),
-            "median": round(result["median_mib_per_s"] / theirs["median_mib_per_s"], 3),
-        } for name, result in results.items() if result is not theirs},
+        **(rounds[0] if args.rounds == 1 else {
+            "rounds": rounds,
+            **{key: {**{f"{kind}_by_round": values for kind, values in by_kind.items()},
+                     **{f"{kind}_median": statistics.median(values) for kind, values in by_kind.items()}}
+               for key, by_kind in ratios.items()},
+        }),
     }, indent=2))
 
 

@@ -1,6 +1,7 @@
 /*
  * A Java consumer for bench/broker_tiered_read.py: reads one partition from offset 0 to its end offset at the
- * start, as a consumer catching up from tiered storage does, and prints one JSON line: records, bytes, seconds.
+ * start, as a consumer catching up from tiered storage does, and prints one JSON line: records, bytes, seconds, and
+ * the seconds until the first record came (the first remote fetch's latency, apart from the streaming after it).
  * Compiled by the bench with javac against the broker's kafka-clients jar (no build tool needed).
  */
 
@@ -44,19 +45,24 @@ public final class ConsumerThroughput {
             long bytes = 0;
             long next = 0;
             long started = System.nanoTime();
+            long first = -1;
             while (next < end) {
                 if (System.nanoTime() > deadline) {
                     System.err.printf("timed out at offset %d of %d%n", next, end);
                     System.exit(1);
                 }
                 for (ConsumerRecord<byte[], byte[]> record : consumer.poll(Duration.ofMillis(500))) {
+                    if (first < 0) {
+                        first = System.nanoTime();
+                    }
                     records++;
                     bytes += record.serializedKeySize() + record.serializedValueSize();
                     next = record.offset() + 1;
                 }
             }
             double seconds = (System.nanoTime() - started) / 1e9;
-            System.out.printf("{\"records\": %d, \"bytes\": %d, \"seconds\": %.3f}%n", records, bytes, seconds);
+            System.out.printf("{\"records\": %d, \"bytes\": %d, \"seconds\": %.3f, \"first_record_s\": %.3f}%n",
+                records, bytes, seconds, (first - started) / 1e9);
         }
     }
 }
