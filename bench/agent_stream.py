@@ -142,7 +142,8 @@ def _curve_reader(
     channel.close()
 
 
-def _curve(args: argparse.Namespace, base: Path, backend: dict[str, Any], counts: list[int]) -> dict[str, Any]:
+def _curve(args: argparse.Namespace, base: Path, caches: Path, backend: dict[str, Any], counts: list[int]
+           ) -> dict[str, Any]:
     """Aggregate MiB/s of N concurrent cold whole-segment reads, each of its own segment, for each N."""
     size, window = args.segment_mib * MIB, args.window_mib * MIB
     log_dir = base / "curve-0"
@@ -169,7 +170,7 @@ def _curve(args: argparse.Namespace, base: Path, backend: dict[str, Any], counts
     cores: dict[str, dict[int, list[float]]] = {name: {n: [] for n in counts} for name in names}
     for n in counts * args.repeat:
         segments = stored[:n]
-        for name, cache in (("direct_rsm_uncached", None), ("direct_rsm_disk_cache_cold", base / f"direct-{n}")):
+        for name, cache in (("direct_rsm_uncached", None), ("direct_rsm_disk_cache_cold", caches / f"direct-{n}")):
             config = backend if cache is None else {
                 **backend, "fetch.chunk.cache.class": "disk", "fetch.chunk.cache.size": 2 * n * size,
                 "fetch.chunk.cache.path": str(cache),
@@ -192,7 +193,7 @@ def _curve(args: argparse.Namespace, base: Path, backend: dict[str, Any], counts
                 shutil.rmtree(cache, ignore_errors=True)
         for path in ("files", "stream"):
             # A fresh agent and cache each time: every read is cold (the store's bytes are in the page cache).
-            cache = base / f"curve-cache-{n}-{path}"
+            cache = caches / f"curve-cache-{n}-{path}"
             socket = base / f"c{n}{path[0]}.sock"
             server = AgentServer({}, socket).start()
             try:
@@ -231,6 +232,7 @@ def _curve(args: argparse.Namespace, base: Path, backend: dict[str, Any], counts
         "backend": args.backend,
         "segment_mib": args.segment_mib,
         "files_window_mib": args.window_mib,
+        "cache_dir": str(args.cache_dir or "the run's temporary directory"),
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
         "repeat": args.repeat,
@@ -255,20 +257,26 @@ def main() -> None:
     parser.add_argument("--prefetch-mib", type=int, default=None,
                         help="fetch.chunk.cache.prefetch.max.size in MiB (default: the rsm's)")
     parser.add_argument("--curve", default=None, help="reader counts, e.g. 1,4,16: the concurrency curve only")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="where the disk chunk caches go (default: the temporary directory of the run), e.g. a "
+                             "tmpfs to see the hop without the cache disk's write speed")
     parser.add_argument("--no-direct", action="store_true",
                         help="filesystem backend: the file path copies into the chunk cache (fetch.files.direct=false)")
     args = parser.parse_args()
     if args.curve is not None:
-        with tempfile.TemporaryDirectory(prefix="tlb-") as tmp:
+        with (tempfile.TemporaryDirectory(prefix="tlb-") as tmp,
+              tempfile.TemporaryDirectory(prefix="tlb-caches-", dir=args.cache_dir) as curve_caches):
             (Path(tmp) / "meta.properties").write_text("version=1\n")
             print(json.dumps(_curve(
-                args, Path(tmp), _backend_config(args.backend, Path(tmp), not args.no_direct),
+                args, Path(tmp), Path(curve_caches), _backend_config(args.backend, Path(tmp), not args.no_direct),
                 [int(n) for n in args.curve.split(",")]
             ), indent=2))
         return
     size = args.segment_mib * MIB
     window = args.window_mib * MIB
-    with tempfile.TemporaryDirectory(prefix="tlb-") as tmp:
+    with (tempfile.TemporaryDirectory(prefix="tlb-") as tmp,
+          tempfile.TemporaryDirectory(prefix="tlb-caches-", dir=args.cache_dir) as cache_root):
+        caches = Path(cache_root)
         # Laid out as a broker's log dir: the agent reads segment files only inside one.
         (Path(tmp) / "meta.properties").write_text("version=1\n")
         base = Path(tmp) / "bench-0"
@@ -287,7 +295,7 @@ def main() -> None:
             RemoteLogSegmentId(tp, uuid.uuid4()), 0, 999_999, 1, 1, 1, size, {0: 0}
         )
         backend = _backend_config(args.backend, base, not args.no_direct)
-        agent_cache = base / "agent-cache"
+        agent_cache = caches / "agent-cache"
         cached: dict[str, Any] = {"fetch.chunk.cache.class": "disk", "fetch.chunk.cache.size": 4 * size}
         if args.prefetch_mib is not None:
             cached["fetch.chunk.cache.prefetch.max.size"] = args.prefetch_mib * MIB
@@ -355,7 +363,7 @@ def main() -> None:
                 results["gets_per_cold_read_direct_uncached_after_index_fetch"] = cold_gets(
                     direct(uncached), uncached, lambda: uncached.fetch_index(stored, IndexType.OFFSET).close()
                 )
-            direct_cache = base / "direct-cache"
+            direct_cache = caches / "direct-cache"
             holder: dict[str, RemoteStorageManager] = {}
 
             def fresh_direct_cached() -> None:
@@ -408,6 +416,7 @@ def main() -> None:
                     k: round(v / rates["raw_boto3_ranged_gets"], 3) for k, v in rates.items()
                 }} if "raw_boto3_ranged_gets" in rates else {}),
                 "direct_files": args.backend == "filesystem" and not args.no_direct,
+                "cache_dir": str(args.cache_dir or "the run's temporary directory"),
                 "cpus": os.cpu_count(),
                 "load_average": os.getloadavg(),
                 "gets_per_cold_segment_read": {
