@@ -334,12 +334,16 @@ def _encode_ends(end_offsets: Mapping[int, int]) -> str:
 
 
 def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[SnapshotHeader, Iterator[dict[str, Any]]]:
-    """A snapshot's header and its datums: archive records (format 1) or view chunks (format 2), read lazily.
-    `name` names the snapshot in errors (default: its path, or "the snapshot")."""
+    """A snapshot's header and its datums: archive records (format 1), view chunks (format 2) or parts of the view's
+    tables (format 3), read lazily, from a file or a stream (one that cannot seek, such as an object as it is
+    downloaded, is read datum by datum by fastavro). `name` names the snapshot in errors (default: its path, or
+    "the snapshot")."""
     handle: BinaryIO = source.open("rb") if isinstance(source, Path) else source
     name = name or (str(source) if isinstance(source, Path) else "the snapshot")
+    seekable = handle.seekable()
     try:
-        reader = fastavro.block_reader(handle)
+        # fastavro's block reader seeks; its datum reader does not.
+        reader: Any = fastavro.block_reader(handle) if seekable else fastavro.reader(handle)
         meta = reader.metadata
         ends = {int(k): int(v) for k, v in json.loads(meta[END_OFFSETS_META]).items()}
         version = int(meta.get(SNAPSHOT_FORMAT_META, RECORDS_FORMAT))
@@ -357,11 +361,14 @@ def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[Sna
         raise SnapshotError(f"{name} is not a tierlog snapshot ({exc}); build one with `tierlog` snapshot") from exc
 
     # The C reader reads only what its program's schema wrote (this tierlog's chunks), a block of one datum at a time.
-    chunks_in_c = _CHUNK_PROGRAM is not None and header.format == VIEW_FORMAT and \
+    chunks_in_c = _CHUNK_PROGRAM is not None and header.format == VIEW_FORMAT and seekable and \
         to_parsing_canonical_form(reader.writer_schema) == _CHUNK_FORM
 
     def datums() -> Iterator[dict[str, Any]]:
         with handle:
+            if not seekable:
+                yield from reader
+                return
             for block in reader:
                 # A block's decompressed bytes: fastavro's Block keeps them as `bytes_` (not documented, so looked
                 # for; without them fastavro reads the block).

@@ -6,16 +6,17 @@ is `rlmm.archive`'s); rlmm reads them through `SnapshotSource`, so it never impo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlmm.archive import SnapshotHeader, read_snapshot
+from rlmm.archive import RECORDS_FORMAT, SnapshotHeader, read_snapshot
 from rlmm.config import ConfigKey, parse_int, parse_str
 from rlmm.errors import SnapshotError
 from rlmm.event_log import OffsetReader, TopicInfo
@@ -36,12 +37,21 @@ CONFIG_KEYS = (
 _NAME = re.compile(r"^(?P<created>\d{20})-(?P<sha256>[0-9a-f]{64})\.avro$")
 
 
+class ObjectStream(Protocol):
+    """An object's bytes from the start: `read(n)` returns at most n bytes, fewer only at the end or as they arrive."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class SnapshotSource(Protocol):
-    """Read access to the snapshots in the bucket: list keys under a prefix, read one object."""
+    """Read access to the snapshots in the bucket: list keys under a prefix, open one object as a stream (closing
+    it releases the connection)."""
 
     def list_keys(self, prefix: str) -> Iterable[str]: ...
 
-    def read(self, key: str) -> bytes: ...
+    def open(self, key: str) -> ObjectStream: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +102,46 @@ def list_snapshots(source: SnapshotSource, location: str, metadata_topic: str, t
 
 def read_verified(source: SnapshotSource, ref: SnapshotRef) -> bytes:
     """The snapshot's bytes, or SnapshotError when they do not match the digest its name carries."""
-    data = source.read(ref.key)
+    with contextlib.closing(source.open(ref.key)) as body:
+        data = body.read()
     if sha256_hex(data) != ref.sha256:
         raise SnapshotError(f"snapshot {ref.key} is corrupt: its sha256 is {sha256_hex(data)}, its name says "
                             f"{ref.sha256}")
     return data
+
+
+class VerifiedStream(io.RawIOBase):
+    """A snapshot object's bytes as they arrive from the source, hashed on the way: `verify` hashes what is left
+    unread, then raises SnapshotError unless the object's sha256 is the one its name carries. Closing it leaves the
+    source's stream open (its opener closes it)."""
+
+    def __init__(self, raw: ObjectStream, ref: SnapshotRef) -> None:
+        super().__init__()
+        self._raw = raw
+        self._ref = ref
+        self._hash = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._raw.read(len(view))
+        view[: len(data)] = data
+        self._hash.update(data)
+        return len(data)
+
+    def verify(self) -> None:
+        while data := self._raw.read(_VERIFY_READ_BYTES):
+            self._hash.update(data)
+        if self._hash.hexdigest() != self._ref.sha256:
+            raise SnapshotError(f"snapshot {self._ref.key} is corrupt: its sha256 is {self._hash.hexdigest()}, its "
+                                f"name says {self._ref.sha256}")
+
+
+
+_VERIFY_READ_BYTES = 1 << 20
+_STREAM_BUFFER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,21 +218,45 @@ def bootstrap_from_snapshot(
 
 def _load(ref: SnapshotRef, source: SnapshotSource, view: MetadataView, metadata_topic: str,
           position: TopicPosition, now_ms: int, max_age_ms: int) -> bool:
-    data = read_verified(source, ref)
-    header, datums = read_snapshot(io.BytesIO(data))
-    reason = why_not_trusted(header, metadata_topic, position, now_ms, max_age_ms)
-    if reason is not None and reason.stale:  # older ones are staler still
-        log.warning("snapshot %s is unusable: %s; rebuilding from the topic", ref.key, reason)
-        return False
-    if reason is not None:
-        raise SnapshotError(str(reason))
-    load_into(view, header, datums)
+    # Read as it arrives: a view snapshot's tables (or entries) are written beside the view while the object is
+    # downloaded and hashed, and enter the view only once all of it is read and its sha256 is the one its name
+    # carries (load_into consumes every datum before it ingests anything). An archive snapshot (format 1) is
+    # replayed record by record into the view, so it is read and verified whole first.
+    with contextlib.closing(source.open(ref.key)) as body:
+        raw = VerifiedStream(body, ref)
+        try:
+            header, datums = read_snapshot(io.BufferedReader(raw, _STREAM_BUFFER_BYTES), ref.key)
+        except Exception:
+            raw.verify()  # a header that does not read is blamed on a corrupt object when it is one
+            raise
+        reason = why_not_trusted(header, metadata_topic, position, now_ms, max_age_ms)
+        if reason is not None and reason.stale:  # older ones are staler still
+            log.warning("snapshot %s is unusable: %s; rebuilding from the topic", ref.key, reason)
+            return False
+        if reason is not None:
+            raise SnapshotError(str(reason))
+        if header.format == RECORDS_FORMAT:
+            header, datums = read_snapshot(io.BytesIO(read_verified(source, ref)), ref.key)
+        else:
+            datums = _verified_at_end(datums, raw)
+        load_into(view, header, datums)
     # The view resumes as if it had last applied a batch when the snapshot was taken: the manager's staleness rules
     # (tombstone window, topic id) then hold for it as for any other view. Written last, it marks the load finished.
     view.set_source(metadata_topic, position.topic_id, ref.created_ms)
     log.info("bootstrapped %s from snapshot %s (format %d); tailing the topic from its end offsets", view.path,
              ref.key, header.format)
     return True
+
+
+def _verified_at_end(datums: Iterator[dict[str, Any]], raw: VerifiedStream) -> Iterator[dict[str, Any]]:
+    """The datums, then the object's sha256 checked; a datum that does not read is blamed on a corrupt object when
+    the object's bytes are not those its name carries."""
+    try:
+        yield from datums
+    except Exception:
+        raw.verify()
+        raise
+    raw.verify()
 
 
 def maybe_bootstrap(view: MetadataView, config: Mapping[str, Any], source: SnapshotSource | None, topic: TopicInfo,

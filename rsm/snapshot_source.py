@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rsm.backend import StorageBackend, read_all
+from rsm.backend import RangeStream, StorageBackend, read_all
 
 
 class BucketSnapshotSource:
@@ -17,5 +17,8 @@ class BucketSnapshotSource:
     def list_keys(self, prefix: str) -> Iterable[str]:
         return [info.key for info in self._store.list(prefix)]
 
+    def open(self, key: str) -> RangeStream:
+        return self._store.get_range(key, 0)
+
     def read(self, key: str) -> bytes:
-        return read_all(self._store.get_range(key, 0))
+        return read_all(self.open(key))

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -177,7 +177,7 @@ class _UnreachableBucket:
     def list_keys(self, prefix: str) -> list[str]:
         raise ConnectionError(f"could not connect to the endpoint while listing {prefix}")
 
-    def read(self, key: str) -> bytes:
+    def open(self, key: str) -> BinaryIO:
         raise ConnectionError(f"could not connect to the endpoint while reading {key}")
 
 

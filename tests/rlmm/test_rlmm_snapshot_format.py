@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,14 @@ from rlmm.archive import (
     write_chunked_view_snapshot,
     write_snapshot,
 )
-from rlmm.bootstrap import TopicPosition, why_not_trusted
+from rlmm.bootstrap import TopicPosition, bootstrap_from_snapshot, snapshot_key, why_not_trusted
 from rlmm.errors import SnapshotError, ViewFormatError
 from rlmm.lineage import pending_checkpoint
 from rlmm.snapshot import apply_archived, load_into, load_snapshot, snapshot_entries, write_view_snapshot
 from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate
 from rlmm.view import MetadataView
+from rsm.snapshot_source import BucketSnapshotSource
+from tierlog.pipeline.locations import open_store
 
 TOPIC = "meta"
 
@@ -458,5 +461,42 @@ def _positions(path: Path) -> list[int | None]:
     view = MetadataView(path)
     try:
         return [view.lineage_position(tp) for tp in view.user_partitions()]
+    finally:
+        view.close()
+
+
+@pytest.mark.parametrize("where", ["header", "first part", "middle", "last byte"])
+def test_a_snapshot_damaged_anywhere_is_refused_as_corrupt_while_streamed_and_leaves_the_view_empty(
+    tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A new node reads a snapshot as it downloads it (rlmm.bootstrap): its tables are written beside the view and
+    # enter it only after the whole object matched the sha256 its name carries.
+    replayed = _replayed(tmp_path / "replayed", _archived_log(11))
+    ends = replayed.applied_offsets(TOPIC)
+    out = io.BytesIO()
+    write_view_snapshot(out, TOPIC, snapshot_entries(replayed), ends, replayed.digest(), "aWQ", 1_000)
+    replayed.close()
+    data = bytearray(out.getvalue())
+    store = open_store(str(tmp_path / "bucket"))
+    key = snapshot_key("snapshots", TOPIC, "aWQ", 1_000, bytes(data))
+    data[{"header": 40, "first part": 700, "middle": len(data) // 2, "last byte": len(data) - 1}[where]] ^= 0x55
+    store.put(key, bytes(data))
+    view = MetadataView(tmp_path / "node")
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlmm.bootstrap"):
+            loaded = bootstrap_from_snapshot(view, BucketSnapshotSource(store), "snapshots", TOPIC,
+                                             TopicPosition("aWQ", 86_400_000, {}), 2_000)
+        assert loaded is None and not view.holds_entries()
+        assert any("corrupt" in r.getMessage() and key in r.getMessage() for r in caplog.records)
+        assert not (tmp_path / "node.tables").exists()
+    finally:
+        view.close()
+    # Undamaged, the same object loads as it streams in.
+    store.put(key, out.getvalue())
+    view = MetadataView(tmp_path / "node-2")
+    try:
+        assert bootstrap_from_snapshot(view, BucketSnapshotSource(store), "snapshots", TOPIC,
+                                       TopicPosition("aWQ", 86_400_000, {}), 2_000) is not None
+        assert view.applied_offsets(TOPIC) == ends
     finally:
         view.close()
