@@ -472,8 +472,9 @@ class MetadataView:
                     next_offsets: Mapping[int, int]) -> None:
         """Bulk-load an EMPTY view with RocksDB tables written as the view writes them (rlmm.view.write_tables; a
         format 3 snapshot's), then the metadata-topic offsets they reflect. `parts` are (column family, bytes):
-        each family's table in one stretch of consecutive parts. A table RocksDB refuses is a SnapshotError naming
-        its family; the offsets are written last, so an interrupted load never looks like a view that applied them."""
+        each family's table in one stretch of consecutive parts. A table RocksDB refuses is a SnapshotError with
+        RocksDB's reason; the offsets are written last, so an interrupted load never looks like a view that applied
+        them."""
         if self.holds_entries():
             raise ViewFormatError(f"view at {self.path} is not empty; tables load only into an empty view")
         tables = self._tables_directory()
