@@ -1,8 +1,10 @@
 """A live migration on three brokers: a tiered topic under produce load, brokers rolled one by one from Kafka's
 TopicBasedRemoteLogMetadataManager to tierlog's in migration mode while tiering and local retention run, then
-`tierlog migrate finalize`, whose comparison of the two stores passes under the load. Every record produced reads back
-from offset 0, every segment object in the bucket is one tierlog knows, and the finished segments tile the log with no
-range uploaded twice but by a leader finishing its copy in flight as it stops (as Kafka's RemoteLogManager does)."""
+`tierlog migrate finalize`, whose comparison of the two stores passes under the load; and rolled back to Kafka's
+manager in the middle of the roll (three brokers) or after it (one). Every record produced reads back from offset 0,
+every segment object in the bucket is one the manager in charge knows, and the finished segments tile the log with no
+range uploaded twice but as Kafka's RemoteLogManager does (a leader finishing its copy in flight as it stops, a copy a
+restart cut short)."""
 
 from __future__ import annotations
 
@@ -92,10 +94,36 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _during(shutdowns: dict[int, tuple[int, int]], segment: RemoteLogSegmentMetadata) -> bool:
+def _during(shutdowns: dict[int, list[tuple[int, int]]], segment: RemoteLogSegmentMetadata) -> bool:
     """Whether the segment's copy finished while the broker that copied it was shutting down."""
-    window = shutdowns.get(segment.broker_id)
-    return window is not None and window[0] <= segment.event_timestamp_ms <= window[1]
+    return any(start <= segment.event_timestamp_ms <= end for start, end in shutdowns.get(segment.broker_id, []))
+
+
+def _restart(cluster: KafkaCluster, node: int, shutdowns: dict[int, list[tuple[int, int]]]) -> int:
+    """Restart the broker with the cluster's current properties, noting when it was told to stop and when it had
+    stopped; returns the first."""
+    stopping_ms = _now_ms()
+    cluster.stop_node(node)
+    shutdowns.setdefault(node, []).append((stopping_ms, _now_ms()))
+    cluster.start_node(node)
+    wait_in_isr(cluster.bootstrap, TOPIC, node)
+    return stopping_ms
+
+
+def _assert_tiled_once(cluster: KafkaCluster, tp: TopicIdPartition, segments: list[RemoteLogSegmentMetadata],
+                       shutdowns: dict[int, list[tuple[int, int]]]) -> None:
+    """The finished segments tile the log from offset 0 with no range uploaded twice but as Kafka's RemoteLogManager
+    does (see the roll test)."""
+    copies = sorted(finished(segments), key=lambda s: (s.start_offset, s.end_offset))
+    assert copies[0].start_offset == 0
+    assert not [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset > a.end_offset + 1], "a gap"
+    found = _copied_offsets_found(cluster, tp)
+    assert any(found.values()), f"no broker's log says which copied offset it found on becoming {tp}'s leader"
+    twice = [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset <= a.end_offset
+             and not _during(shutdowns, a)
+             and not any(a.end_offset <= offset < b.end_offset for offset in found.get(b.broker_id, []))]
+    assert not twice, f"ranges copied twice, not as Kafka's RemoteLogManager does: {twice}; copied offsets each " \
+        f"broker found on becoming leader: {found}"
 
 
 def _copied_offsets_found(cluster: KafkaCluster, tp: TopicIdPartition) -> dict[int, list[int]]:
@@ -130,7 +158,7 @@ def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_an
     create_topic(bootstrap, TOPIC, replication_factor=3, config=tiered_topic_config(**{"min.insync.replicas": "2"}))
     tp, state = wait_for(lambda: _described(bootstrap), 30, f"{TOPIC} to be known to every broker")
     load = Load(bootstrap)
-    shutdowns: dict[int, tuple[int, int]] = {}  # broker -> when it was told to stop, and when it had stopped
+    shutdowns: dict[int, list[tuple[int, int]]] = {}  # broker -> when it was told to stop, and when it had stopped
     try:
         wait_until_tiered(cluster.log_dir(state.leader), TOPIC, min_local_start=2 * CHUNK)
 
@@ -146,11 +174,7 @@ def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_an
             extra={**cache, "rlmm.config.migration.mode": "dual-write", "rlmm.config.migration.heartbeat.ms": "1000"},
         ), socket_dir, plugin_jar))
         for node in cluster.node_ids:
-            stopping_ms = _now_ms()
-            cluster.stop_node(node)
-            shutdowns[node] = (stopping_ms, _now_ms())
-            cluster.start_node(node)
-            wait_in_isr(bootstrap, TOPIC, node)
+            stopping_ms = _restart(cluster, node, shutdowns)
             wait_for(functools.partial(_in_migration_mode, bootstrap, node, stopping_ms), 60,
                      f"broker {node} to announce migration mode")
         leader = describe(bootstrap, TOPIC)[1].leader
@@ -169,23 +193,70 @@ def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_an
     assert not read.mismatched
     segments = remote_segments(socket_dir, leader, tp)
     known = {str(s.remote_log_segment_id.id) for s in segments}
-    orphans = [key for key in topic_log_objects(s3_location, TOPIC) if key.removesuffix(".log")[-36:] not in known]
+    orphans = [key for key in topic_log_objects(s3_location, TOPIC) if _segment_of(key) not in known]
     assert not orphans, f"segment objects tierlog does not know: {orphans}"
-    copies = sorted(finished(segments), key=lambda s: (s.start_offset, s.end_offset))
-    assert copies[0].start_offset == 0
-    assert not [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset > a.end_offset + 1], "a gap"
     # Two copies overlap in two cases only, both Kafka's RemoteLogManager's own behaviour (copyLogSegment and
     # maybeUpdateCopiedOffset): a leader stopping with a copy in flight finishes it (it writes COPY_SEGMENT_FINISHED
     # without asking whether its task was cancelled) while its successor copies on from the highest offset it finds
     # finished; or the successor knew the earlier copy, but its own local segment holding the next offset starts
     # before that copy's end (replicas roll segments independently). Anything else is a range uploaded twice.
-    found = _copied_offsets_found(cluster, tp)
-    assert any(found.values()), f"no broker's log says which copied offset it found on becoming {tp}'s leader"
-    twice = [(a, b) for a, b in itertools.pairwise(copies) if b.start_offset <= a.end_offset
-             and not _during(shutdowns, a)
-             and not any(a.end_offset <= offset < b.end_offset for offset in found.get(b.broker_id, []))]
-    assert not twice, f"ranges copied twice, not as Kafka's RemoteLogManager does: {twice}; copied offsets each " \
-        f"broker found on becoming leader: {found}"
+    _assert_tiled_once(cluster, tp, segments, shutdowns)
+
+
+# ~2-3 minutes (four broker restarts): `make test-soak`.
+@pytest.mark.soak
+def test_brokers_rolled_back_to_tbrlmm_in_the_middle_of_the_roll_under_load_lose_and_copy_nothing(
+    tiered_cluster: Callable[..., KafkaCluster], plugin_jar: Path, socket_dir: Path, s3_location: S3Location,
+    tmp_path: Path,
+) -> None:
+    cluster = tiered_cluster(nodes=3, rlmm=KAFKA_RLMM, metadata_partitions=METADATA_PARTITIONS)
+    bootstrap = cluster.bootstrap
+    tbrlmm_properties = dict(cluster.properties)
+    options = ["-o", f"bootstrap.servers={bootstrap}", "-o", f"metadata.topic.num.partitions={METADATA_PARTITIONS}",
+               "-o", "metadata.topic.replication.factor=3", "-o", f"state.dir={tmp_path / 'import'}"]
+    create_topic(bootstrap, TOPIC, replication_factor=3, config=tiered_topic_config(**{"min.insync.replicas": "2"}))
+    tp, state = wait_for(lambda: _described(bootstrap), 30, f"{TOPIC} to be known to every broker")
+    load = Load(bootstrap)
+    shutdowns: dict[int, list[tuple[int, int]]] = {}
+    rolled = cluster.node_ids[:2]
+    try:
+        wait_until_tiered(cluster.log_dir(state.leader), TOPIC, min_local_start=2 * CHUNK)
+        code, imported = tierlog("migrate", *options)
+        assert code == 0, imported
+
+        # Two of the three brokers rolled to tierlog in migration mode, the third still on TBRLMM; leadership moves
+        # between them with each restart while tiering goes on.
+        cache = {k: v for k, v in cluster.properties.items() if k.startswith("rsm.config.fetch.chunk.cache.")}
+        cluster.set_properties(broker_properties(PluginChoice(
+            rlmm=TIERLOG_RLMM, s3=s3_location, metadata_replication_factor=3, metadata_partitions=METADATA_PARTITIONS,
+            extra={**cache, "rlmm.config.migration.mode": "dual-write", "rlmm.config.migration.heartbeat.ms": "1000"},
+        ), socket_dir, plugin_jar))
+        for node in rolled:
+            stopping_ms = _restart(cluster, node, shutdowns)
+            wait_for(functools.partial(_in_migration_mode, bootstrap, node, stopping_ms), 60,
+                     f"broker {node} to announce migration mode")
+        leader = describe(bootstrap, TOPIC)[1].leader
+        wait_until_tiered(cluster.log_dir(leader), TOPIC, min_local_start=load.produced, timeout=90)
+
+        # Rolled back before finalize, in reverse order: each broker's TBRLMM rebuilds from __remote_log_metadata,
+        # which the dual writes kept whole, and tiering goes on from what tierlog copied.
+        cluster.set_properties(tbrlmm_properties)
+        for node in reversed(rolled):
+            _restart(cluster, node, shutdowns)
+        leader = describe(bootstrap, TOPIC)[1].leader
+        wait_until_tiered(cluster.log_dir(leader), TOPIC, min_local_start=load.produced, timeout=90)
+    finally:
+        total = load.stop()
+    assert load.error is None, f"producing failed: {load.error}"
+
+    read = consume(bootstrap, TOPIC, total, timeout=120)
+    assert read.indexes == list(range(total))
+    assert not read.mismatched
+    segments = _kafka_segments(bootstrap)
+    known = {str(s.remote_log_segment_id.id) for s in segments}
+    orphans = [key for key in topic_log_objects(s3_location, TOPIC) if _segment_of(key) not in known]
+    assert not orphans, f"segment objects Kafka's manager does not know: {orphans}"
+    _assert_tiled_once(cluster, tp, segments, shutdowns)
 
 
 # In `make test-soak` with the roll (about a minute: two broker restarts).
@@ -225,7 +296,7 @@ def test_a_broker_rolled_back_to_tbrlmm_before_finalize_serves_what_it_tiered_in
     # What Kafka's manager now holds: every object is of a segment it knows, and a range has at most one finished
     # copy. A second object of a range is the copy a restart cut short: Kafka's RemoteLogManager leaves its segment
     # COPY_SEGMENT_STARTED (its bytes may all be in the bucket) and copies the range again once the broker is back.
-    states = _segment_states(bootstrap)
+    states = {str(md.remote_log_segment_id.id): md.state for md in _kafka_segments(bootstrap)}
     by_start: dict[str, list[str]] = {}
     for key in topic_log_objects(s3_location, TOPIC):
         by_start.setdefault(key.rsplit("/", 1)[-1].split("-", 1)[0], []).append(key)
@@ -234,8 +305,8 @@ def test_a_broker_rolled_back_to_tbrlmm_before_finalize_serves_what_it_tiered_in
     twice = {}
     for start, keys in by_start.items():
         found = [states[_segment_of(key)] for key in keys]
-        finished = found.count(RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
-        if len(keys) > 1 and (finished > 1 or finished + found.count(RemoteLogSegmentState.COPY_SEGMENT_STARTED)
+        copies = found.count(RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+        if len(keys) > 1 and (copies > 1 or copies + found.count(RemoteLogSegmentState.COPY_SEGMENT_STARTED)
                               < len(keys)):
             twice[start] = [(key, state.name) for key, state in zip(keys, found, strict=True)]
     assert not twice, f"ranges copied twice, not as a restart cuts a copy short: {twice}"
@@ -246,12 +317,11 @@ def _segment_of(key: str) -> str:
     return key.removesuffix(".log")[-36:]
 
 
-def _segment_states(bootstrap: str) -> dict[str, RemoteLogSegmentState]:
-    """Each segment of the topic as Kafka's manager holds it: `__remote_log_metadata` replayed under its rules."""
+def _kafka_segments(bootstrap: str) -> list[RemoteLogSegmentMetadata]:
+    """The topic's segments as Kafka's manager holds them: `__remote_log_metadata` replayed under its rules."""
     settings = Settings({}, {"bootstrap.servers": bootstrap})
     source = describe_topic(settings, DEFAULT_SOURCE_TOPIC)
     assert source is not None
     replay, problems, _writes, _read = replay_source(settings, source, end_offsets(settings, source), False)
     assert not problems, problems
-    return {str(md.remote_log_segment_id.id): md.state for tp in replay.store.user_partitions() if tp.topic == TOPIC
-            for md in replay.store.segments_of(tp)}
+    return [md for tp in replay.store.user_partitions() if tp.topic == TOPIC for md in replay.store.segments_of(tp)]
