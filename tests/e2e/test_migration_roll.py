@@ -110,6 +110,45 @@ def _restart(cluster: KafkaCluster, node: int, shutdowns: dict[int, list[tuple[i
     return stopping_ms
 
 
+def _import_options(bootstrap: str, tmp_path: Path) -> list[str]:
+    """The `tierlog migrate` options of a three-broker cluster."""
+    return ["-o", f"bootstrap.servers={bootstrap}", "-o", f"metadata.topic.num.partitions={METADATA_PARTITIONS}",
+            "-o", "metadata.topic.replication.factor=3", "-o", f"state.dir={tmp_path / 'import'}"]
+
+
+def _roll_to_migration_mode(cluster: KafkaCluster, nodes: list[int], s3_location: S3Location, socket_dir: Path,
+                            plugin_jar: Path, shutdowns: dict[int, list[tuple[int, int]]], load: Load) -> int:
+    """Restart `nodes` one by one on tierlog in migration mode (the others keep what they run), each announcing it,
+    then wait until the partition's leader has tiered what was produced so far; returns that leader."""
+    cache = {k: v for k, v in cluster.properties.items() if k.startswith("rsm.config.fetch.chunk.cache.")}
+    cluster.set_properties(broker_properties(PluginChoice(
+        rlmm=TIERLOG_RLMM, s3=s3_location, metadata_replication_factor=3, metadata_partitions=METADATA_PARTITIONS,
+        extra={**cache, "rlmm.config.migration.mode": "dual-write", "rlmm.config.migration.heartbeat.ms": "1000"},
+    ), socket_dir, plugin_jar))
+    for node in nodes:
+        stopping_ms = _restart(cluster, node, shutdowns)
+        wait_for(functools.partial(_in_migration_mode, cluster.bootstrap, node, stopping_ms), 60,
+                 f"broker {node} to announce migration mode")
+    leader = describe(cluster.bootstrap, TOPIC)[1].leader
+    wait_until_tiered(cluster.log_dir(leader), TOPIC, min_local_start=load.produced, timeout=90)
+    return leader
+
+
+def _assert_read_back_with_no_orphan(bootstrap: str, s3_location: S3Location, total: int,
+                                     segments_now: Callable[[], list[RemoteLogSegmentMetadata]], manager: str
+                                     ) -> list[RemoteLogSegmentMetadata]:
+    """Every record produced reads back from offset 0, and every segment object is one of the manager's segments,
+    asked for after the read (copies go on until then); returns those segments."""
+    read = consume(bootstrap, TOPIC, total, timeout=120)
+    assert read.indexes == list(range(total))
+    assert not read.mismatched
+    segments = segments_now()
+    known = {str(s.remote_log_segment_id.id) for s in segments}
+    orphans = [key for key in topic_log_objects(s3_location, TOPIC) if _segment_of(key) not in known]
+    assert not orphans, f"segment objects {manager} does not know: {orphans}"
+    return segments
+
+
 def _assert_tiled_once(cluster: KafkaCluster, tp: TopicIdPartition, segments: list[RemoteLogSegmentMetadata],
                        shutdowns: dict[int, list[tuple[int, int]]]) -> None:
     """The finished segments tile the log from offset 0 with no range uploaded twice but as Kafka's RemoteLogManager
@@ -153,8 +192,7 @@ def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_an
 ) -> None:
     cluster = tiered_cluster(nodes=3, rlmm=KAFKA_RLMM, metadata_partitions=METADATA_PARTITIONS)
     bootstrap = cluster.bootstrap
-    options = ["-o", f"bootstrap.servers={bootstrap}", "-o", f"metadata.topic.num.partitions={METADATA_PARTITIONS}",
-               "-o", "metadata.topic.replication.factor=3", "-o", f"state.dir={tmp_path / 'import'}"]
+    options = _import_options(bootstrap, tmp_path)
     create_topic(bootstrap, TOPIC, replication_factor=3, config=tiered_topic_config(**{"min.insync.replicas": "2"}))
     tp, state = wait_for(lambda: _described(bootstrap), 30, f"{TOPIC} to be known to every broker")
     load = Load(bootstrap)
@@ -168,17 +206,8 @@ def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_an
         assert sum(imported["written"].values()) > 0
 
         # Step 2: roll each broker to tierlog in migration mode; the others still run TBRLMM meanwhile.
-        cache = {k: v for k, v in cluster.properties.items() if k.startswith("rsm.config.fetch.chunk.cache.")}
-        cluster.set_properties(broker_properties(PluginChoice(
-            rlmm=TIERLOG_RLMM, s3=s3_location, metadata_replication_factor=3, metadata_partitions=METADATA_PARTITIONS,
-            extra={**cache, "rlmm.config.migration.mode": "dual-write", "rlmm.config.migration.heartbeat.ms": "1000"},
-        ), socket_dir, plugin_jar))
-        for node in cluster.node_ids:
-            stopping_ms = _restart(cluster, node, shutdowns)
-            wait_for(functools.partial(_in_migration_mode, bootstrap, node, stopping_ms), 60,
-                     f"broker {node} to announce migration mode")
-        leader = describe(bootstrap, TOPIC)[1].leader
-        wait_until_tiered(cluster.log_dir(leader), TOPIC, min_local_start=load.produced, timeout=90)
+        leader = _roll_to_migration_mode(cluster, cluster.node_ids, s3_location, socket_dir, plugin_jar, shutdowns,
+                                         load)
 
         # Step 3: finalize, checked.
         code, finalized = tierlog("migrate", "finalize", *options)
@@ -188,13 +217,8 @@ def test_brokers_rolled_from_tbrlmm_to_tierlog_under_load_then_finalized_lose_an
         total = load.stop()
     assert load.error is None, f"producing failed: {load.error}"
 
-    read = consume(bootstrap, TOPIC, total, timeout=120)
-    assert read.indexes == list(range(total))
-    assert not read.mismatched
-    segments = remote_segments(socket_dir, leader, tp)
-    known = {str(s.remote_log_segment_id.id) for s in segments}
-    orphans = [key for key in topic_log_objects(s3_location, TOPIC) if _segment_of(key) not in known]
-    assert not orphans, f"segment objects tierlog does not know: {orphans}"
+    segments = _assert_read_back_with_no_orphan(bootstrap, s3_location, total,
+                                                functools.partial(remote_segments, socket_dir, leader, tp), "tierlog")
     # Two copies overlap in two cases only, both Kafka's RemoteLogManager's own behaviour (copyLogSegment and
     # maybeUpdateCopiedOffset): a leader stopping with a copy in flight finishes it (it writes COPY_SEGMENT_FINISHED
     # without asking whether its task was cancelled) while its successor copies on from the highest offset it finds
@@ -212,8 +236,7 @@ def test_brokers_rolled_back_to_tbrlmm_in_the_middle_of_the_roll_under_load_lose
     cluster = tiered_cluster(nodes=3, rlmm=KAFKA_RLMM, metadata_partitions=METADATA_PARTITIONS)
     bootstrap = cluster.bootstrap
     tbrlmm_properties = dict(cluster.properties)
-    options = ["-o", f"bootstrap.servers={bootstrap}", "-o", f"metadata.topic.num.partitions={METADATA_PARTITIONS}",
-               "-o", "metadata.topic.replication.factor=3", "-o", f"state.dir={tmp_path / 'import'}"]
+    options = _import_options(bootstrap, tmp_path)
     create_topic(bootstrap, TOPIC, replication_factor=3, config=tiered_topic_config(**{"min.insync.replicas": "2"}))
     tp, state = wait_for(lambda: _described(bootstrap), 30, f"{TOPIC} to be known to every broker")
     load = Load(bootstrap)
@@ -226,17 +249,7 @@ def test_brokers_rolled_back_to_tbrlmm_in_the_middle_of_the_roll_under_load_lose
 
         # Two of the three brokers rolled to tierlog in migration mode, the third still on TBRLMM; leadership moves
         # between them with each restart while tiering goes on.
-        cache = {k: v for k, v in cluster.properties.items() if k.startswith("rsm.config.fetch.chunk.cache.")}
-        cluster.set_properties(broker_properties(PluginChoice(
-            rlmm=TIERLOG_RLMM, s3=s3_location, metadata_replication_factor=3, metadata_partitions=METADATA_PARTITIONS,
-            extra={**cache, "rlmm.config.migration.mode": "dual-write", "rlmm.config.migration.heartbeat.ms": "1000"},
-        ), socket_dir, plugin_jar))
-        for node in rolled:
-            stopping_ms = _restart(cluster, node, shutdowns)
-            wait_for(functools.partial(_in_migration_mode, bootstrap, node, stopping_ms), 60,
-                     f"broker {node} to announce migration mode")
-        leader = describe(bootstrap, TOPIC)[1].leader
-        wait_until_tiered(cluster.log_dir(leader), TOPIC, min_local_start=load.produced, timeout=90)
+        _roll_to_migration_mode(cluster, rolled, s3_location, socket_dir, plugin_jar, shutdowns, load)
 
         # Rolled back before finalize, in reverse order: each broker's TBRLMM rebuilds from __remote_log_metadata,
         # which the dual writes kept whole, and tiering goes on from what tierlog copied.
@@ -249,13 +262,8 @@ def test_brokers_rolled_back_to_tbrlmm_in_the_middle_of_the_roll_under_load_lose
         total = load.stop()
     assert load.error is None, f"producing failed: {load.error}"
 
-    read = consume(bootstrap, TOPIC, total, timeout=120)
-    assert read.indexes == list(range(total))
-    assert not read.mismatched
-    segments = _kafka_segments(bootstrap)
-    known = {str(s.remote_log_segment_id.id) for s in segments}
-    orphans = [key for key in topic_log_objects(s3_location, TOPIC) if _segment_of(key) not in known]
-    assert not orphans, f"segment objects Kafka's manager does not know: {orphans}"
+    segments = _assert_read_back_with_no_orphan(bootstrap, s3_location, total,
+                                                functools.partial(_kafka_segments, bootstrap), "Kafka's manager")
     _assert_tiled_once(cluster, tp, segments, shutdowns)
 
 
