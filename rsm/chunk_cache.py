@@ -4,7 +4,10 @@ Disk: one file per chunk, `<fetch.chunk.cache.path>/<segment uuid>/<chunk number
 and renamed into place; the index is rebuilt from the directory at start, so a restarted agent keeps its warm
 cache. Every get checks the bytes against the checksum from the segment's chunk index; a corrupt or partial file
 is dropped. A full disk degrades to uncached reads. Leases pin files another process (the JVM adapter) is about
-to open, so eviction cannot remove them first.
+to open, so eviction cannot remove them first. A lease checks each file as a get does, except a file this cache
+wrote itself from checked bytes and finds unchanged (same inode, size and modification time): that one is marked
+for its reader to check (`Lease.unchecked`), so a chunk the agent just fetched is not read back only to be read
+again by the adapter.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from rlmm.errors import RemoteStorageError
 from rsm.chunk_index import checksum, file_checksum
@@ -55,6 +58,9 @@ class Lease:
     id: str
     paths: tuple[Path, ...]
     deadline: float
+    # Per path: True for a file this cache wrote from checked bytes and left unchecked here, whose reader must check
+    # it before serving its bytes; False for a file checked as the lease was taken.
+    unchecked: tuple[bool, ...] = ()
 
 
 class ChunkCache(abc.ABC):
@@ -87,6 +93,19 @@ class ChunkCache(abc.ABC):
 
     def path(self, key: ChunkKey) -> Path | None:
         """Where a chunk's file is, for a cache on disk; None for the memory cache."""
+        return None
+
+    def _own_file(self, key: ChunkKey) -> tuple[Path, int] | None:
+        """(path, size) of a chunk's file if this cache wrote it, in this process, and it is still that file; None
+        otherwise (the memory cache keeps no files)."""
+        return None
+
+    def put_stream(self, key: ChunkKey, pieces: Iterable[bytes]) -> bool | None:
+        """Store a chunk from its pieces as they come, without holding it whole, for a cache that can (None: it
+        cannot, and nothing was consumed). The caller checks the chunk it streams and raises once its last piece is
+        consumed if it is damaged: then nothing is stored. False if it was not stored (bigger than the cache, or a
+        write failed: the pieces are consumed to the end all the same, so the caller's check still runs); True once
+        stored."""
         return None
 
     def _check_file(self, key: ChunkKey) -> tuple[Path, int, int] | None:
@@ -124,6 +143,11 @@ class ChunkCache(abc.ABC):
             if present:
                 self._entries.move_to_end(key)
         found = read(key) if present else None
+        return self._judged(key, present, expected_crc, found)
+
+    def _judged(self, key: ChunkKey, present: bool, expected_crc: int, found: tuple[_T, int, int] | None
+                ) -> _T | None:
+        """`found` of a chunk the index held (`present`), if it matches `expected_crc`; the metrics of the lookup."""
         if found is not None and found[1] != expected_crc:
             log.warning("dropping cached chunk %d of segment %s: it fails its checksum (damaged or partial file); "
                         "fetching it again", key[1], key[0])
@@ -148,13 +172,17 @@ class ChunkCache(abc.ABC):
         except OSError as exc:
             self._write_failed(exc)
             return False
-        self._write_failures.succeeded()
-        self._metrics.increment(BYTES_WRITTEN, len(data))
-        with self._lock:
-            self._bytes += len(data) - self._entries.pop(key, 0)
-            self._entries[key] = len(data)
-            self._evict_locked()
+        self._stored(key, len(data))
         return True
+
+    def _stored(self, key: ChunkKey, size: int) -> None:
+        """Account for a chunk just written."""
+        self._write_failures.succeeded()
+        self._metrics.increment(BYTES_WRITTEN, size)
+        with self._lock:
+            self._bytes += size - self._entries.pop(key, 0)
+            self._entries[key] = size
+            self._evict_locked()
 
     def _write_failed(self, exc: OSError) -> None:
         if exc.errno in _DISK_FULL:
@@ -164,13 +192,24 @@ class ChunkCache(abc.ABC):
 
     def lease(self, keys: Sequence[tuple[ChunkKey, int]], seconds: float) -> Lease | None:
         """Check each (key, expected checksum) and pin its file for `seconds`; None if any is missing or damaged
-        (a damaged one is dropped), or the cache keeps no files."""
+        (a damaged one is dropped), or the cache keeps no files. A file this cache wrote itself and finds unchanged
+        is not read here: the lease marks it `unchecked`, for its reader to check."""
         paths = []
+        unchecked = []
         for key, crc in keys:
-            path = self._checked(key, crc, self._check_file)
+            own = self._own_file(key)
+            if own is not None:
+                with self._lock:
+                    present = key in self._entries
+                    if present:
+                        self._entries.move_to_end(key)
+                path = self._judged(key, present, crc, (own[0], crc, own[1]) if present else None)
+            else:
+                path = self._checked(key, crc, self._check_file)
             if path is None:
                 return None
             paths.append(path)
+            unchecked.append(own is not None)
         lease_id = uuid.uuid4().hex
         deadline = self._clock() + seconds
         chosen = tuple(key for key, _ in keys)
@@ -180,7 +219,7 @@ class ChunkCache(abc.ABC):
                 return None  # evicted between the check and the pin
             self._leases[lease_id] = (deadline, chosen)
             self._pinned.update(chosen)
-        return Lease(lease_id, tuple(paths), deadline)
+        return Lease(lease_id, tuple(paths), deadline, tuple(unchecked))
 
     def release(self, lease_id: str) -> bool:
         """Unpin a lease's files; False if it is unknown (released before, or expired)."""
@@ -243,6 +282,10 @@ class ChunkCache(abc.ABC):
             self._evict_locked()
 
 
+class _TooBig(Exception):
+    """A streamed chunk turned out bigger than the whole cache: not stored."""
+
+
 class MemoryChunkCache(ChunkCache):
     """Chunks held as bytes in this process (`fetch.chunk.cache.class=memory`); no files to hand out."""
 
@@ -269,6 +312,8 @@ class DiskChunkCache(ChunkCache):
         super().__init__(max_bytes, metrics, clock)
         self._root = root
         self._temp = root / _TEMP_DIR
+        # Files written by this process from checked bytes: (inode, size, modification time) as renamed into place.
+        self._own: dict[ChunkKey, tuple[int, int, int]] = {}
         try:
             # A crash may leave half-written temporary files; they were never renamed into the cache.
             shutil.rmtree(self._temp, ignore_errors=True)
@@ -303,14 +348,57 @@ class DiskChunkCache(ChunkCache):
         except FileNotFoundError:
             return None
 
+    def _own_file(self, key: ChunkKey) -> tuple[Path, int] | None:
+        written = self._own.get(key)
+        if written is None:
+            return None
+        path = self.path(key)
+        try:
+            found = os.stat(path)
+        except OSError:
+            return None
+        return (path, found.st_size) if (found.st_ino, found.st_size, found.st_mtime_ns) == written else None
+
     def _write(self, key: ChunkKey, data: bytes) -> None:
+        def write(out: BinaryIO) -> None:
+            written = out.write(data)
+            if written != len(data):
+                raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
+
+        self._write_file(key, write)
+
+    def put_stream(self, key: ChunkKey, pieces: Iterable[bytes]) -> bool | None:
+        remaining = iter(pieces)
+        size = 0
+
+        def write(out: BinaryIO) -> None:
+            nonlocal size
+            for piece in remaining:
+                size += len(piece)
+                if size > self._max_bytes:
+                    raise _TooBig
+                if out.write(piece) != len(piece):
+                    raise OSError(errno.EIO, f"short write of a piece of {len(piece)} bytes")
+
+        try:
+            self._write_file(key, write)
+        except (_TooBig, OSError) as exc:
+            for _ in remaining:
+                pass  # the rest of the chunk is read all the same, so the caller's check runs and its body moves on
+            if isinstance(exc, OSError):
+                self._write_failed(exc)
+            return False
+        self._stored(key, size)
+        return True
+
+    def _write_file(self, key: ChunkKey, write: Callable[[BinaryIO], None]) -> None:
+        """Write a chunk's file with `write` into a temporary file, then rename it into place (readers see the whole
+        chunk or none); raises what `write` raises, the temporary file removed."""
         temp = self._temp / uuid.uuid4().hex
         target = self.path(key)
         try:
             with open(temp, "xb", buffering=0) as out:
-                written = out.write(data)
-                if written != len(data):
-                    raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
+                write(out)
             # No fsync: after a power loss a damaged file fails its checksum and is fetched again.
             for attempt in range(2):
                 target.parent.mkdir(exist_ok=True)
@@ -323,8 +411,12 @@ class DiskChunkCache(ChunkCache):
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
+        with contextlib.suppress(OSError):
+            written = os.stat(target)
+            self._own[key] = (written.st_ino, written.st_size, written.st_mtime_ns)
 
     def _delete(self, key: ChunkKey) -> None:
+        self._own.pop(key, None)
         path = self.path(key)
         path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):

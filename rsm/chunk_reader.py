@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
+
 from rlmm.errors import InvalidArgumentError, RemoteResourceNotFoundError
 from rlmm.types import RemoteLogSegmentId
 from rsm.backend import RangeStream, StorageBackend
@@ -34,6 +36,8 @@ PREFETCH_QUEUE_BOUND = 64
 CHECKSUM_FAILURES = "chunk.checksum_failures"
 PREFETCHED_CHUNKS = "chunk_cache.prefetched_chunks"
 PREFETCH_DROPPED = "chunk_cache.prefetch_dropped"
+# Bytes of a GET's body read, checksummed and written into a cache file at a time.
+STREAM_PIECE = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,27 +131,17 @@ class ChunkReader:
         last = size - 1 if end is None else min(end, size - 1)
         return RangeStream(_SegmentBody(self, segment, start, last), last - start + 1, segment.where)
 
-    def chunks(self, segment: ChunkedSegment, first: int, last: int, eager: bool = False) -> Iterator[bytes]:
-        """Chunks first..last from one ranged GET, each checked, then cached. Each chunk is claimed while in
-        flight, so other readers wait for it rather than fetch it again: all at once for an `eager` run (drained
-        at once: prefetch, files), one at a time for a stream's run (read as slowly as its caller likes)."""
-        index = segment.index
+    def chunks(self, segment: ChunkedSegment, first: int, last: int) -> Iterator[bytes]:
+        """Chunks first..last from one ranged GET, each checked, then cached, as slowly as the caller reads them.
+        Each chunk is claimed while in flight, so other readers wait for it rather than fetch it again."""
         claims: dict[ChunkKey, threading.Event] = {}
-        if self.cache is not None and eager:
-            claims = self._claim_all(segment.cache_key(n) for n in range(first, last + 1))
         try:
-            start = index.stored_start(first)
-            end = index.stored_start(last) + index.stored_length(last) - 1
-            try:
-                body = self._backend.get_range(segment.key, start, end)
-            except InvalidArgumentError:
-                raise self._corrupt(segment, first, "the object is shorter than its chunk index says") from None
-            with body:
+            with self._get_run(segment, first, last) as body:
                 for chunk in range(first, last + 1):
                     key = segment.cache_key(chunk)
-                    if self.cache is not None and not eager:
+                    if self.cache is not None:
                         claims.update(self._claim_all([key]))
-                    data = self.decode(segment, chunk, _read_exact(body, index.stored_length(chunk)))
+                    data = self.decode(segment, chunk, _read_exact(body, segment.index.stored_length(chunk)))
                     if self.cache is not None:
                         self.cache.put(key, data)
                     claim = claims.pop(key, None)
@@ -157,6 +151,60 @@ class ChunkReader:
         finally:
             for key, claim in claims.items():
                 self._unclaim(key, claim)
+
+    def fill(self, segment: ChunkedSegment, first: int, last: int) -> int:
+        """Fetch chunks first..last into the cache from one ranged GET, each checked first (prefetch, files); returns
+        how many were fetched. All are claimed at once, so other readers wait for them rather than fetch them again.
+        An untransformed chunk goes from the GET's body into its cache file a piece at a time, checked on the way,
+        where the cache can (on disk): never held whole, and visible only once whole and checked."""
+        cache = self.cache
+        assert cache is not None
+        claims = self._claim_all(segment.cache_key(n) for n in range(first, last + 1))
+        try:
+            with self._get_run(segment, first, last) as body:
+                for chunk in range(first, last + 1):
+                    key = segment.cache_key(chunk)
+                    stored = None
+                    if segment.codec.identity:
+                        stored = cache.put_stream(key, self._checked_pieces(segment, chunk, body))
+                    if stored is None:
+                        length = segment.index.stored_length(chunk)
+                        cache.put(key, self.decode(segment, chunk, _read_exact(body, length)))
+                    claim = claims.pop(key, None)
+                    if claim is not None:
+                        self._unclaim(key, claim)
+        finally:
+            for key, claim in claims.items():
+                self._unclaim(key, claim)
+        return last - first + 1
+
+    def _get_run(self, segment: ChunkedSegment, first: int, last: int) -> RangeStream:
+        """One ranged GET of the stored chunks first..last."""
+        index = segment.index
+        start = index.stored_start(first)
+        end = index.stored_start(last) + index.stored_length(last) - 1
+        try:
+            return self._backend.get_range(segment.key, start, end)
+        except InvalidArgumentError:
+            raise self._corrupt(segment, first, "the object is shorter than its chunk index says") from None
+
+    def _checked_pieces(self, segment: ChunkedSegment, chunk: int, body: RangeStream) -> Iterator[bytes]:
+        """An untransformed chunk's bytes from `body`, a piece at a time; after the last, ChunkCorruptError if they
+        were short or fail the chunk's checksum (so a cache file being written from them is never renamed into
+        place)."""
+        length = segment.index.stored_length(chunk)
+        remaining, crc = length, 0
+        while remaining > 0:
+            piece = body.read(min(STREAM_PIECE, remaining))
+            if not piece:
+                break
+            crc = google_crc32c.extend(crc, piece)
+            remaining -= len(piece)
+            yield piece
+        if remaining:
+            raise self._corrupt(segment, chunk, f"it is {length - remaining} bytes, its chunk index says {length}")
+        if crc != segment.index.checksums[chunk]:
+            raise self._corrupt(segment, chunk, "it fails its CRC32C checksum")
 
     def cached(self, segment: ChunkedSegment, chunk: int) -> bytes | None:
         """The checked chunk from the cache, waiting for it if another reader is fetching it right now."""
@@ -202,6 +250,8 @@ class ChunkReader:
         index = segment.index
         first, last = index.chunk_of(start), index.chunk_of(end)
         wanted = [(segment.cache_key(n), index.plain_checksum(n)) for n in range(first, last + 1)]
+        # The next window's GET goes out now, beside this window's own.
+        self.prefetch_after(segment, last, covered=last)
         lease = None
         for _ in range(2):  # a second round refetches a file the lease's check found damaged
             if not self._ensure_cached(segment, first, last):
@@ -212,12 +262,13 @@ class ChunkReader:
         if lease is None:
             return None
         ranges = []
-        for chunk, path in zip(range(first, last + 1), lease.paths, strict=True):
-            chunk_start = index.original_start(chunk)
+        for chunk, path, unchecked in zip(range(first, last + 1), lease.paths, lease.unchecked, strict=True):
+            chunk_start, length = index.original_start(chunk), index.original_length(chunk)
             low = max(start, chunk_start)
-            high = min(end, chunk_start + index.original_length(chunk) - 1)
-            ranges.append(FileRange(path, low - chunk_start, high - low + 1))
-        self.prefetch_after(segment, last, covered=last)
+            high = min(end, chunk_start + length - 1)
+            # A file the cache wrote itself from checked bytes: its reader checks it, the agent does not read it back.
+            check = ChunkCheck(chunk, 0, length, index.plain_checksum(chunk)) if unchecked else None
+            ranges.append(FileRange(path, low - chunk_start, high - low + 1, check))
         return SegmentFiles(tuple(ranges), end, lease.id, lease.deadline)
 
     def store_files(self, segment: ChunkedSegment, path: Path, start: int, end: int) -> SegmentFiles:
@@ -256,8 +307,7 @@ class ChunkReader:
             if not self.cache.contains(key):
                 missing.append(chunk)
         for low, high in _runs(missing):
-            for _ in self.chunks(segment, low, high, eager=True):
-                pass
+            self.fill(segment, low, high)
         return all(self.cache.contains(segment.cache_key(n)) for n in missing)
 
     # -- prefetch -------------------------------------------------------------------------------
@@ -328,8 +378,7 @@ class ChunkReader:
             if segment.cache_key(n) not in inflight and not self.cache.contains(segment.cache_key(n))
         ]
         for low, high in _runs(missing):
-            for _ in self.chunks(segment, low, high, eager=True):
-                self._metrics.increment(PREFETCHED_CHUNKS)
+            self._metrics.increment(PREFETCHED_CHUNKS, self.fill(segment, low, high))
 
     def _prefetch_next(self, segment: ChunkedSegment, count: int) -> None:
         following = self._next_segment(segment)

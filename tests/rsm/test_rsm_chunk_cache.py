@@ -166,7 +166,7 @@ def test_a_full_cache_disk_degrades_to_uncached_reads_with_one_log_line_and_a_me
     with _tiny_filesystem(cache_dir, "48k") as mounted, contextlib.ExitStack() as faults:
         if not mounted:  # not root: the one fault a mock stands in for
             faults.enter_context(mock.patch.object(
-                DiskChunkCache, "_write", side_effect=OSError(errno.ENOSPC, "No space left on device")))
+                DiskChunkCache, "_write_file", side_effect=OSError(errno.ENOSPC, "No space left on device")))
         # The bound is far above what the filesystem holds: the disk fills, not the cache.
         with RemoteStorageManager(_config(fs_config, cache_dir, **{"fetch.chunk.cache.size": 64 << 20})) as rsm:
             segment = make_segment(log_size=SEGMENT)

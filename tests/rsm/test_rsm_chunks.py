@@ -79,6 +79,23 @@ def test_a_flipped_byte_in_the_stored_log_object_is_an_error_naming_segment_and_
         assert rsm.metrics()["counters"]["chunk.checksum_failures"] == 1
 
 
+def test_a_damaged_chunk_fetched_into_the_cache_for_files_fails_naming_it_and_leaves_no_file(
+    backend_config: dict[str, Any], tmp_path: Path, make_segment: SegmentFactory
+) -> None:
+    config = _config(backend_config, tmp_path, cached=True) | {"fetch.files.direct": False}
+    with RemoteStorageManager(config) as rsm:
+        segment = make_segment()
+        metadata = segment.with_custom_metadata(rsm.copy_log_segment_data(segment.metadata, segment.data))
+        _flip_byte(rsm, segment, 5 * CHUNK + 7)
+        with pytest.raises(ChunkCorruptError, match=f"segment {metadata.remote_log_segment_id} chunk 5 "):
+            rsm.fetch_log_segment_files(metadata, 4 * CHUNK, 7 * CHUNK - 1)
+        assert rsm.prefetch_idle(30)
+        cached = tmp_path / "cache" / str(metadata.remote_log_segment_id.id)
+        # The chunk before it is cached whole; nothing of the damaged one, not even a temporary file.
+        assert (cached / "4").read_bytes() == segment.log_bytes[4 * CHUNK : 5 * CHUNK]
+        assert not (cached / "5").exists() and not any((tmp_path / "cache" / ".tmp").iterdir())
+
+
 def test_a_damaged_chunk_outside_the_requested_range_does_not_fail_the_read(
     backend_config: dict[str, Any], tmp_path: Path, make_segment: SegmentFactory
 ) -> None:

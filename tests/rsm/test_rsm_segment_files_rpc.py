@@ -1,8 +1,9 @@
 """FetchLogSegmentFiles, used as the JVM adapter uses it (rsm/README.md, "Segment bytes as files"): ask for a
 range, open every returned file, release the lease, read the ranges; the bytes equal the segment's. The lease
-keeps files in place against eviction until they are open; an open file stays readable after eviction. On the
-filesystem backend an untransformed segment is answered with the backend's own file, unpinned, each range with its
-chunk's checksum, which the reader checks.
+keeps files in place against eviction until they are open; an open file stays readable after eviction. A chunk file
+the agent just wrote from checked bytes comes with its chunk's checksum, which the reader checks; others the agent
+checks before answering. On the filesystem backend an untransformed segment is answered with the backend's own
+file, unpinned, each range with its chunk's checksum, which the reader checks.
 """
 
 from __future__ import annotations
@@ -163,6 +164,31 @@ def test_a_damaged_cache_file_is_refetched_before_it_is_handed_out(agent: Agent)
     assert agent.read_like_the_adapter(metadata, 0, CHUNK) == data
 
 
+def test_a_chunk_the_agent_just_cached_is_left_for_its_reader_to_check_and_a_damaged_one_is_refetched_by_the_stream(
+    agent: Agent,
+) -> None:
+    data = random.Random(10).randbytes(SEGMENT)
+    metadata = agent.copy(data)
+    answer = agent.files(metadata, 0, CHUNK)
+    agent.release(answer)
+    (piece,) = answer.ranges
+    assert (piece.check.chunk, piece.check.offset, piece.check.length, piece.check.crc32c) == (
+        0, 0, CHUNK, checksum(data[:CHUNK])
+    )
+    # Damaged in place, its size and modification time kept: the agent does not see it, the reader's check does.
+    victim = Path(piece.path)
+    before = victim.stat()
+    with victim.open("r+b") as out:
+        out.write(b"\xff" if data[0] != 0xFF else b"\0")
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(ChunkDamaged, match="chunk 0 "):
+        agent.read_like_the_adapter(metadata, 0, CHUNK)
+    # What the adapter does then: stream the range, through the agent's own check, which drops the file.
+    fetch = pb.FetchSegmentRequest(metadata=messages.segment_metadata_msg(metadata), start_position=0)
+    assert b"".join(c.data for c in agent.storage.FetchLogSegment(fetch, timeout=30)) == data
+    assert agent.read_like_the_adapter(metadata, 0, CHUNK) == data
+
+
 def test_without_a_disk_cache_the_answer_says_to_stream_instead(tmp_path: Path) -> None:
     agent = Agent(tmp_path, {"fetch.files.direct": False})
     try:
@@ -208,10 +234,14 @@ def test_a_restarted_agent_answers_from_its_warm_cache(tmp_path: Path) -> None:
         before.close()
     after = Agent(tmp_path, config)
     try:
+        # Files it did not write itself: the agent checks them before answering, their reader need not.
+        answer = after.files(metadata, 0)
+        after.release(answer)
+        assert answer.ranges and not any(r.HasField("check") for r in answer.ranges)
         assert after.read_like_the_adapter(metadata, 0, 0) == data
         rsm = after.server.components.get(ComponentName.REMOTE_STORAGE_MANAGER, 5)
         counters = rsm.metrics()["counters"]
-        assert "chunk_cache.misses" not in counters and counters["chunk_cache.hits"] == -(-SEGMENT // CHUNK)
+        assert "chunk_cache.misses" not in counters and counters["chunk_cache.hits"] == 2 * -(-SEGMENT // CHUNK)
     finally:
         after.close()
 

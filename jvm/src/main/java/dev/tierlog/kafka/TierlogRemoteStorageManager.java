@@ -218,12 +218,13 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
 
     /**
      * One FetchLogSegmentFiles answer: its files, opened (and their chunks checked where the answer says to), or
-     * why the range must be streamed instead, or a file that could not be opened, or a chunk that failed its check.
+     * why the range must be streamed instead, or a file that could not be opened, or a chunk that failed its check
+     * (in a file of the agent's chunk cache, {@code leased}, or of the store).
      */
     private record FilesAnswer(RecentWindows.Shared files, String streamInstead, IOException unopened,
-            String damaged) {
+            String damaged, boolean leased) {
         static FilesAnswer streamInstead(String why) {
-            return new FilesAnswer(null, why, null, null);
+            return new FilesAnswer(null, why, null, null, false);
         }
     }
 
@@ -254,7 +255,13 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
             FilesAnswer answer = agent().call(call, agent().settings().lookupTimeoutMs,
                 (ch, dl) -> openFiles(ch, dl, request.build(), what, segment, position));
             if (answer.damaged() != null) {
-                throw new RemoteStorageException(call + ": " + answer.damaged());
+                if (!answer.leased()) {
+                    throw new RemoteStorageException(call + ": " + answer.damaged());
+                }
+                // A cache file the agent wrote and left for this check: the stream reads through the agent's own
+                // check, which drops the damaged file and fetches the chunk again (or fails naming it).
+                LOG.warn("{}: {}; streaming the range instead", call, answer.damaged());
+                break;
             }
             if (answer.files() != null) {
                 try {
@@ -278,7 +285,8 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
 
     /**
      * Asks for the files of a range, opens them all, then releases their lease (open files stay readable). Ranges of
-     * the store's own files come with their chunk's checksum: each such chunk is checked before the files are used.
+     * the store's own files, and of cache files the agent wrote itself and did not read back, come with their chunk's
+     * checksum: each such chunk is checked before the files are used.
      */
     private FilesAnswer openFiles(ManagedChannel ch, Deadline deadline, FetchSegmentFilesRequest request,
             String what, Uuid segment, long position) {
@@ -326,7 +334,7 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                 throw new DamagedChunk(damaged);
             }
             return new FilesAnswer(new RecentWindows.Shared(what, segment, position, answer.getEndPosition(), opened,
-                checked), null, null, null);
+                checked), null, null, null, false);
         } catch (IOException | RuntimeException e) {
             for (SegmentFilesInputStream.OpenRange range : opened) {
                 try {
@@ -336,10 +344,10 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                 }
             }
             if (e instanceof IOException unopened) {
-                return new FilesAnswer(null, null, unopened, null);
+                return new FilesAnswer(null, null, unopened, null, false);
             }
             if (e instanceof DamagedChunk damaged) {
-                return new FilesAnswer(null, null, null, damaged.getMessage());
+                return new FilesAnswer(null, null, null, damaged.getMessage(), !answer.getLeaseId().isEmpty());
             }
             throw (RuntimeException) e;
         } finally {

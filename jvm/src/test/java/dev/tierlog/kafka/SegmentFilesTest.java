@@ -3,8 +3,10 @@
  * a cache directory: exact bytes across windows and chunks, the next window only when the reader gets there,
  * every file closed, and the stream (FetchLogSegment) whenever the agent cannot answer with files; with
  * agent.fetch.files.reuse.ms, later fetches inside a recent answer's window read its files again, until it expires,
- * its segment is deleted or the plugin closes. Answers of the store's own file (no lease) have each chunk checked
- * against its CRC32C before any byte is served; a damaged chunk is an error naming segment and chunk.
+ * its segment is deleted or the plugin closes. Ranges with a check (the store's own file, no lease; cache files the
+ * agent wrote and left for the adapter to check) have their chunk checked against its CRC32C before any byte is
+ * served; a damaged chunk of the store's file is an error naming segment and chunk, a damaged cache file's range is
+ * streamed instead (through the agent's own check, which drops and refetches it).
  */
 package dev.tierlog.kafka;
 
@@ -99,6 +101,8 @@ class SegmentFilesTest {
         volatile boolean notFound;
         // Answer with the store's own file and each chunk's checksum, without a lease.
         volatile boolean fromStore;
+        // Cache file ranges carry their chunk's checksum (files the agent wrote itself and did not read back).
+        volatile boolean checkCacheFiles;
         // Answers left that name a file that is not there (an expired lease's evicted chunk).
         final AtomicInteger missingAnswers = new AtomicInteger();
 
@@ -140,8 +144,16 @@ class SegmentFilesTest {
                     continue;
                 }
                 Path file = missing ? cache.resolve("evicted") : cache.resolve(String.valueOf(chunk));
-                files.addRanges(SegmentFileRange.newBuilder().setPath(file.toString())
-                    .setOffset(HEADER + position - chunk * CHUNK).setLength(length));
+                SegmentFileRange.Builder range = SegmentFileRange.newBuilder().setPath(file.toString())
+                    .setOffset(HEADER + position - chunk * CHUNK).setLength(length);
+                if (checkCacheFiles) {
+                    int chunkLength = (int) Math.min(CHUNK, SEGMENT.length - chunk * CHUNK);
+                    CRC32C crc = new CRC32C();
+                    crc.update(SEGMENT, (int) chunk * CHUNK, chunkLength);
+                    range.setCheck(ChunkCheck.newBuilder().setChunk((int) chunk).setOffset(HEADER)
+                        .setLength(chunkLength).setCrc32C((int) crc.getValue()));
+                }
+                files.addRanges(range);
                 position += length;
             }
             if (!fromStore) {
@@ -450,6 +462,22 @@ class SegmentFilesTest {
             assertTrue(later.getMessage().contains(" chunk 5 "), later.getMessage());
         }
         assertEquals(0, storage.streamCalls.get());
+    }
+
+    @Test
+    void aDamagedCacheFileLeftForTheAdaptersCheckIsStreamedInsteadNeverServed() throws Exception {
+        storage.checkCacheFiles = true;
+        TierlogRemoteStorageManager rsm = rsm();
+        assertArrayEquals(SEGMENT, readAll(rsm.fetchLogSegment(METADATA, 0)));
+        assertEquals(0, storage.streamCalls.get());
+        Path victim = cache.resolve("5"); // chunk 5, in the second window
+        byte[] bytes = Files.readAllBytes(victim);
+        bytes[HEADER + 7] ^= 1;
+        Files.write(victim, bytes);
+        assertArrayEquals(SEGMENT, readAll(rsm.fetchLogSegment(METADATA, 0)));
+        assertEquals(1, storage.streamCalls.get());
+        awaitAllReleased();
+        assertEquals(0, openChunkFiles());
     }
 
     private void flip(long position) throws IOException {
