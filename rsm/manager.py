@@ -110,8 +110,9 @@ CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("fetch.chunk.cache.path", parse_str, default=""),
     ConfigKey("fetch.chunk.cache.size", parse_int, 1 << 30, check=lambda v: v > 0, requirement="> 0"),
+    # Two of the adapter's 8 MiB windows: the GET of the window after next goes out while the next one's still runs.
     ConfigKey(
-        "fetch.chunk.cache.prefetch.max.size", parse_int, 2 * chunk_index.DEFAULT_CHUNK_SIZE,
+        "fetch.chunk.cache.prefetch.max.size", parse_int, 4 * chunk_index.DEFAULT_CHUNK_SIZE,
         check=_non_negative, requirement=">= 0",
     ),
     ConfigKey("fetch.chunk.cache.prefetch.threads", parse_int, 2, check=lambda v: v > 0, requirement="> 0"),
