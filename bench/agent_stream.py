@@ -35,11 +35,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+import google_crc32c  # noqa: E402
 import grpc  # noqa: E402
 
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition  # noqa: E402
 from rsm import IndexType, LogSegmentData, RemoteStorageManager  # noqa: E402
-from rsm.chunk_index import checksum  # noqa: E402
 from rsm.keys import keys_for  # noqa: E402
 from tierlog.agent import messages  # noqa: E402
 from tierlog.agent.components import ComponentName  # noqa: E402
@@ -96,10 +96,22 @@ def _gets(rsm: Any) -> int:
     return int(rsm.metrics()["operations"].get("backend.get", {}).get("requests", 0))
 
 
+def _crc32c(fd: int, offset: int, length: int) -> int:
+    """CRC32C of `length` bytes at `offset` of an open file, read in pieces as the adapter's check does."""
+    crc, end = 0, offset + length
+    while offset < end:
+        piece = os.pread(fd, min(READ_BYTES, end - offset), offset)
+        assert piece, f"the file ends at byte {offset}"
+        crc = google_crc32c.extend(crc, piece)
+        offset += len(piece)
+    return int(crc)
+
+
 def _read_files(storage: Any, stored_msg: Any, size: int, window: int) -> int:
-    """Read a segment as the JVM adapter does: per window, open every file, release the lease if there is one, check
-    the chunks the answer says to check, read the ranges."""
+    """Read a segment as the JVM adapter does: per window, open every file, release the lease if there is one (not
+    waiting for the answer), check the chunks the answer says to check, read the ranges."""
     position = received = 0
+    releases = []
     while position < size:
         answer = storage.FetchLogSegmentFiles(
             pb.FetchSegmentFilesRequest(metadata=stored_msg, start_position=position, max_bytes=window), timeout=300
@@ -107,17 +119,20 @@ def _read_files(storage: Any, stored_msg: Any, size: int, window: int) -> int:
         assert not answer.stream_instead, answer.stream_instead
         descriptors = [os.open(r.path, os.O_RDONLY) for r in answer.ranges]
         if answer.lease_id:
-            storage.ReleaseSegmentFiles(pb.SegmentFilesLease(lease_id=answer.lease_id), timeout=30)
+            releases.append(storage.ReleaseSegmentFiles.future(pb.SegmentFilesLease(lease_id=answer.lease_id),
+                                                               timeout=30))
         for fd, piece in zip(descriptors, answer.ranges, strict=True):
             if piece.HasField("check"):
                 check = piece.check
-                assert checksum(os.pread(fd, check.length, check.offset)) == check.crc32c, f"chunk {check.chunk}"
+                assert _crc32c(fd, check.offset, check.length) == check.crc32c, f"chunk {check.chunk}"
             offset, end = piece.offset, piece.offset + piece.length
             while offset < end:
                 received += len(os.pread(fd, min(READ_BYTES, end - offset), offset))
                 offset += READ_BYTES
             os.close(fd)
         position = answer.end_position + 1
+    for release in releases:  # a dropped future would cancel its call
+        release.result()
     return received
 
 
@@ -381,12 +396,14 @@ def main() -> None:
             results["agent_stream_cold"] = _timed(stream_through_agent, args.repeat, before=recopy)
             results["agent_stream_warm"] = _timed(stream_through_agent, args.repeat)
             if args.backend == "s3":
-                # The baseline and the adapter's path alternate, so both see the same load on a shared machine.
+                # The baseline and the adapter's path take turns after each copy (which empties the agent's cache),
+                # each going first every other time, so both see the same load and the same freshly written object.
                 raw_read = _raw_ranged_gets(backend, stored, size, window)
                 results["raw_boto3_ranged_gets"], results["agent_files_cold"] = [], []
-                for _ in range(args.repeat):
-                    results["raw_boto3_ranged_gets"] += _timed(raw_read, 1)
-                    results["agent_files_cold"] += _timed(files_through_agent, 1, before=recopy)
+                for turn in range(args.repeat):
+                    recopy()
+                    for name in ("raw_boto3_ranged_gets", "agent_files_cold")[:: 1 if turn % 2 else -1]:
+                        results[name] += _timed(raw_read if name.startswith("raw") else files_through_agent, 1)
             else:
                 results["agent_files_cold"] = _timed(files_through_agent, args.repeat, before=recopy)
             results["agent_files_warm"] = _timed(files_through_agent, args.repeat)
