@@ -8,7 +8,8 @@ sequentially) as the baseline the issue names, alternating with the cold reads t
 
 With `--curve 1,4,16`: the concurrency curve instead, N readers each reading a different segment at once, cold,
 through the agent's file path and its byte stream (each reader a process of its own, as brokers' fetch threads are
-not the agent's) and from the rsm called directly (N threads of one process); aggregate MiB/s per N.
+not the agent's) and from the rsm called directly (N threads of one process); aggregate MiB/s per N, with the CPU
+of the serving process, of the readers and of the whole machine.
 
 Usage: python bench/agent_stream.py [--segment-mib 64] [--repeat 5] [--window-mib 8] [--backend filesystem|s3]
 [--curve 1,4,16]; prints one JSON document.
@@ -141,6 +142,13 @@ def _read_stream(storage: Any, stored_msg: Any) -> int:
     return sum(len(c.data) for c in storage.FetchLogSegment(fetch, timeout=300))
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process) since boot, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _curve_reader(
     socket: str, path: str, segment: bytes, size: int, window: int, ready: Any, start: Any, done: Any
 ) -> None:
@@ -152,8 +160,9 @@ def _curve_reader(
     stored_msg = pb.RemoteLogSegmentMetadata.FromString(segment)
     ready.put(True)
     start.wait(600)
+    cpu = time.process_time()
     received = _read_files(storage, stored_msg, size, window) if path == "files" else _read_stream(storage, stored_msg)
-    done.put((received, time.monotonic()))
+    done.put((received, time.monotonic(), time.process_time() - cpu))
     channel.close()
 
 
@@ -183,6 +192,10 @@ def _curve(args: argparse.Namespace, base: Path, caches: Path, backend: dict[str
     # CPU seconds of this process (the agent, or the direct rsm) per wall second: near 1.0 while it is the only
     # thing running means one interpreter's lock bounds it; well below 1.0, something else (disk, the readers).
     cores: dict[str, dict[int, list[float]]] = {name: {n: [] for n in counts} for name in names}
+    # Through the agent: the reader processes' CPU together, and the whole machine's busy cores (every process:
+    # the agent, the readers, the S3 server, anything else running), over the same wall time.
+    reader_cores: dict[str, dict[int, list[float]]] = {name: {n: [] for n in counts} for name in names[:2]}
+    machine: dict[str, dict[int, list[float]]] = {name: {n: [] for n in counts} for name in names[:2]}
     for n in counts * args.repeat:
         segments = stored[:n]
         for name, cache in (("direct_rsm_uncached", None), ("direct_rsm_disk_cache_cold", caches / f"direct-{n}")):
@@ -230,15 +243,17 @@ def _curve(args: argparse.Namespace, base: Path, caches: Path, backend: dict[str
                     reader.start()
                 for _ in readers:  # every reader's interpreter is up and connected before the clock starts
                     ready.get(timeout=300)
-                started, cpu = time.monotonic(), time.process_time()
+                started, cpu, busy = time.monotonic(), time.process_time(), _machine_busy_s()
                 start.set()
                 finished = [done.get(timeout=600) for _ in readers]
+                elapsed = max(at for _, at, _ in finished) - started
+                machine[f"agent_{path}"][n].append((_machine_busy_s() - busy) / elapsed)
                 for reader in readers:
                     reader.join(60)
-                assert sum(received for received, _ in finished) == n * size
-                elapsed = max(at for _, at in finished) - started
+                assert sum(received for received, _, _ in finished) == n * size
                 runs[f"agent_{path}"][n].append(n * size / MIB / elapsed)
                 cores[f"agent_{path}"][n].append((time.process_time() - cpu) / elapsed)
+                reader_cores[f"agent_{path}"][n].append(sum(used for _, _, used in finished) / elapsed)
             finally:
                 server.stop(grace=1)
                 shutil.rmtree(cache, ignore_errors=True)
@@ -259,6 +274,12 @@ def _curve(args: argparse.Namespace, base: Path, caches: Path, backend: dict[str
         },
         "serving_process_cpu_cores_median": {
             name: {n: round(statistics.median(c), 2) for n, c in by_n.items()} for name, by_n in cores.items()
+        },
+        "reader_processes_cpu_cores_median": {
+            name: {n: round(statistics.median(c), 2) for n, c in by_n.items()} for name, by_n in reader_cores.items()
+        },
+        "machine_busy_cores_median": {
+            name: {n: round(statistics.median(c), 2) for n, c in by_n.items()} for name, by_n in machine.items()
         },
     }
 
