@@ -15,8 +15,9 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -50,6 +51,14 @@ STAMP_INTERVAL_S = 10.0
 # 50k-record windows replayed 160k records, one window 47k. Its records are applied and committed
 # WINDOW_COMMIT_RECORDS at a time, so that few are held decoded at once.
 WINDOW_MAX_KEPT = 100_000
+# A large backlog of metadata partitions the view never applied (a new node's) is read a group of partitions at a
+# time, each group a window of its own: the user partitions of different metadata partitions never share state, so
+# each such window loads fresh (folded in memory, on two cores, and written as tables: about 15 us per record kept),
+# where windows across every partition would load only the first fresh and apply the others in commits, each
+# record's state read from RocksDB (about 40 us). A group takes as many partitions as the window is expected to keep
+# up to this share of WINDOW_MAX_KEPT, by the share of records kept so far; the first starts with one partition and
+# grows once that one is read.
+GROUP_FILL = 0.8
 WINDOW_MAX_RECORDS = 5_000_000
 WINDOW_MAX_S = 20.0
 WINDOW_COMMIT_RECORDS = 5_000
@@ -228,12 +237,17 @@ class MetadataApplier:
         # record may follow removed ones. So does a partition resumed from the offsets the view stored: the window
         # that committed them may have been cut short (a crash between its commits), having skipped records below
         # them that records above them superseded, and the first of those read stands for them.
-        starts = {**self._log_starts(), **self.applied}
+        self._log_start = self._log_starts()
+        starts = {**self._log_start, **self.applied}
         self._next_offsets: dict[int, int] = dict(starts)
         self._after_cleaning: set[int] = set(self.applied)
-        self._consumer.assign(starts)
+        # A grouped read of a large backlog of partitions never applied (GROUP_FILL): the partitions being read (None:
+        # every one), those still to read and how many records each holds.
+        self._group: set[int] | None = None
+        self._ungrouped: list[int] = []
+        self._backlog: dict[int, int] = {}
         # A new node's fold worker for its first window (rlmm.fresh_load), started before it reads a large backlog.
-        self._worker = self._worker_for(starts)
+        self._worker = self._start_reading(starts)
         self._catching_up = False  # while a backlog is read (_catch_up): its commits borrow partitions
         self._stop = threading.Event()
         self._registrations = threading.Event()  # set when partitions register: resolve their targets at once
@@ -258,19 +272,55 @@ class MetadataApplier:
             log.info("metadata topic %s: reading from the beginning (%s)", self._settings.metadata_topic, exc)
             return {}
 
-    def _worker_for(self, starts: dict[int, int]) -> fresh_load.FoldWorker | None:
-        """A new node's fold worker, started now if the topic holds enough records past `starts` (its interpreter
-        then boots while the backlog is read; started once the first window holds that many, it was often still
-        booting when the window ended). None otherwise, or if the topic's ends are not known: _fill starts one then."""
-        if self.applied or not starts or not self._settings.fold_worker:
+    def _start_reading(self, starts: dict[int, int]) -> fresh_load.FoldWorker | None:
+        """Assign the consumer: to the first group of a grouped read when the partitions never applied hold a large
+        backlog past `starts`, else to every partition. For such a backlog, a fold worker too, started now (its
+        interpreter then boots while the backlog is read; started once the first window holds enough records, it was
+        often still booting when the window ended). Without the topic's ends, every partition (and _fill starts a
+        worker if the backlog is large)."""
+        self._group, self._ungrouped, self._backlog = None, [], {}
+        fresh = sorted(partition for partition in starts if partition not in self.applied)
+        ends: dict[int, int] = {}
+        if fresh:
+            with suppress(RemoteStorageError):  # then read as one: ends are for sizing groups only
+                ends = self._offsets.end_offsets(fresh, OFFSETS_TIMEOUT_S)
+        backlog = {partition: end - starts[partition] for partition, end in ends.items() if end > starts[partition]}
+        if sum(backlog.values()) < fresh_load.WORKER_MIN_KEPT:
+            self._consumer.assign(starts)
             return None
-        try:
-            ends = self._offsets.end_offsets(sorted(starts), OFFSETS_TIMEOUT_S)
-        except RemoteStorageError:
-            return None
-        if sum(end - starts[partition] for partition, end in ends.items()) < fresh_load.WORKER_MIN_KEPT:
-            return None
-        return fresh_load.FoldWorker.start()
+        self._backlog, self._ungrouped = backlog, sorted(backlog)
+        self._next_group(None)
+        return fresh_load.FoldWorker.start() if self._settings.fold_worker else None
+
+    def _next_group(self, kept_share: float | None) -> None:
+        """Read the next group of a grouped read, or every partition once no group is left."""
+        if not self._ungrouped:
+            self._group = None
+            self._at_end.clear()  # the partitions read before were not read since
+            self._consumer.assign(self._next_offsets)
+            return
+        self._group = set()
+        self._consumer.assign(self._next_offsets, self._grow_group(0, kept_share))
+
+    def _grow_group(self, kept: int, kept_share: float | None) -> list[int]:
+        """Take partitions into the group being read while a window keeping `kept` records is expected to keep
+        them within GROUP_FILL (one, into an empty group, whatever its size or when the share is not known)."""
+        assert self._group is not None
+        taken: list[int] = []
+        room = GROUP_FILL * WINDOW_MAX_KEPT - kept
+        while self._ungrouped:
+            expected = self._backlog[self._ungrouped[0]] * (kept_share if kept_share is not None else 1.0)
+            if self._group and (kept_share is None or expected > room):
+                break
+            taken.append(self._ungrouped.pop(0))
+            self._group.add(taken[-1])
+            room -= expected
+        return taken
+
+    def _loads_fresh(self) -> bool:
+        """Whether the window being read may load fresh: nothing applied yet, or a group of partitions never
+        applied."""
+        return not self.applied or (self._group is not None and self._group.isdisjoint(self.applied))
 
     # --- the apply loop ---------------------------------------------------------------------------------
 
@@ -287,7 +337,8 @@ class MetadataApplier:
                     # A new node (nothing applied yet) waits a little for a full batch: its first records are only
                     # the first of the topic to arrive, and a topic of more is a backlog, best read as one.
                     messages += self._consumer.consume(max_records - 1, FIRST_FILL_S if not self.applied else 0)
-                    if len(messages) >= max_records:  # a backlog: a rebuild, or a node that was away
+                    # A backlog (a rebuild, or a node that was away), or a grouped read's window.
+                    if len(messages) >= max_records or self._group is not None:
                         self._catch_up(messages)
                     else:
                         with _cyclic_gc_paused():
@@ -331,9 +382,12 @@ class MetadataApplier:
             applied = dict(self.applied)
             halted = list(self.halted)
         self._at_end.clear()
-        self._next_offsets = dict(applied)
+        starts = {**self._log_start, **applied}  # a partition never applied: read again from its start
+        self._next_offsets = dict(starts)
         self._after_cleaning = set(applied)  # as at a start from stored offsets
-        self._consumer.assign(applied)
+        worker = self._start_reading(starts)
+        if worker is not None:
+            worker.close()  # _fill starts one once a window holds enough records
         for partition in halted:
             self._consumer.pause(partition)
 
@@ -356,10 +410,17 @@ class MetadataApplier:
                 caught_up = self._fill(window, messages)
                 messages = []
                 read_s = time.monotonic() - started
-                replayed, how = self._apply_window(window, last=caught_up)
-                log.info("metadata topic %s: a backlog window of %d records read in %.1f s; the newest of each key, "
-                         "%d records, %s in %.1f s%s", self._settings.metadata_topic, window.records, read_s,
-                         replayed, how, time.monotonic() - started - read_s, "" if caught_up else "; reading on")
+                kept_share = window.kept() / window.records if window.records else None
+                group = sorted(self._group) if self._group is not None else None
+                grouped_on = caught_up and self._group is not None
+                replayed, how = self._apply_window(window, last=caught_up and not grouped_on)
+                log.info("metadata topic %s: a backlog window of %d records%s read in %.1f s; the newest of each key, "
+                         "%d records, %s in %.1f s%s", self._settings.metadata_topic, window.records,
+                         f" of metadata partitions {_ranges(group)}" if group is not None else "", read_s, replayed,
+                         how, time.monotonic() - started - read_s, "" if caught_up else "; reading on")
+                if grouped_on and not self._stop.is_set():
+                    self._next_group(kept_share)
+                    continue
                 if caught_up or self._stop.is_set():
                     return
 
@@ -392,18 +453,25 @@ class MetadataApplier:
         # The window's ends are the positions `_add` notes anyway, for the partitions it read: not noted per record.
         before = dict(self._next_offsets)
         # A new node's first window, once it keeps enough records, gets a worker to fold half of it (_load_fresh),
-        # started now so that its interpreter is up when the window is read (unless _worker_for started it already).
+        # started now so that its interpreter is up when the window is read (unless _start_reading started it already).
         wants_worker = self._settings.fold_worker
         while True:
             self._add(window, messages)
             if wants_worker and window.kept() >= fresh_load.WORKER_MIN_KEPT:
                 wants_worker = False
-                if not self.applied and self._worker is None:
+                if self._loads_fresh() and self._worker is None:
                     self._worker = fresh_load.FoldWorker.start()
             now = time.monotonic()
             if messages:
                 flowing = now
             ended = len(messages) < max_records and (self._read_to_end() or now - flowing >= WINDOW_IDLE_S)
+            if ended and self._group is not None and window.records and self._loads_fresh() and \
+                    self._read_to_end():
+                # A grouped read's window read its partitions to the end: it takes more while it has room.
+                more = self._grow_group(window.kept(), window.kept() / window.records)
+                if more:
+                    self._consumer.add(self._next_offsets, more)
+                    flowing, ended = now, False
             if ended or window.records >= WINDOW_MAX_RECORDS or window.kept() >= WINDOW_MAX_KEPT or \
                     now - started >= WINDOW_MAX_S or self._stop.is_set():
                 window.ends.update((p, end) for p, end in self._next_offsets.items() if before.get(p) != end)
@@ -420,7 +488,9 @@ class MetadataApplier:
         return partition in self._after_cleaning
 
     def _read_to_end(self) -> bool:
-        """Whether every metadata partition not halted was read to the end of its log."""
+        """Whether every metadata partition being read (and not halted) was read to the end of its log."""
+        if self._group is not None:
+            return all(partition in self._at_end or partition in self.halted for partition in self._group)
         return len(self._at_end | self.halted.keys()) >= self._consumer.partitions
 
     def _add(self, window: CompactedWindow, messages: list[Message]) -> None:
@@ -470,9 +540,10 @@ class MetadataApplier:
         replay = window.replay_order()
         window.clear()
         replayed = len(replay)
-        # Nothing applied: a new node's view, or one whose first load was cut short.
-        if not self.applied and self._load_fresh(replay, window.ends):
-            return replayed, "loaded into the empty view"
+        # Nothing applied (a new node's view, or one whose first load was cut short), or a group never applied.
+        if self._loads_fresh() and window.ends.keys().isdisjoint(self.applied) and \
+                self._load_fresh(replay, window.ends):
+            return replayed, "loaded fresh"
         stopped: dict[int, int] = {}  # partitions a record this window could not read halted, at its offset
         for first in range(0, max(len(replay), 1), WINDOW_COMMIT_RECORDS):
             records: list[ConsumedRecord] = []
@@ -537,6 +608,12 @@ class MetadataApplier:
             if failed:
                 log.warning("metadata topic %s: a record failed to apply (%s); replaying the window in commits",
                             self._settings.metadata_topic, failed)
+                return False
+            touched = folded.touched | (theirs_folded.touched if theirs_folded is not None else set())
+            if self.applied and self._view.holds_any((vf.tp_key(uuid.UUID(int=topic_id), number)
+                                                      for topic_id, number in touched)):
+                log.warning("metadata topic %s: user partitions of this window have records on metadata partitions "
+                            "read before; replaying the window in commits", self._settings.metadata_topic)
                 return False
             noted, outcomes, requests = self._noted(mine, folded)
             applied, unreadable = folded.applied, folded.unreadable
@@ -640,6 +717,7 @@ class MetadataApplier:
             if partition not in self.applied:
                 # Only the log's start, read at startup, fell off (records deleted since): nothing stored is lost.
                 self._next_offsets.pop(partition, None)
+                self._log_start.pop(partition, None)
                 self._consumer.rewind_to_start(partition)
                 return
             self._halt(partition, self.applied.get(partition, 0),
@@ -832,6 +910,17 @@ def _release_free_memory() -> None:
     malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if malloc_trim is not None:
         malloc_trim(0)
+
+
+def _ranges(partitions: Sequence[int]) -> str:
+    """Sorted partition numbers as runs: 0-3, 7, 9-10."""
+    runs: list[list[int]] = []
+    for partition in partitions:
+        if runs and partition == runs[-1][1] + 1:
+            runs[-1][1] = partition
+        else:
+            runs.append([partition, partition])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
 
 
 def _position(message: Message) -> tuple[int, int]:

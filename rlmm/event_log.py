@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -297,9 +297,18 @@ class EventConsumer:
             },
         ))
 
-    def assign(self, start_offsets: Mapping[int, int]) -> None:
+    def assign(self, start_offsets: Mapping[int, int], partitions: Iterable[int] | None = None) -> None:
+        """Read `partitions` (every one by default), and only those, each from its start offset (else from the
+        beginning of its log)."""
         self._consumer.assign([
-            TopicPartition(self.topic, p, start_offsets.get(p, OFFSET_BEGINNING)) for p in range(self.partitions)
+            TopicPartition(self.topic, p, start_offsets.get(p, OFFSET_BEGINNING))
+            for p in (range(self.partitions) if partitions is None else partitions)
+        ])
+
+    def add(self, start_offsets: Mapping[int, int], partitions: Iterable[int]) -> None:
+        """Read `partitions` too, each from its start offset (else from the beginning of its log)."""
+        self._consumer.incremental_assign([
+            TopicPartition(self.topic, p, start_offsets.get(p, OFFSET_BEGINNING)) for p in partitions
         ])
 
     def consume(self, max_records: int, timeout_s: float) -> list[Message]:

@@ -51,6 +51,11 @@ from rlmm.types import (
 
 _FORMAT_KEY = b"tierlog.view.format"
 _PAST_EVERY_KEY = b"\xff" * 64  # after every key of the view's families (each starts with a 16-byte topic id)
+_PAST_PARTITION = b"\xff" * 44  # after a user partition's key, after every key that starts with it
+# While a fresh load ingests, its user partitions' keys (concatenated) under this key of the applied offsets' family
+# (no topic's offsets: those start with the topic's name): a load cut short leaves them part-written, and the next
+# fresh load removes them first. The offsets the load reaches, written last, remove the key.
+_LOADING_KEY = b"\0loading"
 _SOURCE_KEY = b"tierlog.view.source\0"  # + metadata topic name
 _DELETED = None
 
@@ -404,21 +409,27 @@ class MetadataView:
 
     def load_fresh(self, metadata_topic: str, fresh: FreshState | FreshTables, next_offsets: Mapping[int, int],
                    tables: Mapping[str, Path] | None = None, their_partitions: Iterable[bytes] = ()) -> None:
-        """Load a state folded in memory into a view that applied nothing of the topic yet, with the offsets it
-        reaches, and let the read model take its partitions. Like a snapshot's entries, the state is written as
-        RocksDB tables (`fresh_tables`, unless given so) and ingested (no memtable holds it, no log records it),
-        the offsets last; what a load cut short left (entries without offsets, which no node resumes from) is
-        removed first.
+        """Load a state folded in memory into a view that applied none of its metadata partitions and holds none of
+        its user partitions yet (a new node's first window, or a group of partitions never applied), with the
+        offsets it reaches, and let the read model take its partitions. Like a snapshot's entries, the state is
+        written as RocksDB tables (`fresh_tables`, unless given so) and ingested (no memtable holds it, no log
+        records it), the offsets last; what a load cut short left (entries without offsets, which no node resumes
+        from) is removed first.
 
         `tables` (table files by column family) hold `their_partitions`, folded by another process
         (rlmm.fresh_load): ingested with the state's, and read from RocksDB when first asked for."""
-        if self.applied_offsets(metadata_topic):
-            raise ViewFormatError(f"view at {self.path} applied records of {metadata_topic} already; a fresh state "
-                                  "loads only into a view that applied none")
-        if self.holds_entries():
+        applied = self.applied_offsets(metadata_topic)
+        if not applied.keys().isdisjoint(next_offsets):
+            raise ViewFormatError(f"view at {self.path} applied records of {metadata_topic} partitions "
+                                  f"{sorted(applied.keys() & next_offsets.keys())} already; a fresh state loads only "
+                                  "metadata partitions never applied")
+        if not applied and self.holds_entries():
             self._discard_entries()
         written = fresh if isinstance(fresh, FreshTables) else self.fresh_tables(fresh)
-        self._ingest(metadata_topic, [*written.files.items(), *(tables or {}).items()], next_offsets)
+        loading = [*written.partitions, *their_partitions]
+        if applied and self.holds_any(loading):
+            raise ViewFormatError(f"view at {self.path} holds user partitions of this fresh state already")
+        self._ingest(metadata_topic, [*written.files.items(), *(tables or {}).items()], next_offsets, loading)
         self.model.adopt(written.partitions)
         self.model.forget(their_partitions)
 
@@ -426,8 +437,31 @@ class MetadataView:
         batch = WriteBatch(raw_mode=True)
         for family in (*vf.CONTENT_FAMILIES, vf.PARTITION_META):
             batch.delete_range(b"", _PAST_EVERY_KEY, self._handles[family])
+        batch.delete(_LOADING_KEY, self._handles[vf.APPLIED])
         self._write(batch)
         self.model.reset()
+
+    def holds_any(self, tp_keys: Iterable[bytes]) -> bool:
+        """Whether the view holds an entry of any of these user partitions (what a fresh load cut short left of its
+        partitions is removed first: none is held then)."""
+        self._discard_unfinished_load()
+        families = [self._cf[family] for family in (*vf.CONTENT_FAMILIES, vf.PARTITION_META)]
+        return any(next(prefixed(family, tp_key), None) is not None for tp_key in tp_keys for family in families)
+
+    def _discard_unfinished_load(self) -> None:
+        loading = self._cf[vf.APPLIED].get(_LOADING_KEY)
+        if loading is None:
+            return
+        tp_keys = [loading[i:i + vf.TP_KEY_LEN] for i in range(0, len(loading), vf.TP_KEY_LEN)]
+        log.warning("view at %s: removing what a fresh load cut short left of %d user partitions", self.path,
+                    len(tp_keys))
+        batch = WriteBatch(raw_mode=True)
+        for tp_key in tp_keys:
+            for family in (*vf.CONTENT_FAMILIES, vf.PARTITION_META):
+                batch.delete_range(tp_key, tp_key + _PAST_PARTITION, self._handles[family])
+        batch.delete(_LOADING_KEY, self._handles[vf.APPLIED])
+        self._write(batch)
+        self.model.forget(tp_keys)
 
     def _write(self, batch: WriteBatch) -> None:
         options = WriteOptions()
@@ -515,9 +549,15 @@ class MetadataView:
         tables.mkdir(parents=True)
         return tables
 
-    def _ingest(self, metadata_topic: str, files: Iterable[tuple[str, Path]], next_offsets: Mapping[int, int]) -> None:
-        """Move table files (column family, file) into the view, then write the offsets they reach."""
+    def _ingest(self, metadata_topic: str, files: Iterable[tuple[str, Path]], next_offsets: Mapping[int, int],
+                loading: Sequence[bytes] = ()) -> None:
+        """Move table files (column family, file) into the view, then write the offsets they reach. `loading`: the
+        user partitions the files hold, noted first (_LOADING_KEY)."""
         with self._write_lock:
+            if loading:
+                noted = WriteBatch(raw_mode=True)
+                noted.put(_LOADING_KEY, b"".join(loading), self._handles[vf.APPLIED])
+                self._write(noted)
             try:
                 ingest = IngestExternalFileOptions()
                 ingest.set_move_files(True)
@@ -530,6 +570,8 @@ class MetadataView:
             for partition, offset in next_offsets.items():
                 batch.put(vf.applied_key(metadata_topic, partition), vf.encode_offset(offset),
                           self._handles[vf.APPLIED])
+            if loading:
+                batch.delete(_LOADING_KEY, self._handles[vf.APPLIED])
             self._write(batch)
 
 

@@ -167,6 +167,7 @@ def reading_applier(consumer: ScriptedConsumer, batch_max_records: int) -> Metad
     reader._at_end = set()
     reader._next_offsets = {p: 0 for p in range(consumer.partitions)}
     reader._after_cleaning = set()
+    reader._group = None
     reader.halted = {}
     return reader
 

@@ -1,0 +1,122 @@
+"""A new node reads a large backlog a group of metadata partitions at a time, each group a window that loads fresh
+(rlmm.applier GROUP_FILL): the view is the writer's, no window goes through the commits, a load cut short is
+removed before its group is loaded again, and a user partition with records on two groups' metadata partitions is
+applied in commits onto what the first group loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from rlmm_testkit import counting_commits, drive, make_tp, produce_to, register, segment, workload
+from support import wait_until
+
+from rlmm import RemoteLogMetadataManager, applier, codec, fresh_load
+from rlmm.events import key_of, metadata_partition_for
+from rlmm.types import TopicIdPartition
+from rlmm.view import MetadataView
+
+PARTITIONS = 4
+WINDOW = {"apply.batch.max.records": 2}  # every consume of two records or more is a backlog
+
+
+@pytest.fixture(autouse=True)
+def small_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every backlog is large, and a window keeps few records: each group holds one or two metadata partitions."""
+    monkeypatch.setattr(fresh_load, "WORKER_MIN_KEPT", 1)
+    monkeypatch.setattr(applier, "WINDOW_MAX_KEPT", 40)
+
+
+def one_per_metadata_partition() -> list[TopicIdPartition]:
+    found: dict[int, TopicIdPartition] = {}
+    while len(found) < PARTITIONS:
+        tp = make_tp("grouped", 0)
+        found.setdefault(metadata_partition_for(tp.topic_id, tp.partition, PARTITIONS), tp)
+    return [found[partition] for partition in range(PARTITIONS)]
+
+
+@pytest.fixture
+def writer(make_manager: Callable[..., RemoteLogMetadataManager]) -> Iterator[RemoteLogMetadataManager]:
+    """A writer's history on a user partition of each metadata partition."""
+    writer = make_manager(broker_id=0, partitions=PARTITIONS)
+    tps = one_per_metadata_partition()
+    register(writer, *tps)
+    drive(writer, {tp: workload(random.Random(300 + i), tp, uploads=8) for i, tp in enumerate(tps)})
+    writer.wait_caught_up(60)
+    yield writer
+
+
+def assert_same_view(rebuilt: RemoteLogMetadataManager, writer: RemoteLogMetadataManager) -> None:
+    rebuilt.wait_caught_up(60)
+    assert rebuilt.view_digest() == writer.view_digest()
+    assert rebuilt.applied_offsets() == writer.applied_offsets()
+    for tp in writer.view.user_partitions():
+        register(rebuilt, tp)
+        assert rebuilt.list_remote_log_segments(tp) == writer.list_remote_log_segments(tp)
+
+
+def grouped_windows(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "of metadata partitions" in r.getMessage()]
+
+
+def test_a_new_node_loads_each_group_of_metadata_partitions_fresh_into_the_writers_view(
+    make_manager: Callable[..., RemoteLogMetadataManager], writer: RemoteLogMetadataManager,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    commits = counting_commits(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="rlmm.applier"):
+        rebuilt = make_manager(broker_id=1, partitions=PARTITIONS, **WINDOW)
+        assert_same_view(rebuilt, writer)
+    windows = grouped_windows(caplog)
+    assert len(windows) >= 2 and all("loaded fresh" in window for window in windows), windows
+    assert commits == []
+
+
+def test_a_group_whose_load_was_cut_short_is_removed_and_loaded_again(
+    make_manager: Callable[..., RemoteLogMetadataManager], writer: RemoteLogMetadataManager,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The second group's load stops after its first table went in (the disk filled, the node stopped): the view
+    # holds part of that group's user partitions, with no offsets for them.
+    ingest = MetadataView._ingest
+    loads: list[int] = []
+
+    def cut_short(self: MetadataView, topic: str, files: Iterable[tuple[str, Path]], next_offsets: Mapping[int, int],
+                  loading: Sequence[bytes] = ()) -> None:
+        loads.append(len(loads))
+        if len(loads) == 2:
+            def first_then_fail() -> Iterator[tuple[str, Path]]:
+                yield next(iter(files))
+                raise OSError("No space left on device")
+
+            files = first_then_fail()
+        ingest(self, topic, files, next_offsets, loading)
+
+    monkeypatch.setattr(MetadataView, "_ingest", cut_short)
+    with caplog.at_level(logging.INFO, logger="rlmm"):
+        rebuilt = make_manager(broker_id=1, partitions=PARTITIONS, **WINDOW)
+        wait_until(lambda: len(loads) >= 3, timeout=60, description="the cut-short group loaded again")
+        assert_same_view(rebuilt, writer)
+    assert any("removing what a fresh load cut short left" in r.getMessage() for r in caplog.records)
+
+
+def test_a_user_partition_on_two_groups_metadata_partitions_is_applied_in_commits_onto_the_first_load(
+    make_manager: Callable[..., RemoteLogMetadataManager], writer: RemoteLogMetadataManager,
+    kafka_bootstrap: str, metadata_topic: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A foreign writer that hashes differently put a record of the first user partition on the last metadata
+    # partition: loaded fresh there, it would overwrite what the first group loaded.
+    moved = next(tp for tp in writer.view.user_partitions()
+                 if metadata_partition_for(tp.topic_id, tp.partition, PARTITIONS) == 0)
+    stray = segment(moved, 90_000, 90_001, {0: 90_000})
+    produce_to(kafka_bootstrap, metadata_topic, PARTITIONS - 1, [(key_of(stray).encode(), codec.encode(stray))])
+    wait_until(lambda: writer.view.holds_segment(moved.topic_id, moved.partition, stray.remote_log_segment_id.id),
+               timeout=60, description="the writer applying the stray record")
+    with caplog.at_level(logging.WARNING, logger="rlmm.applier"):
+        rebuilt = make_manager(broker_id=1, partitions=PARTITIONS, **WINDOW)
+        assert_same_view(rebuilt, writer)
+    assert any("read before; replaying the window in commits" in r.getMessage() for r in caplog.records)
