@@ -413,13 +413,15 @@ class MetadataApplier:
                 kept_share = window.kept() / window.records if window.records else None
                 group = sorted(self._group) if self._group is not None else None
                 grouped_on = caught_up and self._group is not None
-                replayed, how = self._apply_window(window, last=caught_up and not grouped_on)
+                fresh = self._loads_fresh()
+                if grouped_on and not self._stop.is_set():
+                    self._next_group(kept_share)  # its records arrive while this window loads
+                replayed, how = self._apply_window(window, fresh, last=caught_up and not grouped_on)
                 log.info("metadata topic %s: a backlog window of %d records%s read in %.1f s; the newest of each key, "
                          "%d records, %s in %.1f s%s", self._settings.metadata_topic, window.records,
                          f" of metadata partitions {_ranges(group)}" if group is not None else "", read_s, replayed,
                          how, time.monotonic() - started - read_s, "" if caught_up else "; reading on")
                 if grouped_on and not self._stop.is_set():
-                    self._next_group(kept_share)
                     continue
                 if caught_up or self._stop.is_set():
                     return
@@ -531,8 +533,8 @@ class MetadataApplier:
                 newest[key] = (partition, offset, key, value, None,  # type: ignore[assignment]
                                partition in after_cleaning if before is None else before[3] is not None)
 
-    def _apply_window(self, window: CompactedWindow, last: bool = False) -> tuple[int, str]:
-        """Replay the window: into a view that applied nothing yet, loaded at once (`_load_fresh`); else in commits
+    def _apply_window(self, window: CompactedWindow, fresh: bool, last: bool = False) -> tuple[int, str]:
+        """Replay the window: loaded at once (`_load_fresh`) if it may load `fresh` (`_loads_fresh`); else in commits
         of at most WINDOW_COMMIT_RECORDS records, the last one with the window's ends, so that a record and the state
         it builds are held decoded only until its commit. A commit before the last reaches the records it applied;
         every record the window skipped below them is superseded by one applied or read again after a crash.
@@ -541,8 +543,7 @@ class MetadataApplier:
         window.clear()
         replayed = len(replay)
         # Nothing applied (a new node's view, or one whose first load was cut short), or a group never applied.
-        if self._loads_fresh() and window.ends.keys().isdisjoint(self.applied) and \
-                self._load_fresh(replay, window.ends):
+        if fresh and window.ends.keys().isdisjoint(self.applied) and self._load_fresh(replay, window.ends):
             return replayed, "loaded fresh"
         stopped: dict[int, int] = {}  # partitions a record this window could not read halted, at its offset
         for first in range(0, max(len(replay), 1), WINDOW_COMMIT_RECORDS):
