@@ -445,6 +445,9 @@ class MetadataApplier:
 
     def _end_backlog(self) -> None:
         self._catching_up = False
+        worker, self._worker = self._worker, None
+        if worker is not None:  # kept for a window that never came (the node stops), or a grouped read's last
+            worker.close()
         self._view.model.return_borrowed()
         _clear_decode_caches()
 
@@ -589,6 +592,7 @@ class MetadataApplier:
         written: FreshTables | None = None
         began = time.monotonic()
         waited = 0.0
+        answered = False  # the worker folded its share: it can take the backlog's next window
         try:
             folded = fresh_load.fold(fresh, mine, self.halted)
             share = None
@@ -596,6 +600,7 @@ class MetadataApplier:
                 written = self._write_fresh(fresh)  # while the worker folds on
                 asked = time.monotonic()
                 share = worker.answer(self._stop)
+                answered = share is not None
                 waited = time.monotonic() - asked
             if share is not None and not folded.touched.isdisjoint(share.folded.touched):
                 log.warning("metadata topic %s: user partitions have records on more than one metadata partition; "
@@ -639,12 +644,14 @@ class MetadataApplier:
             except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
                 # No offset was written: the window is read again, and what a load cut short left is removed first.
                 raise _CommitFailure(str(exc)) from None
-            log.info("metadata topic %s: the first window loaded in %.2f s (%d records applied%s)",
+            log.info("metadata topic %s: a window loaded fresh in %.2f s (%d records applied%s)",
                      self._settings.metadata_topic, time.monotonic() - began, applied,
                      f"; {len(share.partitions)} user partitions folded by the worker, {waited:.2f} s waited for it"
                      if share is not None else "")
         finally:
-            if worker is not None:
+            if worker is not None and answered and self._group is not None and self._worker is None:
+                self._worker = worker  # the grouped read goes on: the next group's window
+            elif worker is not None:
                 worker.close()
             shutil.rmtree(shares, ignore_errors=True)  # with what any load cut short left
         del fresh

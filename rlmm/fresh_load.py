@@ -1,12 +1,13 @@
-"""A new node's first window, folded on two cores.
+"""A new node's windows that load fresh, folded on two cores.
 
-A rebuild's first window (MetadataApplier._load_fresh) is decoded and folded into a FreshState, one core's Python
-work: about 20 us per record kept. The user partitions of different metadata partitions never share state (all of a
-user partition's records are on the metadata partition its id hashes to), so the window splits by metadata
-partition: a worker process (`python -m rlmm.fresh_load`, started as a new node's large backlog begins, so that its
-interpreter is up when the window ends) folds one share into a FreshState of its own and writes it as RocksDB tables,
-while the applier folds the other and writes its own. The applier ingests both into the view; the read model reads
-the worker's partitions from RocksDB when first asked for, as after a restart.
+A rebuild's window that loads fresh (MetadataApplier._load_fresh: the first, or one of a group of metadata
+partitions never applied) is decoded and folded into a FreshState, one core's Python work: about 20 us per record
+kept. The user partitions of different metadata partitions never share state (all of a user partition's records are
+on the metadata partition its id hashes to), so the window splits by metadata partition: a worker process (`python
+-m rlmm.fresh_load`, started as a new node's large backlog begins, so that its interpreter is up when the first
+window ends, and kept for the backlog's other windows) folds one share into a FreshState of its own and writes it as
+RocksDB tables, while the applier folds the other and writes its own. The applier ingests both into the view; the
+read model reads the worker's partitions from RocksDB when first asked for, as after a restart.
 
 The worker is an optimisation only. If it cannot start, fails, answers late, speaks another version, or its records
 name a user partition the applier's records name too (records on the wrong metadata partition), the applier folds
@@ -128,12 +129,14 @@ def split(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
 
 
 class FoldWorker:
-    """The applier's handle on one worker process, used for one window: `submit`, then `answer`, then `close`."""
+    """The applier's handle on one worker process, used for the windows of one backlog that load fresh: `submit`,
+    then `answer`, for each; then `close`."""
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self._process = process
         self._directory: Path | None = None
         self._buffer = b""
+        self._greeted = False  # its hello was read (the first answer)
 
     @classmethod
     def start(cls) -> FoldWorker | None:
@@ -149,11 +152,11 @@ class FoldWorker:
             process = subprocess.Popen([sys.executable, "-P", "-m", "rlmm.fresh_load"], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, env=env)
         except OSError as exc:
-            log.info("cannot start a worker to fold a rebuild's first window on a second core (%s); folding it in "
+            log.info("cannot start a worker to fold a rebuild's windows on a second core (%s); folding them in "
                      "this process", exc)
             return None
-        log.info("a large first window to load: half of its metadata partitions go to a worker process (pid %d) on "
-                 "the second core", process.pid)
+        log.info("a large backlog to load: half of each window's metadata partitions go to a worker process "
+                 "(pid %d) on the second core", process.pid)
         return cls(process)
 
     def submit(self, records: Sequence[Record], under: Path) -> bool:
@@ -179,9 +182,11 @@ class FoldWorker:
         WORKER_ANSWER_S."""
         deadline = time.monotonic() + WORKER_ANSWER_S
         try:
-            hello = self._receive(deadline, stop)
-            if hello != (_PROTOCOL, str(Path(__file__).resolve())):
-                raise _WorkerError(f"it is another tierlog ({hello!r})")
+            if not self._greeted:
+                hello = self._receive(deadline, stop)
+                if hello != (_PROTOCOL, str(Path(__file__).resolve())):
+                    raise _WorkerError(f"it is another tierlog ({hello!r})")
+                self._greeted = True
             share = self._receive(deadline, stop)
             if isinstance(share, str):
                 raise _WorkerError(share)
@@ -189,7 +194,7 @@ class FoldWorker:
                 raise _WorkerError(f"it answered {type(share).__name__}")
             return share
         except Exception as exc:  # whatever went wrong with it, the applier can fold the share itself
-            log.warning("the worker folding a share of the rebuild's first window failed: %s; folding its share in "
+            log.warning("the worker folding a share of a rebuild's window failed: %s; folding its share in "
                         "this process", exc)
             self.close()
             return None
@@ -265,24 +270,28 @@ def fold_share(records: Sequence[Record], directory: Path) -> WorkerShare | str:
 
 
 def main() -> int:
-    """The worker: say hello, fold the one share it is handed, answer, exit (at once on end of input)."""
+    """The worker: say hello, then fold each share it is handed and answer; exit at end of input."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the applier's pipe
+    gc.disable()  # as the applier folds: many short-lived acyclic objects, and a large state the GC rescans
     try:
         _send(out, (_PROTOCOL, str(Path(__file__).resolve())))
-        request = _read_frame(sys.stdin.buffer)
-        if not isinstance(request, tuple):  # end of input: the applier went on without this worker
-            return 0
-        records_path, directory = request
-        gc.disable()  # as the applier folds: many short-lived acyclic objects, and a large state the GC rescans
-        try:
-            with open(records_path, "rb") as source:
-                records: list[Record] = pickle.load(source)
-            os.unlink(records_path)
-            answer: WorkerShare | str = fold_share(records, Path(directory))
-        except Exception:
-            answer = f"it failed: {traceback.format_exc()}"
-        _send(out, answer)
+        while True:
+            request = _read_frame(sys.stdin.buffer)
+            if not isinstance(request, tuple):  # end of input: the backlog ended, or went on without this worker
+                return 0
+            records_path, directory = request
+            records: list[Record] = []
+            try:
+                with open(records_path, "rb") as source:
+                    records = pickle.load(source)
+                os.unlink(records_path)
+                answer: WorkerShare | str = fold_share(records, Path(directory))
+            except Exception:
+                answer = f"it failed: {traceback.format_exc()}"
+            del records
+            _send(out, answer)
+            del answer
     except BrokenPipeError:  # the applier is gone (its node stopped); the next load removes what this one wrote
         pass
     return 0

@@ -346,9 +346,9 @@ def test_a_node_stopped_between_windows_of_a_rebuild_resumes_from_the_last_commi
     windows: list[int] = []
 
     # The fault: the rebuilding node stops for good right after committing its third window.
-    def stop_after_three(self: applier.MetadataApplier, window: CompactedWindow, last: bool = False
+    def stop_after_three(self: applier.MetadataApplier, window: CompactedWindow, fresh: bool, last: bool = False
                          ) -> tuple[int, str]:
-        replayed = apply_window(self, window, last)
+        replayed = apply_window(self, window, fresh, last)
         windows.append(window.records)
         if len(windows) == 3:
             self._stop.set()
