@@ -12,7 +12,7 @@ not the agent's) and from the rsm called directly (N threads of one process); ag
 of the serving process, of the readers and of the whole machine.
 
 Usage: python bench/agent_stream.py [--segment-mib 64] [--repeat 5] [--window-mib 8] [--backend filesystem|s3]
-[--curve 1,4,16]; prints one JSON document.
+[--reader-process] [--curve 1,4,16]; prints one JSON document.
 """
 
 from __future__ import annotations
@@ -135,6 +135,41 @@ def _read_files(storage: Any, stored_msg: Any, size: int, window: int) -> int:
     for release in releases:  # a dropped future would cancel its call
         release.result()
     return received
+
+
+def _files_reader_loop(socket: str, segment: bytes, size: int, window: int, go: Any, done: Any) -> None:
+    """A reader process of its own, as the adapter is: reads the segment whole through the file path each time it is
+    told to, and reports how many seconds the read took."""
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        storage = pb_grpc.RemoteStorageStub(channel)
+        stored_msg = pb.RemoteLogSegmentMetadata.FromString(segment)
+        while go.get(timeout=3600):
+            started = time.perf_counter()
+            received = _read_files(storage, stored_msg, size, window)
+            done.put((received, time.perf_counter() - started))
+
+
+class _FilesReader:
+    """The file path's reads made by a process of its own (`--reader-process`)."""
+
+    def __init__(self, socket: Path, stored_msg: Any, size: int, window: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._go, self._done, self._size = context.Queue(), context.Queue(), size
+        self._process = context.Process(target=_files_reader_loop, args=(
+            str(socket), stored_msg.SerializeToString(), size, window, self._go, self._done,
+        ))
+        self._process.start()
+        self.read_s()  # untimed: the process's interpreter, imports and channel are up before the first timed read
+
+    def read_s(self) -> float:
+        self._go.put(True)
+        received, seconds = self._done.get(timeout=600)
+        assert received == self._size, received
+        return float(seconds)
+
+    def close(self) -> None:
+        self._go.put(False)
+        self._process.join(60)
 
 
 def _read_stream(storage: Any, stored_msg: Any) -> int:
@@ -296,6 +331,9 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="where the disk chunk caches go (default: the temporary directory of the run), e.g. a "
                              "tmpfs to see the hop without the cache disk's write speed")
+    parser.add_argument("--reader-process", action="store_true",
+                        help="the file path's reads are made by a process of its own, as the adapter's are (default: "
+                             "by this process, beside the agent)")
     parser.add_argument("--no-direct", action="store_true",
                         help="filesystem backend: the file path copies into the chunk cache (fetch.files.direct=false)")
     args = parser.parse_args()
@@ -416,6 +454,12 @@ def main() -> None:
             holder["rsm"].close()
             results["agent_stream_cold"] = _timed(stream_through_agent, args.repeat, before=recopy)
             results["agent_stream_warm"] = _timed(stream_through_agent, args.repeat)
+            files_reader = _FilesReader(base / "a.sock", stored_msg, size, window) if args.reader_process else None
+
+            def files_read_s() -> float:
+                """Seconds of one whole-segment read through the file path, by the reader of this run."""
+                return _timed(files_through_agent, 1)[0] if files_reader is None else files_reader.read_s()
+
             if args.backend == "s3":
                 # The baseline and the adapter's path take turns after each copy (which empties the agent's cache),
                 # each going first every other time, so both see the same load and the same freshly written object.
@@ -424,10 +468,15 @@ def main() -> None:
                 for turn in range(args.repeat):
                     recopy()
                     for name in ("raw_boto3_ranged_gets", "agent_files_cold")[:: 1 if turn % 2 else -1]:
-                        results[name] += _timed(raw_read if name.startswith("raw") else files_through_agent, 1)
+                        results[name].append(_timed(raw_read, 1)[0] if name.startswith("raw") else files_read_s())
             else:
-                results["agent_files_cold"] = _timed(files_through_agent, args.repeat, before=recopy)
-            results["agent_files_warm"] = _timed(files_through_agent, args.repeat)
+                results["agent_files_cold"] = []
+                for _ in range(args.repeat):
+                    recopy()
+                    results["agent_files_cold"].append(files_read_s())
+            results["agent_files_warm"] = [files_read_s() for _ in range(args.repeat)]
+            if files_reader is not None:
+                files_reader.close()
             gets_stream = cold_gets(stream_through_agent, agent_rsm, recopy)
             gets_files = cold_gets(files_through_agent, agent_rsm, recopy)
             # One call for the whole segment (max_bytes 0: the agent's choice, here the whole segment).
@@ -464,6 +513,8 @@ def main() -> None:
                     k: round(v / rates["raw_boto3_ranged_gets"], 3) for k, v in rates.items()
                 }} if "raw_boto3_ranged_gets" in rates else {}),
                 "direct_files": args.backend == "filesystem" and not args.no_direct,
+                "files_reader": "a process of its own" if args.reader_process
+                else "the bench's process, beside the agent",
                 "cache_dir": str(args.cache_dir or "the run's temporary directory"),
                 "cpus": os.cpu_count(),
                 "load_average": os.getloadavg(),
