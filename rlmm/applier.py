@@ -302,9 +302,18 @@ class MetadataApplier:
         self._group = set()
         self._consumer.assign(self._next_offsets, self._grow_group(0, kept_share))
 
+    def _kept_share(self, window: CompactedWindow) -> float | None:
+        """The records a grouped read's window keeps per offset of its partitions' logs, once it read them to their
+        ends (a compacted log's offsets outnumber its records); None if not known."""
+        if self._group is None or not self._read_to_end():
+            return None
+        span = sum(self._backlog[partition] for partition in self._group)
+        return window.kept() / span if span else None
+
     def _grow_group(self, kept: int, kept_share: float | None) -> list[int]:
         """Take partitions into the group being read while a window keeping `kept` records is expected to keep
-        them within GROUP_FILL (one, into an empty group, whatever its size or when the share is not known)."""
+        them within GROUP_FILL (one, into an empty group, whatever its size or when the share is not known). A
+        partition's size is its log's span of offsets, times `kept_share`."""
         assert self._group is not None
         taken: list[int] = []
         room = GROUP_FILL * WINDOW_MAX_KEPT - kept
@@ -410,7 +419,7 @@ class MetadataApplier:
                 caught_up = self._fill(window, messages)
                 messages = []
                 read_s = time.monotonic() - started
-                kept_share = window.kept() / window.records if window.records else None
+                kept_share = self._kept_share(window)
                 group = sorted(self._group) if self._group is not None else None
                 grouped_on = caught_up and self._group is not None
                 fresh = self._loads_fresh()
@@ -473,7 +482,7 @@ class MetadataApplier:
             if ended and self._group is not None and window.records and self._loads_fresh() and \
                     self._read_to_end():
                 # A grouped read's window read its partitions to the end: it takes more while it has room.
-                more = self._grow_group(window.kept(), window.kept() / window.records)
+                more = self._grow_group(window.kept(), self._kept_share(window))
                 if more:
                     self._consumer.add(self._next_offsets, more)
                     flowing, ended = now, False
@@ -586,7 +595,10 @@ class MetadataApplier:
         shares = self._view.path.parent / f"{self._view.path.name}.fold"  # a directory per worker, under this
         if worker is not None:
             mine, theirs = fresh_load.split(replay)
-            if not theirs or not worker.submit(theirs, shares):
+            if not theirs:  # one metadata partition: nothing to share; the worker waits for the next window
+                self._worker, worker = worker, None
+                mine = replay
+            elif not worker.submit(theirs, shares):
                 worker.close()
                 mine, theirs, worker = replay, [], None
         written: FreshTables | None = None

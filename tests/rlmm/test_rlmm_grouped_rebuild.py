@@ -120,3 +120,25 @@ def test_a_user_partition_on_two_groups_metadata_partitions_is_applied_in_commit
         rebuilt = make_manager(broker_id=1, partitions=PARTITIONS, **WINDOW)
         assert_same_view(rebuilt, writer)
     assert any("read before; replaying the window in commits" in r.getMessage() for r in caplog.records)
+
+
+def test_a_group_grows_by_the_records_kept_per_offset_of_its_logs_not_per_record_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A compacted log: 1,000 offsets per metadata partition, of which 300 records are left, all kept. Sized by
+    # records read (all kept), each next partition would look like 1,000 kept records and never join the group.
+    monkeypatch.setattr(applier, "WINDOW_MAX_KEPT", 1000)  # room for 800 kept records (GROUP_FILL)
+    reader = object.__new__(applier.MetadataApplier)
+    reader._backlog = dict.fromkeys(range(4), 1000)
+    reader._group, reader._ungrouped = {0}, [1, 2, 3]
+    reader._at_end, reader.halted = {0}, {}
+    window = applier.CompactedWindow(lambda request: False, lambda key: False)
+    for offset in range(0, 1000, 10):
+        for n in range(3):
+            window.add(0, offset + n, f"key-{offset}-{n}".encode(), b"value", None)
+    assert window.records == window.kept() == 300
+    share = reader._kept_share(window)
+    assert share == pytest.approx(0.3)
+    assert reader._grow_group(window.kept(), share) == [1]  # 300 + 300 fits in 800, a third would not
+    assert reader._group == {0, 1} and reader._ungrouped == [2, 3]
+    assert reader._kept_share(window) is None  # the new partition is not read to its end yet
