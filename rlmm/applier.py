@@ -326,6 +326,12 @@ class MetadataApplier:
             room -= expected
         return taken
 
+    @property
+    def reading_groups(self) -> bool:
+        """Whether a grouped read is on: the metadata partitions of groups read before are not read meanwhile, so
+        a write to one of their user partitions would wait for the last group; none is ready until then."""
+        return self._group is not None
+
     def _loads_fresh(self) -> bool:
         """Whether the window being read may load fresh: nothing applied yet, or a group of partitions never
         applied."""

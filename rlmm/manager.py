@@ -286,7 +286,8 @@ class RemoteLogMetadataManager:
     def _ready_locked(self, tp: TopicIdPartition) -> bool:
         target = self._registered.get(tp)
         mp = self._metadata_partition(tp)
-        return target is not None and mp not in self._applier.halted and self._applier.applied.get(mp, 0) >= target
+        return target is not None and mp not in self._applier.halted and self._applier.applied.get(mp, 0) >= target \
+            and not self._applier.reading_groups
 
     def _snapshot(self, tp: TopicIdPartition) -> PartitionSnapshot:
         """The partition's lookup snapshot, once registration, deletion, halt and readiness allow reads.
