@@ -246,8 +246,11 @@ class MetadataApplier:
         self._group: set[int] | None = None
         self._ungrouped: list[int] = []
         self._backlog: dict[int, int] = {}
-        # A new node's fold worker for its first window (rlmm.fresh_load), started before it reads a large backlog.
-        self._worker = self._start_reading(starts)
+        # A new node's fold worker for its backlog's windows (rlmm.fresh_load), started before it reads a large one
+        # (its interpreter then boots while the backlog is read; started once the first window holds enough records,
+        # it was often still booting when the window ended).
+        large = self._start_reading(starts)
+        self._worker = fresh_load.FoldWorker.start() if large and settings.fold_worker else None
         self._catching_up = False  # while a backlog is read (_catch_up): its commits borrow partitions
         self._stop = threading.Event()
         self._registrations = threading.Event()  # set when partitions register: resolve their targets at once
@@ -272,12 +275,10 @@ class MetadataApplier:
             log.info("metadata topic %s: reading from the beginning (%s)", self._settings.metadata_topic, exc)
             return {}
 
-    def _start_reading(self, starts: dict[int, int]) -> fresh_load.FoldWorker | None:
+    def _start_reading(self, starts: dict[int, int]) -> bool:
         """Assign the consumer: to the first group of a grouped read when the partitions never applied hold a large
-        backlog past `starts`, else to every partition. For such a backlog, a fold worker too, started now (its
-        interpreter then boots while the backlog is read; started once the first window holds enough records, it was
-        often still booting when the window ended). Without the topic's ends, every partition (and _fill starts a
-        worker if the backlog is large)."""
+        backlog past `starts` (then True), else to every partition. Without the topic's ends, every partition (and
+        _fill starts a worker if the backlog is large)."""
         self._group, self._ungrouped, self._backlog = None, [], {}
         fresh = sorted(partition for partition in starts if partition not in self.applied)
         ends: dict[int, int] = {}
@@ -287,10 +288,10 @@ class MetadataApplier:
         backlog = {partition: end - starts[partition] for partition, end in ends.items() if end > starts[partition]}
         if sum(backlog.values()) < fresh_load.WORKER_MIN_KEPT:
             self._consumer.assign(starts)
-            return None
+            return False
         self._backlog, self._ungrouped = backlog, sorted(backlog)
         self._next_group(None)
-        return fresh_load.FoldWorker.start() if self._settings.fold_worker else None
+        return True
 
     def _next_group(self, kept_share: float | None) -> None:
         """Read the next group of a grouped read, or every partition once no group is left."""
@@ -400,9 +401,7 @@ class MetadataApplier:
         starts = {**self._log_start, **applied}  # a partition never applied: read again from its start
         self._next_offsets = dict(starts)
         self._after_cleaning = set(applied)  # as at a start from stored offsets
-        worker = self._start_reading(starts)
-        if worker is not None:
-            worker.close()  # _fill starts one once a window holds enough records
+        self._start_reading(starts)  # _fill starts a fold worker once a window holds enough records
         for partition in halted:
             self._consumer.pause(partition)
 
@@ -472,8 +471,8 @@ class MetadataApplier:
         started = flowing = time.monotonic()
         # The window's ends are the positions `_add` notes anyway, for the partitions it read: not noted per record.
         before = dict(self._next_offsets)
-        # A new node's first window, once it keeps enough records, gets a worker to fold half of it (_load_fresh),
-        # started now so that its interpreter is up when the window is read (unless _start_reading started it already).
+        # A window that may load fresh, once it keeps enough records, gets a worker to fold half of it (_load_fresh),
+        # started now so that its interpreter is up when the window is read (unless one was started already).
         wants_worker = self._settings.fold_worker
         while True:
             self._add(window, messages)
