@@ -1,8 +1,8 @@
 """The rsm contract suite (test_rsm_contract.py) again, with compression, encryption and both on (the plain contract
 is test_rsm_contract.py itself): on the filesystem and S3 (the transforms sit above the backend; GCS and Azure run
-the plain contract, which keeps the suite's time), with the disk chunk cache (its reads fetch, decrypt and decompress chunks, and serve them again from the cache; the
-uncached path is covered by test_rsm_transforms.py), over segments whose first half compresses (JSON records) and
-second half does not.
+the plain contract, which keeps the suite's time), with the disk chunk cache (its reads fetch, decrypt and decompress
+chunks, and serve them again from the cache; the uncached path is covered by test_rsm_transforms.py), over segments
+whose first half compresses (JSON records) and second half does not.
 """
 
 from __future__ import annotations
