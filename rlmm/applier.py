@@ -221,6 +221,7 @@ class MetadataApplier:
         self._lock = lock
         self._registered = registered
         self._metadata_partition = metadata_partition
+        view.discard_unfinished_load()  # whatever reads the partitions it names next, they start from nothing
         self.applied: dict[int, int] = dict(view.applied_offsets(settings.metadata_topic))
         self.halted: dict[int, MetadataLogError] = {}
         # Records applied to the view and records the state machine dropped, since this manager started.

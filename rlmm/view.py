@@ -444,11 +444,13 @@ class MetadataView:
     def holds_any(self, tp_keys: Iterable[bytes]) -> bool:
         """Whether the view holds an entry of any of these user partitions (what a fresh load cut short left of its
         partitions is removed first: none is held then)."""
-        self._discard_unfinished_load()
+        self.discard_unfinished_load()
         families = [self._cf[family] for family in (*vf.CONTENT_FAMILIES, vf.PARTITION_META)]
         return any(next(prefixed(family, tp_key), None) is not None for tp_key in tp_keys for family in families)
 
-    def _discard_unfinished_load(self) -> None:
+    def discard_unfinished_load(self) -> None:
+        """Remove what a fresh load cut short left (its user partitions' entries, part-written, without the offsets
+        that would make a node resume from them)."""
         loading = self._cf[vf.APPLIED].get(_LOADING_KEY)
         if loading is None:
             return

@@ -1,7 +1,8 @@
 """A new node reads a large backlog a group of metadata partitions at a time, each group a window that loads fresh
 (rlmm.applier GROUP_FILL): the view is the writer's, no window goes through the commits, a load cut short is
 removed before its group is loaded again, and a user partition with records on two groups' metadata partitions is
-applied in commits onto what the first group loaded.
+applied in commits onto what the first group loaded; a node stopped mid-ingest starts the partitions it was loading
+from nothing.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from pathlib import Path
 
 import pytest
 from rlmm_testkit import counting_commits, drive, make_tp, produce_to, register, segment, workload
+from rocksdict import WriteBatch
 from support import wait_until
 
 from rlmm import RemoteLogMetadataManager, applier, codec, fresh_load
+from rlmm import view as view_module
+from rlmm import view_format as vf
 from rlmm.events import key_of, metadata_partition_for
 from rlmm.types import TopicIdPartition
 from rlmm.view import MetadataView
@@ -142,3 +146,32 @@ def test_a_group_grows_by_the_records_kept_per_offset_of_its_logs_not_per_record
     assert reader._grow_group(window.kept(), share) == [1]  # 300 + 300 fits in 800, a third would not
     assert reader._group == {0, 1} and reader._ungrouped == [2, 3]
     assert reader._kept_share(window) is None  # the new partition is not read to its end yet
+
+
+@pytest.mark.parametrize("rest", ["a grouped read", "windows in commits"])
+def test_a_node_stopped_mid_ingest_starts_the_partitions_it_was_loading_from_nothing(
+    make_manager: Callable[..., RemoteLogMetadataManager], writer: RemoteLogMetadataManager, tmp_path: Path,
+    metadata_topic: str, monkeypatch: pytest.MonkeyPatch, rest: str,
+) -> None:
+    # What a node that stopped while it ingested the group of metadata partition 1 left: that group's tables only
+    # in part (its epoch index missing), its user partitions noted as loading, and no offset for it.
+    state_dir = tmp_path / "stopped"
+    built = make_manager(broker_id=1, partitions=PARTITIONS, state_dir=state_dir, **WINDOW)
+    built.wait_caught_up(60)
+    built.close()
+    view = MetadataView.open(state_dir)
+    loading = [vf.tp_key_of(tp) for tp in view.user_partitions()
+               if metadata_partition_for(tp.topic_id, tp.partition, PARTITIONS) == 1]
+    assert loading
+    cut = WriteBatch(raw_mode=True)
+    for tp_key in loading:
+        cut.delete_range(tp_key, tp_key + b"\xff" * 44, view._handles[vf.EPOCH_INDEX])
+    cut.delete(vf.applied_key(metadata_topic, 1), view._handles[vf.APPLIED])
+    cut.put(view_module._LOADING_KEY, b"".join(loading), view._handles[vf.APPLIED])
+    view._write(cut)
+    view.close()
+    if rest == "windows in commits":  # what is left to read is too small a backlog to read in groups
+        monkeypatch.setattr(fresh_load, "WORKER_MIN_KEPT", 10**6)
+
+    resumed = make_manager(broker_id=1, partitions=PARTITIONS, state_dir=state_dir, **WINDOW)
+    assert_same_view(resumed, writer)
