@@ -428,10 +428,18 @@ class MetadataApplier:
                 kept_share = self._kept_share(window)
                 group = sorted(self._group) if self._group is not None else None
                 grouped_on = caught_up and self._group is not None
+                last_group = grouped_on and not self._ungrouped
                 fresh = self._loads_fresh()
-                if grouped_on and not self._stop.is_set():
+                if grouped_on and not last_group and not self._stop.is_set():
                     self._next_group(kept_share)  # its records arrive while this window loads
                 replayed, how = self._apply_window(window, fresh, last=caught_up and not grouped_on)
+                if grouped_on:
+                    # No later window of this backlog touches the group's user partitions: what its windows in
+                    # commits borrowed goes now, not with the whole backlog (and before the node turns ready).
+                    self._view.model.return_borrowed()
+                    _release_free_memory()
+                    if last_group and not self._stop.is_set():
+                        self._next_group(kept_share)
                 log.info("metadata topic %s: a backlog window of %d records%s read in %.1f s; the newest of each key, "
                          "%d records, %s in %.1f s%s", self._settings.metadata_topic, window.records,
                          f" of metadata partitions {_ranges(group)}" if group is not None else "", read_s, replayed,
