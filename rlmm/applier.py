@@ -426,7 +426,8 @@ class MetadataApplier:
                 messages = []
                 read_s = time.monotonic() - started
                 kept_share = self._kept_share(window)
-                group = sorted(self._group) if self._group is not None else None
+                group = "" if self._group is None else \
+                    f" of metadata partitions {', '.join(map(str, sorted(self._group)))}"
                 grouped_on = caught_up and self._group is not None
                 last_group = grouped_on and not self._ungrouped
                 fresh = self._loads_fresh()
@@ -442,8 +443,8 @@ class MetadataApplier:
                         self._next_group(kept_share)
                 log.info("metadata topic %s: a backlog window of %d records%s read in %.1f s; the newest of each key, "
                          "%d records, %s in %.1f s%s", self._settings.metadata_topic, window.records,
-                         f" of metadata partitions {_ranges(group)}" if group is not None else "", read_s, replayed,
-                         how, time.monotonic() - started - read_s, "" if caught_up else "; reading on")
+                         group, read_s, replayed, how, time.monotonic() - started - read_s,
+                         "" if caught_up else "; reading on")
                 if grouped_on and not self._stop.is_set():
                     continue
                 if caught_up or self._stop.is_set():
@@ -492,9 +493,10 @@ class MetadataApplier:
             now = time.monotonic()
             if messages:
                 flowing = now
-            ended = len(messages) < max_records and (self._read_to_end() or now - flowing >= WINDOW_IDLE_S)
-            if ended and self._group is not None and window.records and self._loads_fresh() and \
-                    self._read_to_end():
+            batch_short = len(messages) < max_records
+            read_to_end = batch_short and self._read_to_end()
+            ended = read_to_end or (batch_short and now - flowing >= WINDOW_IDLE_S)
+            if read_to_end and self._group is not None and window.records and self._loads_fresh():
                 # A grouped read's window read its partitions to the end: it takes more while it has room.
                 more = self._grow_group(window.kept(), self._kept_share(window))
                 if more:
@@ -944,17 +946,6 @@ def _release_free_memory() -> None:
     malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if malloc_trim is not None:
         malloc_trim(0)
-
-
-def _ranges(partitions: Sequence[int]) -> str:
-    """Sorted partition numbers as runs: 0-3, 7, 9-10."""
-    runs: list[list[int]] = []
-    for partition in partitions:
-        if runs and partition == runs[-1][1] + 1:
-            runs[-1][1] = partition
-        else:
-            runs.append([partition, partition])
-    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
 
 
 def _position(message: Message) -> tuple[int, int]:
