@@ -22,7 +22,7 @@ import bisect
 import threading
 import uuid
 from array import array
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from rlmm import state
@@ -31,12 +31,46 @@ from rlmm.events import EpochLineage
 from rlmm.types import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata, TopicIdPartition
 
 
-@dataclass(slots=True)
 class EpochIndex:
-    """One leader epoch's offset index: sorted start offsets and the segment each maps to."""
+    """One leader epoch's offset index: the sorted start offsets, in an int64 array, and at the same positions the
+    segment each maps to. 16 bytes an entry, where a list of starts and a dict start -> segment took about 80 (an int
+    object per start, a dict slot per entry), and a node holds one entry per hosted segment."""
 
-    starts: list[int] = field(default_factory=list)
-    ids: dict[int, uuid.UUID] = field(default_factory=dict)
+    __slots__ = ("segments", "starts")
+
+    def __init__(self, starts: Iterable[int] = (), segments: Iterable[uuid.UUID] = ()) -> None:
+        self.starts = array("q", starts)
+        self.segments = list(segments)
+
+    @classmethod
+    def of(cls, starts: Iterable[int], ids: Mapping[int, uuid.UUID]) -> EpochIndex:
+        """From sorted starts and a mapping start -> segment (rlmm.state's in-memory index)."""
+        index = cls(starts)
+        index.segments = [ids[start] for start in index.starts]
+        return index
+
+    def __len__(self) -> int:
+        return len(self.segments)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EpochIndex):
+            return NotImplemented
+        return self.starts == other.starts and self.segments == other.segments
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"EpochIndex({dict(self.items())!r})"
+
+    def get(self, start: int) -> uuid.UUID | None:
+        """The segment at exactly `start`, if any."""
+        position = bisect.bisect_left(self.starts, start)
+        if position < len(self.segments) and self.starts[position] == start:
+            return self.segments[position]
+        return None
+
+    def items(self) -> Iterator[tuple[int, uuid.UUID]]:
+        return zip(self.starts, self.segments, strict=True)
 
     def floor(self, offset: int, skip: Container[int] = ()) -> tuple[int, uuid.UUID] | None:
         """The entry with the greatest start <= offset, passing over the starts in `skip`."""
@@ -45,17 +79,21 @@ class EpochIndex:
             position -= 1
             start = self.starts[position]
             if start not in skip:
-                return start, self.ids[start]
+                return start, self.segments[position]
         return None
 
     def put(self, start: int, segment: uuid.UUID) -> None:
-        if start not in self.ids:
-            bisect.insort(self.starts, start)
-        self.ids[start] = segment
+        position = bisect.bisect_left(self.starts, start)
+        if position < len(self.segments) and self.starts[position] == start:
+            self.segments[position] = segment
+        else:
+            self.starts.insert(position, start)
+            self.segments.insert(position, segment)
 
     def remove(self, start: int) -> None:
-        if self.ids.pop(start, None) is not None:
-            del self.starts[bisect.bisect_left(self.starts, start)]
+        position = bisect.bisect_left(self.starts, start)
+        if position < len(self.segments) and self.starts[position] == start:
+            del self.starts[position], self.segments[position]
 
 
 @dataclass(slots=True)
@@ -194,8 +232,8 @@ def _answer(md: RemoteLogSegmentMetadata | None, epoch: int) -> tuple[RemoteLogS
 
 
 def _floors(epoch: int, index: EpochIndex, segments: dict[uuid.UUID, RemoteLogSegmentMetadata]) -> EpochFloors:
-    answers = [_answer(segments.get(index.ids[start]), epoch) for start in index.starts]
-    return EpochFloors.of(index.starts, [md for md, _ in answers], [end for _, end in answers])
+    answers = [_answer(segments.get(segment), epoch) for segment in index.segments]
+    return EpochFloors.of(index.starts.tolist(), [md for md, _ in answers], [end for _, end in answers])
 
 
 def snapshot_of(partition: PartitionModel | None) -> PartitionSnapshot:
@@ -291,7 +329,7 @@ def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], parti
     index = partition.index.get(epoch)
     sorted_starts, segments, ends = floors.get(epoch, _NO_FLOORS).parts()
     for start in starts:
-        segment = None if index is None else index.ids.get(start)
+        segment = None if index is None else index.get(start)
         position = bisect.bisect_left(sorted_starts, start)
         present = position < len(sorted_starts) and sorted_starts[position] == start
         if segment is None:
@@ -587,7 +625,7 @@ class ReadModel:
                 index.put(start, segment)
             elif index is not None:
                 index.remove(start)
-                if not index.ids:
+                if not index:
                     del partition.index[epoch]
         if partition.empty():
             self.partitions[tp_key] = None
@@ -627,13 +665,12 @@ def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[
         index = partition.index.get(vf.lineage_epoch(key))
         if index is None:
             index = partition.index[vf.lineage_epoch(key)] = EpochIndex()
-        start = vf.index_start_offset(key)
         # RocksDB iterates in key order, so starts arrive sorted.
-        index.starts.append(start)
+        index.starts.append(vf.index_start_offset(key))
         segment_id = uuid.UUID(bytes=value)
         known = segments.get(segment_id)
         # The segment's own id object where it has one (most entries): a second copy per segment costs ~90 bytes.
-        index.ids[start] = segment_id if known is None else known.remote_log_segment_id.id
+        index.segments.append(segment_id if known is None else known.remote_log_segment_id.id)
     return None if partition.empty() else partition
 
 

@@ -265,7 +265,7 @@ class MetadataView:
         with model.lock:
             partition = model.get(vf.tp_key_of(tp))
             index = None if partition is None else partition.index.get(epoch)
-            return None if index is None else index.ids.get(start_offset)
+            return None if index is None else index.get(start_offset)
 
     def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None:
         model = self.model
@@ -795,7 +795,7 @@ class ViewBatch(MetadataView):
         if partition is _UNREAD:
             return self.stored_index_floor(key, epoch, start_offset, exact=True)
         index = None if partition is None else partition.index.get(epoch)
-        return None if index is None else index.ids.get(start_offset)
+        return None if index is None else index.get(start_offset)
 
     def index_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> tuple[int, uuid.UUID] | None:
         key = self._tp_key(tp)
@@ -1085,7 +1085,7 @@ class FreshState(state.InMemoryState):
         return {
             vf.tp_key(topic_id, number): PartitionModel(
                 held.tp, vf.PartitionMeta(held.tp.topic, held.checkpointed, held.lineage_position), held.segments,
-                held.delete, held.lineages, {epoch: EpochIndex(*entry) for epoch, entry in held.index.items()})
+                held.delete, held.lineages, {epoch: EpochIndex.of(*entry) for epoch, entry in held.index.items()})
             for (topic_id, number), held in self._partitions.items()
         }
 
@@ -1108,7 +1108,7 @@ class FreshState(state.InMemoryState):
                          for epoch, lineage in partition.lineages.items()]
             for epoch, epoch_index in partition.index.items():
                 prefix = key + vf.EPOCH.pack(epoch)
-                index += [(prefix + vf.OFFSET.pack(start), segment.bytes) for start, segment in epoch_index.ids.items()]
+                index += [(prefix + vf.OFFSET.pack(start), segment.bytes) for start, segment in epoch_index.items()]
         for family in (*sorted(vf.CONTENT_FAMILIES), vf.PARTITION_META):
             run = sorted(entries.pop(family))
             yield family, [key for key, _ in run], [value for _, value in run]

@@ -34,8 +34,7 @@ def _canonical(model: ReadModel) -> dict[bytes, Any]:
         p = model.get(key)
         if p is not None:
             found[key] = (p.tp, p.meta, dict(p.segments), p.delete, dict(p.lineages),
-                          {epoch: (list(index.starts), dict(index.ids)) for epoch, index in p.index.items()
-                           if index.ids})
+                          {epoch: list(index.items()) for epoch, index in p.index.items() if index})
     return found
 
 
