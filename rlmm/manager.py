@@ -18,7 +18,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from rlmm import bootstrap, state
+from rlmm import bootstrap, packed, state
 from rlmm import view_format as vf
 from rlmm.applier import ApplierSettings, MetadataApplier
 from rlmm.client_security import librdkafka_settings
@@ -178,9 +178,10 @@ class RemoteLogMetadataManager:
         if not isinstance(self._readable_now, dict):  # a ReadableTable: the lookup in C was built
             # The fetch path's lookup in C when it was built (rlmm/_segment_lookup.c): the lock-free path of the
             # method below without the interpreter's per-step cost; everything else it hands to that method.
-            self.remote_log_segment_metadata = SegmentLookup(  # type: ignore[method-assign]
-                self._readable_now, self._halted, TopicIdPartition,
-                RemoteLogMetadataManager.remote_log_segment_metadata.__get__(self))
+            self.remote_log_segment_metadata = _unpacking(  # type: ignore[method-assign,assignment]
+                SegmentLookup(self._readable_now, self._halted, TopicIdPartition,
+                              RemoteLogMetadataManager.remote_log_segment_metadata.__get__(self)),
+                self._readable_now)
             log.info("segment lookups of served partitions are answered in C (rlmm._segment_lookup)")
         elif self._cfg["lookup.native"]:
             log.info("segment lookups are answered in Python: rlmm._segment_lookup was not built at install "
@@ -360,7 +361,8 @@ class RemoteLogMetadataManager:
                 # EpochFloors.floor, inlined too.
                 count = len(segments)
                 position = bisect_right(bounds, offset, 0, count)
-                return segments[position - 1] if position and offset <= bounds[count + position - 1] else None
+                found = segments[position - 1] if position and offset <= bounds[count + position - 1] else None
+                return None if found is None else snapshot.unpack(found)
         return self._cold_lookup(tp, leader_epoch, offset)
 
     def _cold_lookup(self, tp: TopicIdPartition, leader_epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
@@ -585,6 +587,23 @@ def _exempt_from_collection() -> None:
     collected first, so that little garbage is kept; frozen objects are still freed when no longer referenced."""
     gc.collect(1)
     gc.freeze()
+
+
+def _unpacking(lookup: Callable[[TopicIdPartition, int, int], Any], readable_now: ReadableTable
+               ) -> Callable[[TopicIdPartition, int, int], RemoteLogSegmentMetadata | None]:
+    """The C lookup answers a readable partition's lookup with the segment as its snapshot holds it, packed
+    (rlmm.packed); this unpacks it relative to the snapshot's tp (the argument's, should the partition have stopped
+    meanwhile: the same topic id and partition). Anything else it answers (its fallback's answers) is returned as is."""
+    def remote_log_segment_metadata(tp: TopicIdPartition, leader_epoch: int, offset: int
+                                    ) -> RemoteLogSegmentMetadata | None:
+        found = lookup(tp, leader_epoch, offset)
+        if type(found) is not bytes:
+            return found
+        readable = readable_now.get((tp.topic_id.int, tp.partition))
+        return packed.unpack(found, tp if readable is None or readable.snapshot.tp is None else readable.snapshot.tp)
+
+    remote_log_segment_metadata.__wrapped__ = lookup  # type: ignore[attr-defined]
+    return remote_log_segment_metadata
 
 
 class _Readable(SnapshotSlot):

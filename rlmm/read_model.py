@@ -22,10 +22,11 @@ import bisect
 import threading
 import uuid
 from array import array
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from rlmm import state
+from rlmm import packed, state
 from rlmm import view_format as vf
 from rlmm.events import EpochLineage
 from rlmm.types import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata, TopicIdPartition
@@ -33,12 +34,13 @@ from rlmm.types import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata, 
 
 class EpochIndex:
     """One leader epoch's offset index: the sorted start offsets, in an int64 array, and at the same positions the
-    segment each maps to. 16 bytes an entry, where a list of starts and a dict start -> segment took about 80 (an int
-    object per start, a dict slot per entry), and a node holds one entry per hosted segment."""
+    segment each maps to, as its UUID's int (the key its SegmentTable holds it under, one object for both). 16 bytes
+    an entry, where a list of starts and a dict start -> UUID took about 80 (an int object per start, a dict slot per
+    entry), and a node holds one entry per hosted segment."""
 
     __slots__ = ("segments", "starts")
 
-    def __init__(self, starts: Iterable[int] = (), segments: Iterable[uuid.UUID] = ()) -> None:
+    def __init__(self, starts: Iterable[int] = (), segments: Iterable[int] = ()) -> None:
         self.starts = array("q", starts)
         self.segments = list(segments)
 
@@ -46,7 +48,7 @@ class EpochIndex:
     def of(cls, starts: Iterable[int], ids: Mapping[int, uuid.UUID]) -> EpochIndex:
         """From sorted starts and a mapping start -> segment (rlmm.state's in-memory index)."""
         index = cls(starts)
-        index.segments = [ids[start] for start in index.starts]
+        index.segments = [ids[start].int for start in index.starts]
         return index
 
     def __len__(self) -> int:
@@ -62,15 +64,20 @@ class EpochIndex:
     def __repr__(self) -> str:
         return f"EpochIndex({dict(self.items())!r})"
 
-    def get(self, start: int) -> uuid.UUID | None:
-        """The segment at exactly `start`, if any."""
+    def id_at(self, start: int) -> int | None:
+        """The segment at exactly `start`, if any, as its UUID's int."""
         position = bisect.bisect_left(self.starts, start)
         if position < len(self.segments) and self.starts[position] == start:
             return self.segments[position]
         return None
 
+    def get(self, start: int) -> uuid.UUID | None:
+        """The segment at exactly `start`, if any."""
+        found = self.id_at(start)
+        return None if found is None else packed.uuid_of(found)
+
     def items(self) -> Iterator[tuple[int, uuid.UUID]]:
-        return zip(self.starts, self.segments, strict=True)
+        return ((start, packed.uuid_of(segment)) for start, segment in zip(self.starts, self.segments, strict=True))
 
     def floor(self, offset: int, skip: Container[int] = ()) -> tuple[int, uuid.UUID] | None:
         """The entry with the greatest start <= offset, passing over the starts in `skip`."""
@@ -79,10 +86,10 @@ class EpochIndex:
             position -= 1
             start = self.starts[position]
             if start not in skip:
-                return start, self.segments[position]
+                return start, packed.uuid_of(self.segments[position])
         return None
 
-    def put(self, start: int, segment: uuid.UUID) -> None:
+    def put(self, start: int, segment: int) -> None:
         position = bisect.bisect_left(self.starts, start)
         if position < len(self.segments) and self.starts[position] == start:
             self.segments[position] = segment
@@ -96,16 +103,70 @@ class EpochIndex:
             del self.starts[position], self.segments[position]
 
 
+class SegmentTable(MutableMapping[uuid.UUID, RemoteLogSegmentMetadata]):
+    """A partition's segments by id, each held packed (rlmm.packed: about 100 bytes where the decoded metadata takes
+    about 480), keyed by its UUID's int (`packed`). As a mapping it packs what it is given and unpacks what it is
+    asked for, relative to `tp`, the partition's topic-partition when the table was made."""
+
+    __slots__ = ("packed", "tp")
+
+    def __init__(self, tp: TopicIdPartition) -> None:
+        self.tp = tp
+        self.packed: dict[int, bytes] = {}
+
+    @classmethod
+    def of(cls, tp: TopicIdPartition, segments: Mapping[uuid.UUID, RemoteLogSegmentMetadata]) -> SegmentTable:
+        table = cls(tp)
+        table.packed = {segment_id.int: packed.pack(md, tp) for segment_id, md in segments.items()}
+        return table
+
+    def __getitem__(self, segment_id: uuid.UUID) -> RemoteLogSegmentMetadata:
+        return packed.unpack(self.packed[segment_id.int], self.tp)
+
+    def get(self, segment_id: uuid.UUID, default: Any = None) -> Any:
+        found = self.packed.get(segment_id.int)
+        return default if found is None else packed.unpack(found, self.tp)
+
+    def __setitem__(self, segment_id: uuid.UUID, md: RemoteLogSegmentMetadata) -> None:
+        self.packed[segment_id.int] = packed.pack(md, self.tp)
+
+    def __delitem__(self, segment_id: uuid.UUID) -> None:
+        del self.packed[segment_id.int]
+
+    def __contains__(self, segment_id: object) -> bool:
+        return isinstance(segment_id, uuid.UUID) and segment_id.int in self.packed
+
+    def __iter__(self) -> Iterator[uuid.UUID]:
+        return map(packed.uuid_of, self.packed)
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def unpacked(self, found: bytes | None) -> RemoteLogSegmentMetadata | None:
+        return None if found is None else packed.unpack(found, self.tp)
+
+
 @dataclass(slots=True)
 class PartitionModel:
-    """Everything the view holds for one user partition; `meta` is None once the partition is forgotten."""
+    """Everything the view holds for one user partition; `meta` is None once the partition is forgotten. The read
+    model's partitions hold their segments in a SegmentTable; a FreshState's, handed over, a dict until adopted."""
 
     tp: TopicIdPartition
     meta: vf.PartitionMeta | None = None
-    segments: dict[uuid.UUID, RemoteLogSegmentMetadata] = field(default_factory=dict)
+    segments: MutableMapping[uuid.UUID, RemoteLogSegmentMetadata] = None  # type: ignore[assignment]
     delete: RemotePartitionDeleteMetadata | None = None
     lineages: dict[int, EpochLineage] = field(default_factory=dict)
     index: dict[int, EpochIndex] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.segments is None:
+            self.segments = SegmentTable(self.tp)
+
+    def table(self) -> SegmentTable:
+        """The segments as a SegmentTable (packed now if they were handed over as a dict)."""
+        if not isinstance(self.segments, SegmentTable):
+            self.segments = SegmentTable.of(self.tp, self.segments)
+        return self.segments
 
     def empty(self) -> bool:
         return self.meta is None and not (self.segments or self.delete or self.lineages or self.index)
@@ -129,7 +190,7 @@ class PartitionChanges:
 @dataclass(frozen=True, slots=True)
 class EpochFloors:
     """One leader epoch's offset index for lookups: the sorted starts and, per start, what a lookup from it answers:
-    the segment, up to the last offset of the epoch in it (state.lookup_end), or None for nothing.
+    the segment packed (rlmm.packed), up to the last offset of the epoch in it (state.lookup_end), or None for nothing.
 
     A lookup from a random partition finds little of this in the CPU's caches, so the layout touches few objects:
     `bounds` is one int64 array holding the n starts, then the n ends, `segments` a tuple (its items inline). An int
@@ -137,9 +198,9 @@ class EpochFloors:
     (measured on the bench's lookups over 40k segments)."""
 
     bounds: array[int]
-    segments: tuple[RemoteLogSegmentMetadata | None, ...]
+    segments: tuple[bytes | None, ...]
 
-    def floor(self, offset: int) -> RemoteLogSegmentMetadata | None:
+    def floor(self, offset: int) -> bytes | None:
         """What a lookup of `offset` answers: the entry with the greatest start <= offset, if offset <= its end."""
         count = len(self.segments)
         bounds = self.bounds
@@ -149,10 +210,10 @@ class EpochFloors:
         return None
 
     @classmethod
-    def of(cls, starts: list[int], segments: list[RemoteLogSegmentMetadata | None], ends: list[int]) -> EpochFloors:
+    def of(cls, starts: list[int], segments: list[bytes | None], ends: list[int]) -> EpochFloors:
         return cls(array("q", starts + ends), tuple(segments))
 
-    def parts(self) -> tuple[list[int], list[RemoteLogSegmentMetadata | None], list[int]]:
+    def parts(self) -> tuple[list[int], list[bytes | None], list[int]]:
         """The starts, answers and ends, as new lists (`of` builds them back)."""
         count = len(self.segments)
         return self.bounds[:count].tolist(), list(self.segments), self.bounds[count:].tolist()
@@ -160,10 +221,10 @@ class EpochFloors:
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """Segments a listing shows (all epochs': state.is_listed; an epoch's: state.is_listed_in), in listing order
-    (state.listing_order), and their total size."""
+    """Segments a listing shows (all epochs': state.is_listed; an epoch's: state.is_listed_in), packed, in listing
+    order (state.listing_order, which is their bytes' order), and their total size."""
 
-    segments: list[RemoteLogSegmentMetadata] = field(default_factory=list)
+    segments: list[bytes] = field(default_factory=list)
     size: int = 0
 
 
@@ -174,7 +235,7 @@ _NO_LISTING = Listing()
 class PartitionSnapshot:
     """One user partition as lookups see it after a committed batch. `deleted` stays set once seen until a checked
     read replaces the snapshot (ReadModel.watch): the partition may be forgotten after its delete finished while the
-    manager still has to refuse it."""
+    manager still has to refuse it. Its segments are packed relative to `tp` (its SegmentTable's)."""
 
     deleted: bool = False
     # Derived from `floors`: the partition's only epoch with floors and those floors (most partitions have one
@@ -184,11 +245,12 @@ class PartitionSnapshot:
     sole_epoch: int = field(init=False, compare=False, repr=False)
     sole_floors: EpochFloors | None = field(init=False, compare=False, repr=False)
     sole_bounds: array[int] = field(init=False, compare=False, repr=False)
-    sole_segments: tuple[RemoteLogSegmentMetadata | None, ...] = field(init=False, compare=False, repr=False)
+    sole_segments: tuple[bytes | None, ...] = field(init=False, compare=False, repr=False)
     floors: dict[int, EpochFloors] = field(default_factory=dict)
     listings: dict[int, Listing] = field(default_factory=dict)  # per leader epoch the segments contain
     everything: Listing = _NO_LISTING
     lineages: dict[int, EpochLineage] = field(default_factory=dict)
+    tp: TopicIdPartition | None = None  # None only with no segments
 
     def __post_init__(self) -> None:
         sole_epoch, sole_floors = next(iter(self.floors.items())) if len(self.floors) == 1 else (-1, None)
@@ -198,19 +260,29 @@ class PartitionSnapshot:
         object.__setattr__(self, "sole_bounds", sole.bounds)
         object.__setattr__(self, "sole_segments", sole.segments)
 
+    def unpack(self, found: bytes) -> RemoteLogSegmentMetadata:
+        """A segment of this snapshot, packed, as its metadata."""
+        assert self.tp is not None, "a snapshot with segments has a tp"
+        return packed.unpack(found, self.tp)
+
     def floors_of(self, epoch: int) -> EpochFloors | None:
         return self.sole_floors if epoch == self.sole_epoch else self.floors.get(epoch)
 
-    def segment_for_offset(self, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+    def answer_for_offset(self, epoch: int, offset: int) -> bytes | None:
+        """What a lookup answers, packed (as the manager's lookup in C answers it)."""
         floors = self.floors_of(epoch)
         return None if floors is None else floors.floor(offset)
+
+    def segment_for_offset(self, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+        found = self.answer_for_offset(epoch, offset)
+        return None if found is None else self.unpack(found)
 
     def next_segment_with_txn_index(self, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
         return state.next_with_txn_index(lambda at: self.segment_for_offset(epoch, at), offset)
 
     def list_segments(self, epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
         listing = self.everything if epoch is None else self.listings.get(epoch, _NO_LISTING)
-        return list(listing.segments)
+        return [self.unpack(found) for found in listing.segments]
 
     def remote_log_size(self, epoch: int) -> int:
         return self.listings.get(epoch, _NO_LISTING).size
@@ -225,39 +297,43 @@ _NOTHING = PartitionSnapshot()
 _GONE = PartitionSnapshot(deleted=True)
 
 
-def _answer(md: RemoteLogSegmentMetadata | None, epoch: int) -> tuple[RemoteLogSegmentMetadata | None, int]:
-    """What a lookup from md's start in `epoch` answers, and up to which offset (-1: no offset, it answers None)."""
+def _answer(found: bytes | None, md: RemoteLogSegmentMetadata | None, epoch: int) -> tuple[bytes | None, int]:
+    """What a lookup from md's start in `epoch` answers (md packed: `found`), and up to which offset (-1: no offset,
+    it answers None)."""
     end = None if md is None else state.lookup_end(md, epoch)
-    return (None, -1) if end is None else (md, end)
+    return (None, -1) if end is None else (found, end)
 
 
-def _floors(epoch: int, index: EpochIndex, segments: dict[uuid.UUID, RemoteLogSegmentMetadata]) -> EpochFloors:
-    answers = [_answer(segments.get(segment), epoch) for segment in index.segments]
-    return EpochFloors.of(index.starts.tolist(), [md for md, _ in answers], [end for _, end in answers])
+def _floors(epoch: int, index: EpochIndex, found: dict[int, bytes],
+            decoded: dict[int, RemoteLogSegmentMetadata]) -> EpochFloors:
+    answers = [_answer(found.get(segment), decoded.get(segment), epoch) for segment in index.segments]
+    return EpochFloors.of(index.starts.tolist(), [answer for answer, _ in answers], [end for _, end in answers])
 
 
 def snapshot_of(partition: PartitionModel | None) -> PartitionSnapshot:
     """A partition's snapshot built from scratch (when a partition is first watched; the reference for folds)."""
     if partition is None:
         return _NOTHING
-    floors = {epoch: _floors(epoch, index, partition.segments)
-              for epoch, index in partition.index.items() if index.starts}
-    listed = sorted(filter(state.is_listed, partition.segments.values()), key=state.listing_order)
-    by_epoch: dict[int, list[RemoteLogSegmentMetadata]] = {}
-    for md in listed:
-        for epoch in md.segment_leader_epochs:
-            by_epoch.setdefault(epoch, []).append(md)
+    table = partition.table()
+    found = table.packed
+    decoded = {segment: packed.unpack(raw, table.tp) for segment, raw in found.items()}
+    floors = {epoch: _floors(epoch, index, found, decoded) for epoch, index in partition.index.items() if index}
+    listed = sorted((found[segment], md) for segment, md in decoded.items() if state.is_listed(md))
+    by_epoch: dict[int, list[tuple[bytes, RemoteLogSegmentMetadata]]] = {}
+    for entry in listed:
+        for epoch in entry[1].segment_leader_epochs:
+            by_epoch.setdefault(epoch, []).append(entry)
     # Only the few epochs with overwritten segments list fewer: checked after, as a check per segment and epoch costs
     # about 1 us per segment (measured: +100 ms on the first snapshot of a partition of 100k segments).
     for epoch, lineage in partition.lineages.items():
         if lineage.overwritten_segment_ids and epoch in by_epoch:
-            by_epoch[epoch] = [md for md in by_epoch[epoch] if state.is_listed_in(md, lineage)]
+            by_epoch[epoch] = [entry for entry in by_epoch[epoch] if state.is_listed_in(entry[1], lineage)]
             if not by_epoch[epoch]:
                 del by_epoch[epoch]
     return PartitionSnapshot(
         state.delete_finished(partition.delete), floors,
-        {epoch: _listing(segments) for epoch, segments in by_epoch.items()}, _listing(listed),
-        dict(partition.lineages),
+        {epoch: _listing([raw for raw, _ in entries]) for epoch, entries in by_epoch.items()},
+        _listing([raw for raw, _ in listed]), dict(partition.lineages), table.tp,
     )
 
 
@@ -266,15 +342,16 @@ def _epochs_listing(md: RemoteLogSegmentMetadata, lineages: dict[int, EpochLinea
     return [epoch for epoch in md.segment_leader_epochs if state.is_listed_in(md, lineages.get(epoch))]
 
 
-def _listing(segments: list[RemoteLogSegmentMetadata]) -> Listing:
-    return Listing(segments, sum(md.segment_size_in_bytes for md in segments)) if segments else _NO_LISTING
+def _listing(segments: list[bytes]) -> Listing:
+    return Listing(segments, sum(map(packed.size_of, segments))) if segments else _NO_LISTING
 
 
 def _folded(
     snapshot: PartitionSnapshot, partition: PartitionModel, change: PartitionChanges,
-    before: dict[uuid.UUID, RemoteLogSegmentMetadata | None],
+    before: dict[uuid.UUID, bytes | None],
 ) -> PartitionSnapshot:
-    """`snapshot` after `change` folded into `partition` (`before`: the changed segments as they were)."""
+    """`snapshot` after `change` folded into `partition` (`before`: the changed segments as they were, packed)."""
+    table = partition.table()
     relisting = _Relisting(snapshot)
     lineages = partition.lineages if change.lineages else snapshot.lineages  # before the change: snapshot.lineages
     touched: dict[int, set[int]] = {}  # epoch -> starts whose answer may have changed
@@ -282,41 +359,43 @@ def _folded(
         touched.setdefault(epoch, set()).add(start)
     relisted: set[uuid.UUID] = set()
     for segment_id in change.segments:
-        old, new = before.get(segment_id), partition.segments.get(segment_id)
-        if old is new:
+        was, now = before.get(segment_id), table.packed.get(segment_id.int)
+        if was is now:
             continue
         relisted.add(segment_id)
+        old, new = table.unpacked(was), table.unpacked(now)
         # The index maps a segment only at its own epochs' starts, so these are the answers that name it.
         for md in (old, new):
             if md is not None:
                 for epoch, start in md.segment_leader_epochs.items():
                     touched.setdefault(epoch, set()).add(start)
-        if old is not None and state.is_listed(old):
-            relisting.remove(old, _epochs_listing(old, snapshot.lineages))
-        if new is not None and state.is_listed(new):
-            relisting.add(new, _epochs_listing(new, lineages))
+        if was is not None and old is not None and state.is_listed(old):
+            relisting.remove(was, _epochs_listing(old, snapshot.lineages))
+        if now is not None and new is not None and state.is_listed(new):
+            relisting.add(now, _epochs_listing(new, lineages))
     # A segment an epoch's lineage stops (or starts) calling overwritten comes back to (or leaves) that epoch's
     # listing, though the segment itself did not change.
     for epoch in change.lineages:
-        was, now = snapshot.lineages.get(epoch), lineages.get(epoch)
-        for segment_id in _overwritten(was) ^ _overwritten(now):
-            md = partition.segments.get(segment_id)
-            if segment_id in relisted or md is None or epoch not in md.segment_leader_epochs:
+        was_lineage, now_lineage = snapshot.lineages.get(epoch), lineages.get(epoch)
+        for segment_id in _overwritten(was_lineage) ^ _overwritten(now_lineage):
+            found = table.packed.get(segment_id.int)
+            md = table.unpacked(found)
+            if segment_id in relisted or found is None or md is None or epoch not in md.segment_leader_epochs:
                 continue
-            listed_before, listed_now = state.is_listed_in(md, was), state.is_listed_in(md, now)
+            listed_before, listed_now = state.is_listed_in(md, was_lineage), state.is_listed_in(md, now_lineage)
             if listed_before and not listed_now:
-                relisting.remove(md, [epoch], everything=False)
+                relisting.remove(found, [epoch], everything=False)
             elif listed_now and not listed_before:
-                relisting.add(md, [epoch], everything=False)
+                relisting.add(found, [epoch], everything=False)
     floors = snapshot.floors
     if touched:
         floors = dict(floors)
         for epoch, starts in touched.items():
-            _refloor(floors, epoch, starts, partition)
+            _refloor(floors, epoch, starts, partition.index.get(epoch), table)
     listings, everything = relisting.done()
     return PartitionSnapshot(
         snapshot.deleted or state.delete_finished(partition.delete), floors, listings, everything,
-        dict(lineages) if change.lineages else snapshot.lineages,
+        dict(lineages) if change.lineages else snapshot.lineages, table.tp,
     )
 
 
@@ -324,24 +403,25 @@ def _overwritten(epoch_lineage: EpochLineage | None) -> frozenset[uuid.UUID]:
     return frozenset() if epoch_lineage is None else epoch_lineage.overwritten_segment_ids
 
 
-def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], partition: PartitionModel) -> None:
+def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], index: EpochIndex | None,
+             table: SegmentTable) -> None:
     """Replace `floors[epoch]` by a copy whose answers at `starts` follow the partition's index and segments."""
-    index = partition.index.get(epoch)
     sorted_starts, segments, ends = floors.get(epoch, _NO_FLOORS).parts()
     for start in starts:
-        segment = None if index is None else index.get(start)
+        segment = None if index is None else index.id_at(start)
         position = bisect.bisect_left(sorted_starts, start)
         present = position < len(sorted_starts) and sorted_starts[position] == start
         if segment is None:
             if present:
                 del sorted_starts[position], segments[position], ends[position]
             continue
-        md, end = _answer(partition.segments.get(segment), epoch)
+        found = table.packed.get(segment)
+        answer, end = _answer(found, table.unpacked(found), epoch)
         if present:
-            segments[position], ends[position] = md, end
+            segments[position], ends[position] = answer, end
         else:
             sorted_starts.insert(position, start)
-            segments.insert(position, md)
+            segments.insert(position, answer)
             ends.insert(position, end)
     if sorted_starts:
         floors[epoch] = EpochFloors.of(sorted_starts, segments, ends)
@@ -350,35 +430,35 @@ def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], parti
 
 
 class _Relisting:
-    """Copy-on-write edits of a snapshot's listings: each listing a fold touches is copied once."""
+    """Copy-on-write edits of a snapshot's listings: each listing a fold touches is copied once. Listings hold packed
+    segments, whose bytes sort in listing order: an edit finds a segment by its first ORDER_LEN bytes."""
 
     def __init__(self, snapshot: PartitionSnapshot) -> None:
         self._snapshot = snapshot
-        self._edits: dict[int | None, tuple[list[RemoteLogSegmentMetadata], list[int]]] = {}  # None: everything
+        self._edits: dict[int | None, tuple[list[bytes], list[int]]] = {}  # None: everything
 
-    def _edit(self, epoch: int | None) -> tuple[list[RemoteLogSegmentMetadata], list[int]]:
+    def _edit(self, epoch: int | None) -> tuple[list[bytes], list[int]]:
         edit = self._edits.get(epoch)
         if edit is None:
             base = self._snapshot.everything if epoch is None else self._snapshot.listings.get(epoch, _NO_LISTING)
             edit = self._edits[epoch] = (list(base.segments), [base.size])
         return edit
 
-    def remove(self, md: RemoteLogSegmentMetadata, epochs: list[int], everything: bool = True) -> None:
-        """Take md out of the listings of `epochs` (and of all epochs' listing, with `everything`)."""
-        order = state.listing_order(md)
+    def remove(self, found: bytes, epochs: list[int], everything: bool = True) -> None:
+        """Take the packed segment out of the listings of `epochs` (and of all epochs' listing, with `everything`)."""
+        order = found[:packed.ORDER_LEN]
         for epoch in (None, *epochs) if everything else epochs:
             segments, size = self._edit(epoch)
-            position = bisect.bisect_left(segments, order, key=state.listing_order)
-            if position < len(segments) and state.listing_order(segments[position]) == order:
-                size[0] -= segments.pop(position).segment_size_in_bytes
+            position = bisect.bisect_left(segments, order)
+            if position < len(segments) and segments[position][:packed.ORDER_LEN] == order:
+                size[0] -= packed.size_of(segments.pop(position))
 
-    def add(self, md: RemoteLogSegmentMetadata, epochs: list[int], everything: bool = True) -> None:
-        """Put md into the listings of `epochs` (and of all epochs' listing, with `everything`)."""
-        order = state.listing_order(md)
+    def add(self, found: bytes, epochs: list[int], everything: bool = True) -> None:
+        """Put the packed segment into the listings of `epochs` (and of all epochs' listing, with `everything`)."""
         for epoch in (None, *epochs) if everything else epochs:
             segments, size = self._edit(epoch)
-            segments.insert(bisect.bisect_left(segments, order, key=state.listing_order), md)
-            size[0] += md.segment_size_in_bytes
+            segments.insert(bisect.bisect_left(segments, found), found)
+            size[0] += packed.size_of(found)
 
     def done(self) -> tuple[dict[int, Listing], Listing]:
         listings = self._snapshot.listings
@@ -599,7 +679,8 @@ class ReadModel:
             if tp is None:  # only deletions for a partition the model never held
                 return
             partition = self.partitions[tp_key] = PartitionModel(tp)
-        before = {} if snapshot is None else {segment_id: partition.segments.get(segment_id)
+        table = partition.table()
+        before = {} if snapshot is None else {segment_id: table.packed.get(segment_id.int)
                                                for segment_id in change.segments}
         if change.meta is not None:
             partition.meta = change.meta[0]
@@ -607,11 +688,15 @@ class ReadModel:
                 partition.tp = TopicIdPartition(partition.tp.topic_id, partition.meta.topic, partition.tp.partition)
         if change.delete is not None:
             partition.delete = change.delete[0]
+        # A new segment's id is both a key of its table and an entry of its epochs' index: one int object for both.
+        ids: dict[int, int] = {}
         for segment_id, md in change.segments.items():
+            key: int = segment_id.int
+            ids[key] = key
             if md is None:
-                partition.segments.pop(segment_id, None)
+                table.packed.pop(key, None)
             else:
-                partition.segments[segment_id] = md
+                table.packed[key] = packed.pack(md, table.tp)
         for epoch, lineage in change.lineages.items():
             if lineage is None:
                 partition.lineages.pop(epoch, None)
@@ -622,7 +707,7 @@ class ReadModel:
             if segment is not None:
                 if index is None:
                     index = partition.index[epoch] = EpochIndex()
-                index.put(start, segment)
+                index.put(start, ids.get(segment.int, segment.int))
             elif index is not None:
                 index.remove(start)
                 if not index:
@@ -649,9 +734,11 @@ def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[
     # A partition with content but no bookkeeping never happens in a view the batch wrote; the name is then
     # unknown and only the key identifies it.
     partition = PartitionModel(TopicIdPartition(topic_id, "?" if meta is None else meta.topic, number), meta)
+    table = partition.table()
+    found, tp = table.packed, table.tp
     for count, (_key, value) in enumerate(prefixed(families[vf.SEGMENTS], tp_key), 1):
         md = vf.decode_segment(value)
-        partition.segments[md.remote_log_segment_id.id] = md
+        found[md.remote_log_segment_id.id.int] = packed.pack(md, tp)
         if pause is not None and count % PAUSE_EVERY == 0:
             pause()
     raw_delete = families[vf.PARTITIONS].get(tp_key)  # type: ignore[attr-defined]
@@ -660,17 +747,16 @@ def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[
     for _key, value in prefixed(families[vf.EPOCH_STATE], tp_key):
         lineage = vf.decode_lineage(value)
         partition.lineages[lineage.epoch] = lineage
-    segments = partition.segments
+    # An entry's id as the table's key object where the table has the segment (most entries): one int for both.
+    keys = {key: key for key in found}
     for key, value in prefixed(families[vf.EPOCH_INDEX], tp_key):
         index = partition.index.get(vf.lineage_epoch(key))
         if index is None:
             index = partition.index[vf.lineage_epoch(key)] = EpochIndex()
         # RocksDB iterates in key order, so starts arrive sorted.
         index.starts.append(vf.index_start_offset(key))
-        segment_id = uuid.UUID(bytes=value)
-        known = segments.get(segment_id)
-        # The segment's own id object where it has one (most entries): a second copy per segment costs ~90 bytes.
-        index.segments.append(segment_id if known is None else known.remote_log_segment_id.id)
+        segment = int.from_bytes(value, "big")
+        index.segments.append(keys.get(segment, segment))
     return None if partition.empty() else partition
 
 

@@ -2,7 +2,7 @@
 
 A random run of what the manager and the read model do to a ReadableTable (partitions found readable, stopped,
 cleared; snapshots published; metadata partitions halted) with lookups in between, each answered by the C lookup and
-by its Python reference (the read model's snapshot: PartitionSnapshot.segment_for_offset behind the manager's
+by its Python reference (the read model's snapshot: PartitionSnapshot.answer_for_offset behind the manager's
 checks), which must be the same object. Mixed in, what no manager does but code in the process could: readables of
 other layouts (another class's slot descriptors set on a class without them, properties), a lookup over a
 TopicIdPartition look-alike of that kind, a published snapshot changed in place (its answers then freed), and
@@ -101,8 +101,8 @@ class _Hostile:
             if action is not None:
                 action()
             return getattr(object.__getattribute__(self, "inner"), name)
-        if name == "segment_for_offset":
-            return object.__getattribute__(self, "inner").segment_for_offset
+        if name == "answer_for_offset":
+            return object.__getattribute__(self, "inner").answer_for_offset
         return object.__getattribute__(self, name)
 
 
@@ -161,7 +161,7 @@ class World:
             if self.halted and readable.metadata_partition in self.halted:
                 return REFUSED
             snapshot = readable.snapshot
-            return REFUSED if snapshot.deleted else snapshot.segment_for_offset(epoch, offset)
+            return REFUSED if snapshot.deleted else snapshot.answer_for_offset(epoch, offset)
         except Exception:
             return FAILED
 

@@ -94,7 +94,7 @@ def test_a_snapshot_whose_attribute_read_grows_the_table_is_answered_and_the_tab
         table[KEY] = readable(growing)
         print(lookup(TP, 0, 5).name, len(table), growing.reads)
         print(lookup(TP, 0, 5).name, growing.reads)  # from the floors the first lookup kept in the grown table
-        print(all(table[(KEY[0], p)].snapshot.segment_for_offset(0, 5).name == str(p) for p in range(100, 200)))
+        print(all(table[(KEY[0], p)].snapshot.answer_for_offset(0, 5).name == str(p) for p in range(100, 200)))
         for removed in ("removed", "cleared"):  # the partition goes while its snapshot is read: the fallback answers
             class Going(Growing):
                 def __getattr__(self, name, removed=removed):

@@ -82,7 +82,7 @@ def test_the_manager_answers_like_the_reference_model_through_a_random_call_sequ
     rng = random.Random(2024)
     manager = make_manager(partitions=2, **{"lookup.native": native})
     # The fetch path's lookup is the C one (rlmm/_segment_lookup.c) exactly when asked for; either answers alike.
-    assert isinstance(manager.remote_log_segment_metadata, SegmentLookup) is native
+    assert isinstance(getattr(manager.remote_log_segment_metadata, "__wrapped__", None), SegmentLookup) is native
     model = ReferenceModel()
     tps = [make_tp("orders", 0), make_tp("orders", 1)]
     register(manager, *tps)

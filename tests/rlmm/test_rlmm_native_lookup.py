@@ -85,8 +85,10 @@ def test_it_answers_what_the_snapshot_answers_for_every_epoch_and_offset(scenari
                 if snapshot.deleted:  # the method raises what Kafka's manager raises
                     assert found == fallback.answer
                     refused += 1
-                else:
-                    assert found is snapshot.segment_for_offset(epoch, offset), (tp, epoch, offset)
+                else:  # the segment as the snapshot holds it (packed), which the manager unpacks
+                    assert found is snapshot.answer_for_offset(epoch, offset), (tp, epoch, offset)
+                    unpacked = None if found is None else snapshot.unpack(found)
+                    assert unpacked == snapshot.segment_for_offset(epoch, offset), (tp, epoch, offset)
     assert len(fallback.calls) == refused
 
 

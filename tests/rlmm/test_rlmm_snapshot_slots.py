@@ -14,6 +14,7 @@ from rlmm_testkit import make_tp
 from test_rlmm_lookup_snapshots import TOPIC, _replacing, fold_while_reading
 from test_rlmm_view_properties import VIEW_SETTINGS, apply_in_batches, batch_cuts
 
+from rlmm import packed
 from rlmm import view_format as vf
 from rlmm.events import key_of
 from rlmm.read_model import EpochFloors, PartitionSnapshot, SnapshotSlot
@@ -96,8 +97,8 @@ def test_lookups_through_a_slot_during_folding_see_each_partition_as_of_one_whol
 
 def test_epoch_floors_answer_the_greatest_start_at_or_below_the_offset_up_to_its_end() -> None:
     tp = make_tp("floors", 0)
-    first = _replacing(tp, 0, None)[0]
-    last = _replacing(tp, 1, None)[0]
+    first = packed.pack(_replacing(tp, 0, None)[0], tp)
+    last = packed.pack(_replacing(tp, 1, None)[0], tp)
     floors = EpochFloors.of([0, 100, 200], [first, None, last], [49, 199, 250])
     assert [floors.floor(offset) for offset in (0, 49, 50, 99, 100, 199, 200, 250, 251)] == [
         first, first, None, None, None, None, last, last, None]
@@ -108,11 +109,11 @@ def test_epoch_floors_answer_the_greatest_start_at_or_below_the_offset_up_to_its
 def test_a_snapshot_keeps_the_floors_of_its_only_epoch_beside_its_deleted_flag() -> None:
     tp = make_tp("sole", 0)
     md = _replacing(tp, 0, None)[0]
-    floors = EpochFloors.of([0], [md], [99])
-    sole = PartitionSnapshot(False, {4: floors})
+    floors = EpochFloors.of([0], [packed.pack(md, tp)], [99])
+    sole = PartitionSnapshot(False, {4: floors}, tp=tp)
     assert (sole.sole_epoch, sole.sole_floors) == (4, floors)
     assert [sole.segment_for_offset(epoch, 50) for epoch in (3, 4, 5)] == [None, md, None]
-    several = PartitionSnapshot(False, {4: floors, 6: EpochFloors.of([100], [None], [-1])})
+    several = PartitionSnapshot(False, {4: floors, 6: EpochFloors.of([100], [None], [-1])}, tp=tp)
     assert (several.sole_epoch, several.sole_floors) == (-1, None)
     assert [several.segment_for_offset(epoch, 50) for epoch in (4, 6)] == [md, None]
     assert (PartitionSnapshot().sole_epoch, PartitionSnapshot().sole_floors) == (-1, None)

@@ -1,0 +1,108 @@
+"""A segment's metadata packed into one bytes object: how the read model holds the segments of hosted partitions.
+
+A decoded RemoteLogSegmentMetadata is a graph of seven objects (the metadata, its id, the id's UUID and that UUID's
+int, its leader epochs, five int fields): about 480 bytes. Packed, it is one bytes object of about 100, and
+unpacking it again takes under a microsecond (struct and the slot makers of rlmm.types), which a lookup pays for
+its answer. A node serving a million hosted segments then holds about 400 MiB less.
+
+The layout starts with the start offset, the end offset (both big-endian, never negative) and the segment id, so
+that packed segments sort as listings go (rlmm.state.listing_order) by comparing the bytes. What the packed form does
+not hold is the segment's topic-partition, which is its user partition's (`tp`, given back to `unpack`), unless the
+segment names another topic for it: that name is then packed too.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import fields
+from types import MappingProxyType
+from typing import cast
+
+from rlmm.types import (
+    OneEpoch,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentState,
+    TopicIdPartition,
+    slot_maker,
+)
+
+# start, end, id, max timestamp, event timestamp, broker, size, state, flags, first epoch and its start offset.
+_HEAD = struct.Struct(">qq16sqqiiBBiq")
+_LENGTH = struct.Struct(">I")
+_EPOCH = struct.Struct(">iq")
+_SIZE = struct.Struct(">i")
+_SIZE_AT = 8 + 8 + 16 + 8 + 8 + 4
+ORDER_LEN = 8 + 8 + 16  # the bytes that order packed segments as listings go
+
+# flags
+_TXN_IDX_EMPTY = 1
+_CUSTOM = 2  # custom metadata follows: its length, then its bytes
+_EPOCHS = 4  # more leader epochs follow: their count, then (epoch, start) each
+_TOPIC = 8  # a topic name of its own follows: its length, then its UTF-8 bytes
+
+_STATES = tuple(RemoteLogSegmentState)
+_UNKNOWN_SAFETY = uuid.SafeUUID.unknown
+_make_uuid = slot_maker(uuid.UUID, ("int", "is_safe"))
+_make_segment_id = slot_maker(RemoteLogSegmentId, [f.name for f in fields(RemoteLogSegmentId)])
+_make_segment = slot_maker(RemoteLogSegmentMetadata, [f.name for f in fields(RemoteLogSegmentMetadata)])
+
+
+def pack(md: RemoteLogSegmentMetadata, tp: TopicIdPartition) -> bytes:
+    """md packed, for a partition whose segments are `tp`'s (a segment naming another topic keeps that name)."""
+    epochs = iter(md.segment_leader_epochs.items())
+    first_epoch, first_start = next(epochs)
+    rest = list(epochs)
+    custom = md.custom_metadata
+    own = md.remote_log_segment_id.topic_id_partition
+    flags = ((_TXN_IDX_EMPTY if md.txn_idx_empty else 0) | (0 if custom is None else _CUSTOM)
+             | (_EPOCHS if rest else 0) | (0 if own == tp else _TOPIC))
+    parts = [_HEAD.pack(md.start_offset, md.end_offset, md.remote_log_segment_id.id.bytes, md.max_timestamp_ms,
+                        md.event_timestamp_ms, md.broker_id, md.segment_size_in_bytes, md.state, flags, first_epoch,
+                        first_start)]
+    if custom is not None:
+        parts += (_LENGTH.pack(len(custom)), custom)
+    if rest:
+        parts.append(_LENGTH.pack(len(rest)))
+        parts += (_EPOCH.pack(epoch, start) for epoch, start in rest)
+    if flags & _TOPIC:
+        name = own.topic.encode()
+        parts += (_LENGTH.pack(len(name)), name)
+    return b"".join(parts)
+
+
+def unpack(packed: bytes, tp: TopicIdPartition) -> RemoteLogSegmentMetadata:
+    """The segment `pack(md, tp)` packed: equal to md."""
+    (start, end, segment_id, max_timestamp, event_timestamp, broker, size, state, flags, first_epoch,
+     first_start) = _HEAD.unpack_from(packed)
+    epochs: OneEpoch | MappingProxyType[int, int] = OneEpoch(first_epoch, first_start)
+    custom = None
+    if flags & ~_TXN_IDX_EMPTY:
+        at = _HEAD.size
+        if flags & _CUSTOM:
+            (length,) = _LENGTH.unpack_from(packed, at)
+            custom = packed[at + 4:at + 4 + length]
+            at += 4 + length
+        if flags & _EPOCHS:
+            (count,) = _LENGTH.unpack_from(packed, at)
+            more = dict(_EPOCH.iter_unpack(packed[at + 4:at + 4 + count * _EPOCH.size]))
+            epochs = MappingProxyType({first_epoch: first_start, **more})
+            at += 4 + count * _EPOCH.size
+        if flags & _TOPIC:
+            (length,) = _LENGTH.unpack_from(packed, at)
+            tp = TopicIdPartition(tp.topic_id, packed[at + 4:at + 4 + length].decode(), tp.partition)
+    segment = _make_segment_id(tp, _make_uuid(int.from_bytes(segment_id, "big"), _UNKNOWN_SAFETY))
+    return cast(RemoteLogSegmentMetadata, _make_segment(
+        segment, start, end, max_timestamp, broker, event_timestamp, size, epochs, custom, _STATES[state],
+        bool(flags & _TXN_IDX_EMPTY)))
+
+
+def size_of(packed: bytes) -> int:
+    """The packed segment's size in bytes (segment_size_in_bytes)."""
+    return cast(int, _SIZE.unpack_from(packed, _SIZE_AT)[0])
+
+
+def uuid_of(value: int) -> uuid.UUID:
+    """uuid.UUID(int=value), made the way rlmm.types makes decoded ids (a fifth of the constructor's time)."""
+    return cast(uuid.UUID, _make_uuid(value, _UNKNOWN_SAFETY))

@@ -1,0 +1,55 @@
+"""The read model holds hosted segments packed (rlmm.packed): unpacked, a segment is equal to what was packed, every
+field and the topic-partition it names, and packed segments sort in listing order by their bytes."""
+
+from __future__ import annotations
+
+import uuid
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlmm import packed, state
+from rlmm.types import (
+    INT32_MAX,
+    INT64_MAX,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentState,
+    TopicIdPartition,
+)
+
+TP = TopicIdPartition(uuid.UUID(int=7), "packed", 3)
+
+
+@st.composite
+def segments(draw: st.DrawFn) -> RemoteLogSegmentMetadata:
+    start = draw(st.integers(0, INT64_MAX - 1_000))
+    end = start + draw(st.integers(0, 1_000))
+    starts = sorted(draw(st.sets(st.integers(start, end), min_size=1, max_size=4)) | {start})
+    epochs = dict(zip(sorted(draw(st.sets(st.integers(0, INT32_MAX), min_size=len(starts), max_size=len(starts)))),
+                      starts, strict=True))
+    tp = draw(st.sampled_from([TP, TopicIdPartition(TP.topic_id, "renamed-é", TP.partition)]))
+    return RemoteLogSegmentMetadata(
+        RemoteLogSegmentId(tp, uuid.UUID(int=draw(st.integers(0, (1 << 128) - 1)))), start, end,
+        draw(st.integers(-1, INT64_MAX)), draw(st.integers(0, INT32_MAX)), draw(st.integers(0, INT64_MAX)),
+        draw(st.integers(0, INT32_MAX)), epochs, draw(st.none() | st.binary(max_size=40)),
+        draw(st.sampled_from(list(RemoteLogSegmentState))), draw(st.booleans()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(segments())
+def test_a_packed_segment_unpacks_equal_naming_its_own_topic(md: RemoteLogSegmentMetadata) -> None:
+    found = packed.pack(md, TP)
+    unpacked = packed.unpack(found, TP)
+    assert unpacked == md
+    assert unpacked.remote_log_segment_id.topic_id_partition == md.remote_log_segment_id.topic_id_partition
+    assert dict(unpacked.segment_leader_epochs) == dict(md.segment_leader_epochs)
+    assert packed.size_of(found) == md.segment_size_in_bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(segments(), segments())
+def test_packed_segments_sort_as_listings_go(first: RemoteLogSegmentMetadata, second: RemoteLogSegmentMetadata
+                                             ) -> None:
+    by_bytes = sorted([first, second], key=lambda md: packed.pack(md, TP))
+    assert [state.listing_order(md) for md in by_bytes] == sorted(map(state.listing_order, (first, second)))
