@@ -43,10 +43,13 @@ _EPOCHS = 4  # more leader epochs follow: their count, then (epoch, start) each
 _TOPIC = 8  # a topic name of its own follows: its length, then its UTF-8 bytes
 
 _STATES = tuple(RemoteLogSegmentState)
+_TXN = (False, True)
+_from_bytes = int.from_bytes
 _UNKNOWN_SAFETY = uuid.SafeUUID.unknown
 _make_uuid = slot_maker(uuid.UUID, ("int", "is_safe"))
 _make_segment_id = slot_maker(RemoteLogSegmentId, [f.name for f in fields(RemoteLogSegmentId)])
 _make_segment = slot_maker(RemoteLogSegmentMetadata, [f.name for f in fields(RemoteLogSegmentMetadata)])
+_make_one_epoch = slot_maker(OneEpoch, OneEpoch.__slots__)
 
 
 def pack(md: RemoteLogSegmentMetadata, tp: TopicIdPartition) -> bytes:
@@ -76,9 +79,9 @@ def unpack(packed: bytes, tp: TopicIdPartition) -> RemoteLogSegmentMetadata:
     """The segment `pack(md, tp)` packed: equal to md."""
     (start, end, segment_id, max_timestamp, event_timestamp, broker, size, state, flags, first_epoch,
      first_start) = _HEAD.unpack_from(packed)
-    epochs: OneEpoch | MappingProxyType[int, int] = OneEpoch(first_epoch, first_start)
+    epochs: OneEpoch | MappingProxyType[int, int] = _make_one_epoch(first_epoch, first_start)
     custom = None
-    if flags & ~_TXN_IDX_EMPTY:
+    if flags > _TXN_IDX_EMPTY:  # anything but the plain layout
         at = _HEAD.size
         if flags & _CUSTOM:
             (length,) = _LENGTH.unpack_from(packed, at)
@@ -92,10 +95,9 @@ def unpack(packed: bytes, tp: TopicIdPartition) -> RemoteLogSegmentMetadata:
         if flags & _TOPIC:
             (length,) = _LENGTH.unpack_from(packed, at)
             tp = TopicIdPartition(tp.topic_id, packed[at + 4:at + 4 + length].decode(), tp.partition)
-    segment = _make_segment_id(tp, _make_uuid(int.from_bytes(segment_id, "big"), _UNKNOWN_SAFETY))
     return cast(RemoteLogSegmentMetadata, _make_segment(
-        segment, start, end, max_timestamp, broker, event_timestamp, size, epochs, custom, _STATES[state],
-        bool(flags & _TXN_IDX_EMPTY)))
+        _make_segment_id(tp, _make_uuid(_from_bytes(segment_id, "big"), _UNKNOWN_SAFETY)), start, end, max_timestamp,
+        broker, event_timestamp, size, epochs, custom, _STATES[state], _TXN[flags & _TXN_IDX_EMPTY]))
 
 
 def size_of(packed: bytes) -> int:

@@ -1,4 +1,4 @@
-"""The view's committed state, decoded, in memory: what every lookup and the apply path read.
+"""The view's committed state in memory, segments packed (rlmm.packed): what every lookup and the apply path read.
 
 RocksDB stays the durable truth. The model reads a user partition from it when the partition is first asked for
 (a restart or a snapshot bootstrap does not decode every segment of the view before it serves), and then follows
@@ -476,9 +476,10 @@ class _Relisting:
         return listings, everything
 
 
-# Segments of the partitions the applier may borrow while it reads a backlog (ReadModel.borrow): about 1 KiB each,
-# so a rebuild holds at most about 1 GiB of them at once, whatever the cluster's size (a cluster of more applies the
-# rest key by key from RocksDB, or reads a partition again once it was given back).
+# Segments of the partitions the applier may borrow while it reads a backlog (ReadModel.borrow): about 250 bytes
+# each (packed, with their index entries), so a rebuild holds at most about 250 MiB of them at once, whatever the
+# cluster's size (a cluster of more applies the rest key by key from RocksDB, or reads a partition again once it was
+# given back).
 BORROW_MAX_SEGMENTS = 1_000_000
 
 
