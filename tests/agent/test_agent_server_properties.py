@@ -30,6 +30,7 @@ from tierlog.agent import messages
 from tierlog.agent import server as agent_server
 from tierlog.agent.broker_config import plugin_configs, rlmm_config, rsm_config
 from tierlog.agent.components import Components
+from tierlog.agent.proto import agent_pb2 as pb
 from tierlog.agent.proto import agent_pb2_grpc as pb_grpc
 from tierlog.cli import main
 
@@ -162,6 +163,18 @@ def test_a_brokers_server_properties_starts_an_agent_that_becomes_ready_and_writ
             metadata = pb_grpc.RemoteLogMetadataStub(channel)
             segment = segment_metadata(TopicIdPartition(uuid.uuid4(), "orders", 0), 100)
             metadata.AddRemoteLogSegmentMetadata(messages.segment_metadata_msg(segment), timeout=30)
+            # Led here, the partition's listing in one answer is the stream's.
+            tp = messages.topic_id_partition_msg(segment.topic_id_partition)
+            metadata.OnPartitionLeadershipChanges(pb.LeadershipChanges(leaders=[tp]), timeout=30)
+            while not metadata.IsReady(tp, timeout=30).ready:
+                assert time.monotonic() < deadline + READY_S, "the partition never became ready"
+                time.sleep(0.05)
+            query = pb.ListQuery(topic_id_partition=tp)
+            at_once = metadata.ListRemoteLogSegmentsAtOnce(query, timeout=30)
+            assert not at_once.stream_instead
+            assert [messages.segment_metadata(m) for m in at_once.segments] == [
+                messages.segment_metadata(m) for m in metadata.ListRemoteLogSegments(query, timeout=30)
+            ] == [segment]
         resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         assert admin.describe_configs([resource])[resource].result(30)["min.insync.replicas"].value == "1"

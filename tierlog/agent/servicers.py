@@ -43,6 +43,9 @@ FILES_UNAVAILABLE = (
 )
 # A call without a deadline (a hand-made client) still must not wait forever for a component.
 DEFAULT_WAIT_S = 30.0
+# ListRemoteLogSegmentsAtOnce answers a partition of at most this many segments (about 200 KB, well within a
+# gRPC message), else `stream_instead`.
+LIST_AT_ONCE_MAX = 1000
 EMPTY = pb.Empty()
 RLMM = ComponentName.REMOTE_LOG_METADATA_MANAGER
 RSM = ComponentName.REMOTE_STORAGE_MANAGER
@@ -234,12 +237,22 @@ class RemoteLogMetadataServicer(Servicer):
         offset = self.rlmm(context).highest_offset_for_epoch(tp, request.epoch)
         return pb.OptionalOffset() if offset is None else pb.OptionalOffset(offset=offset)
 
-    @stream
-    def ListRemoteLogSegments(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    def _listed(self, request: Any, context: grpc.ServicerContext) -> list[Any]:
         tp = messages.topic_id_partition(request.topic_id_partition)
         epoch = request.epoch if request.HasField("epoch") else None
-        for segment in self.rlmm(context).list_remote_log_segments(tp, epoch):
+        return list(self.rlmm(context).list_remote_log_segments(tp, epoch))
+
+    @stream
+    def ListRemoteLogSegments(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        for segment in self._listed(request, context):
             yield messages.segment_metadata_msg(segment)
+
+    @unary
+    def ListRemoteLogSegmentsAtOnce(self, request: Any, context: grpc.ServicerContext) -> Any:
+        segments = self._listed(request, context)
+        if len(segments) > LIST_AT_ONCE_MAX:
+            return pb.SegmentList(stream_instead=True)
+        return pb.SegmentList(segments=[messages.segment_metadata_msg(s) for s in segments])
 
     @unary
     def OnPartitionLeadershipChanges(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -13,6 +13,12 @@ import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+import io.grpc.Deadline;
+import io.grpc.ManagedChannel;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
 
 import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.Uuid;
@@ -32,6 +38,7 @@ import dev.tierlog.kafka.proto.ListQuery;
 import dev.tierlog.kafka.proto.OptionalOffset;
 import dev.tierlog.kafka.proto.OptionalSegment;
 import dev.tierlog.kafka.proto.RemoteLogMetadataGrpc;
+import dev.tierlog.kafka.proto.SegmentList;
 import dev.tierlog.kafka.proto.SegmentQuery;
 
 /**
@@ -44,6 +51,8 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
 
     // What the broker told us about leadership, replayed into an agent that restarted and forgot it.
     private final Map<TopicIdPartition, Boolean> isLeader = new ConcurrentHashMap<>();
+    // Set once the agent answered ListRemoteLogSegmentsAtOnce UNIMPLEMENTED (an older agent): then only streams.
+    private final AtomicBoolean listAtOnceUnimplemented = new AtomicBoolean();
     private volatile AgentClient agent;
     private volatile PendingWrites writes;
     private volatile SegmentLookupCache lookups = new SegmentLookupCache(0, System::nanoTime);
@@ -193,10 +202,33 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
             throws RemoteStorageException {
         return agent().call("listRemoteLogSegments(" + tp + ")", timeout(), (ch, dl) -> {
             List<RemoteLogSegmentMetadata> segments = new ArrayList<>();
+            if (!listAtOnceUnimplemented.get()) {
+                SegmentList answer = listAtOnce(ch, dl, query);
+                if (answer != null && !answer.getStreamInstead()) {
+                    answer.getSegmentsList().forEach(m -> segments.add(ProtoMapping.fromProto(m)));
+                    return segments.iterator();
+                }
+            }
             RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl).listRemoteLogSegments(query)
                 .forEachRemaining(m -> segments.add(ProtoMapping.fromProto(m)));
             return segments.iterator();
         });
+    }
+
+    /** The listing in one answer; null from an agent without ListRemoteLogSegmentsAtOnce (then never asked again). */
+    private SegmentList listAtOnce(ManagedChannel ch, Deadline dl, ListQuery query) {
+        try {
+            return RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl).listRemoteLogSegmentsAtOnce(query);
+        } catch (StatusRuntimeException e) {
+            if (e.getStatus().getCode() != Status.Code.UNIMPLEMENTED) {
+                throw e;
+            }
+            if (listAtOnceUnimplemented.compareAndSet(false, true)) {
+                LOG.info("The tierlog agent at {} does not list segments in one answer (an older agent); listings "
+                    + "are streamed", agent().settings().socketPath);
+            }
+            return null;
+        }
     }
 
     @Override
