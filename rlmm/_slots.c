@@ -20,6 +20,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+#include <string.h>
 #include <structmember.h>
 
 /* The maker's state, the `self` of each make call: the class and its slots' offsets in field order. */
@@ -154,9 +156,149 @@ slots_maker(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return function;
 }
 
+/* --- unpacking a packed segment (rlmm/packed.py) ------------------------------------------------------------------
+ *
+ *   unpacker(make_segment, make_segment_id, make_uuid, make_epochs, states, safety, fallback) -> unpack(packed, tp)
+ *
+ * rlmm.packed holds a hosted segment as one bytes object; a lookup unpacks the one it answers. unpack reads the plain
+ * layout (exactly HEAD_SIZE bytes, no flag but "transaction index empty", a state `states` has) in C, as
+ * rlmm.packed's Python unpack reads it, and builds the metadata with the makers it was given:
+ *
+ *   make_uuid(id as int, safety), make_segment_id(tp, uuid), make_epochs(epoch, epoch start),
+ *   make_segment(segment id, start, end, max timestamp, broker, event timestamp, size, epochs, None, state, txn)
+ *
+ * Any other argument (another type, length or layout) goes to fallback(packed, tp), the Python unpack, which reads it
+ * or raises what it raises. The makers are called like any callable (whatever code they run, unpack holds what it
+ * passes them); the unpacker keeps them in the tuple `unpack` is bound to, which no code can change. */
+
+#define HEAD_SIZE 70
+
+enum { U_MAKE_SEGMENT, U_MAKE_ID, U_MAKE_UUID, U_MAKE_EPOCHS, U_STATES, U_SAFETY, U_FALLBACK, U_COUNT };
+
+static unsigned long long
+big_endian(const unsigned char *at, int width)
+{
+    unsigned long long value = 0;
+    for (int i = 0; i < width; i++) {
+        value = (value << 8) | at[i];
+    }
+    return value;
+}
+
+static PyObject *
+signed64(const unsigned char *at)
+{
+    unsigned long long bits = big_endian(at, 8);
+    long long value;
+    memcpy(&value, &bits, sizeof value);
+    return PyLong_FromLongLong(value);
+}
+
+static PyObject *
+signed32(const unsigned char *at)
+{
+    uint32_t bits = (uint32_t)big_endian(at, 4);
+    int32_t value;
+    memcpy(&value, &bits, sizeof value);
+    return PyLong_FromLong(value);
+}
+
+static PyObject *
+unpack(PyObject *spec, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "unpack(packed, tp) takes 2 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *states = PyTuple_GET_ITEM(spec, U_STATES);
+    PyObject *packed = args[0];
+    const unsigned char *at = PyBytes_CheckExact(packed) ? (const unsigned char *)PyBytes_AS_STRING(packed) : NULL;
+    if (at == NULL || PyBytes_GET_SIZE(packed) != HEAD_SIZE || at[57] > 1 || at[56] >= PyTuple_GET_SIZE(states)) {
+        return PyObject_Vectorcall(PyTuple_GET_ITEM(spec, U_FALLBACK), args, 2, NULL);
+    }
+    /* Offsets: start 0, end 8, id 16, max timestamp 32, event timestamp 40, broker 48, size 52, state 56, flags 57,
+     * epoch 58, epoch start 62 (rlmm.packed._HEAD). */
+    PyObject *made[10] = {NULL};
+    enum { START, END, ID_INT, MAX_TS, EVENT_TS, BROKER, SIZE, EPOCH, EPOCH_START, UUID };
+    PyObject *segment_id = NULL, *epochs = NULL, *result = NULL;
+    made[START] = signed64(at);
+    made[END] = signed64(at + 8);
+    made[ID_INT] = _PyLong_FromByteArray(at + 16, 16, 0, 0);
+    made[MAX_TS] = signed64(at + 32);
+    made[EVENT_TS] = signed64(at + 40);
+    made[BROKER] = signed32(at + 48);
+    made[SIZE] = signed32(at + 52);
+    made[EPOCH] = signed32(at + 58);
+    made[EPOCH_START] = signed64(at + 62);
+    for (int i = 0; i < UUID; i++) {
+        if (made[i] == NULL) {
+            goto done;
+        }
+    }
+    PyObject *uuid_args[] = {made[ID_INT], PyTuple_GET_ITEM(spec, U_SAFETY)};
+    made[UUID] = PyObject_Vectorcall(PyTuple_GET_ITEM(spec, U_MAKE_UUID), uuid_args, 2, NULL);
+    if (made[UUID] == NULL) {
+        goto done;
+    }
+    PyObject *id_args[] = {args[1], made[UUID]};
+    segment_id = PyObject_Vectorcall(PyTuple_GET_ITEM(spec, U_MAKE_ID), id_args, 2, NULL);
+    if (segment_id == NULL) {
+        goto done;
+    }
+    PyObject *epoch_args[] = {made[EPOCH], made[EPOCH_START]};
+    epochs = PyObject_Vectorcall(PyTuple_GET_ITEM(spec, U_MAKE_EPOCHS), epoch_args, 2, NULL);
+    if (epochs == NULL) {
+        goto done;
+    }
+    PyObject *segment_args[] = {segment_id, made[START], made[END], made[MAX_TS], made[BROKER], made[EVENT_TS],
+                                made[SIZE], epochs, Py_None, PyTuple_GET_ITEM(states, at[56]),
+                                at[57] ? Py_True : Py_False};
+    result = PyObject_Vectorcall(PyTuple_GET_ITEM(spec, U_MAKE_SEGMENT), segment_args, 11, NULL);
+done:
+    for (int i = 0; i <= UUID; i++) {
+        Py_XDECREF(made[i]);
+    }
+    Py_XDECREF(segment_id);
+    Py_XDECREF(epochs);
+    return result;
+}
+
+static PyMethodDef unpack_def = {
+    "unpack", (PyCFunction)(void (*)(void))unpack, METH_FASTCALL,
+    PyDoc_STR("unpack(packed, tp) -> the segment rlmm.packed packed (plain layouts in C, others by the fallback)"),
+};
+
+/* unpacker(...) -> unpack: see above. */
+static PyObject *
+slots_unpacker(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int valid = nargs == U_COUNT && PyTuple_CheckExact(args[U_STATES]);
+    for (Py_ssize_t i = 0; valid && i < U_COUNT; i++) {
+        valid = i == U_STATES || i == U_SAFETY || PyCallable_Check(args[i]);
+    }
+    if (!valid) {
+        PyErr_SetString(PyExc_TypeError, "unpacker(make_segment, make_segment_id, make_uuid, make_epochs, "
+                                         "states: tuple, safety, fallback): the makers and fallback callable");
+        return NULL;
+    }
+    PyObject *spec = PyTuple_New(U_COUNT);
+    if (spec == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < U_COUNT; i++) {
+        PyTuple_SET_ITEM(spec, i, Py_NewRef(args[i]));
+    }
+    PyObject *function = PyCFunction_New(&unpack_def, spec);
+    Py_DECREF(spec);
+    return function;
+}
+
 static PyMethodDef slots_methods[] = {
     {"maker", (PyCFunction)(void (*)(void))slots_maker, METH_FASTCALL,
      PyDoc_STR("maker(cls, fields) -> make(*values), building a cls with its slots set, without __init__")},
+    {"unpacker", (PyCFunction)(void (*)(void))slots_unpacker, METH_FASTCALL,
+     PyDoc_STR("unpacker(make_segment, make_segment_id, make_uuid, make_epochs, states, safety, fallback) -> "
+               "unpack(packed, tp): rlmm.packed's unpack, in C for its plain layout")},
     {NULL, NULL, 0, NULL},
 };
 

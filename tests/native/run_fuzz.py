@@ -19,7 +19,7 @@ from pathlib import Path
 EXTENSIONS = ("_segment_lookup", "_avro_reader", "_slots", "_digest")
 # Per target, the module holding the Python code its extension must agree with, and what the target imports.
 FALLBACKS = {"segment_lookup": "rlmm.read_model", "avro_reader": "rlmm.codec", "slots": "rlmm.types",
-             "digest": "rlmm.state"}
+             "digest": "rlmm.state", "packed": "rlmm.packed"}
 
 
 def load_extensions(directory: Path) -> None:
