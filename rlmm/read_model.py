@@ -105,42 +105,42 @@ class EpochIndex:
 
 class SegmentTable(MutableMapping[uuid.UUID, RemoteLogSegmentMetadata]):
     """A partition's segments by id, each held packed (rlmm.packed: about 100 bytes where the decoded metadata takes
-    about 480), keyed by its UUID's int (`packed`). As a mapping it packs what it is given and unpacks what it is
+    about 480), keyed by its UUID's int (`stored`). As a mapping it packs what it is given and unpacks what it is
     asked for, relative to `tp`, the partition's topic-partition when the table was made."""
 
-    __slots__ = ("packed", "tp")
+    __slots__ = ("stored", "tp")
 
     def __init__(self, tp: TopicIdPartition) -> None:
         self.tp = tp
-        self.packed: dict[int, bytes] = {}
+        self.stored: dict[int, bytes] = {}
 
     @classmethod
     def of(cls, tp: TopicIdPartition, segments: Mapping[uuid.UUID, RemoteLogSegmentMetadata]) -> SegmentTable:
         table = cls(tp)
-        table.packed = {segment_id.int: packed.pack(md, tp) for segment_id, md in segments.items()}
+        table.stored = {segment_id.int: packed.pack(md, tp) for segment_id, md in segments.items()}
         return table
 
     def __getitem__(self, segment_id: uuid.UUID) -> RemoteLogSegmentMetadata:
-        return packed.unpack(self.packed[segment_id.int], self.tp)
+        return packed.unpack(self.stored[segment_id.int], self.tp)
 
     def get(self, segment_id: uuid.UUID, default: Any = None) -> Any:
-        found = self.packed.get(segment_id.int)
+        found = self.stored.get(segment_id.int)
         return default if found is None else packed.unpack(found, self.tp)
 
     def __setitem__(self, segment_id: uuid.UUID, md: RemoteLogSegmentMetadata) -> None:
-        self.packed[segment_id.int] = packed.pack(md, self.tp)
+        self.stored[segment_id.int] = packed.pack(md, self.tp)
 
     def __delitem__(self, segment_id: uuid.UUID) -> None:
-        del self.packed[segment_id.int]
+        del self.stored[segment_id.int]
 
     def __contains__(self, segment_id: object) -> bool:
-        return isinstance(segment_id, uuid.UUID) and segment_id.int in self.packed
+        return isinstance(segment_id, uuid.UUID) and segment_id.int in self.stored
 
     def __iter__(self) -> Iterator[uuid.UUID]:
-        return map(packed.uuid_of, self.packed)
+        return map(packed.uuid_of, self.stored)
 
     def __len__(self) -> int:
-        return len(self.packed)
+        return len(self.stored)
 
     def unpacked(self, found: bytes | None) -> RemoteLogSegmentMetadata | None:
         return None if found is None else packed.unpack(found, self.tp)
@@ -304,9 +304,9 @@ def _answer(found: bytes | None, md: RemoteLogSegmentMetadata | None, epoch: int
     return (None, -1) if end is None else (found, end)
 
 
-def _floors(epoch: int, index: EpochIndex, found: dict[int, bytes],
+def _floors(epoch: int, index: EpochIndex, stored: dict[int, bytes],
             decoded: dict[int, RemoteLogSegmentMetadata]) -> EpochFloors:
-    answers = [_answer(found.get(segment), decoded.get(segment), epoch) for segment in index.segments]
+    answers = [_answer(stored.get(segment), decoded.get(segment), epoch) for segment in index.segments]
     return EpochFloors.of(index.starts.tolist(), [answer for answer, _ in answers], [end for _, end in answers])
 
 
@@ -315,10 +315,10 @@ def snapshot_of(partition: PartitionModel | None) -> PartitionSnapshot:
     if partition is None:
         return _NOTHING
     table = partition.table()
-    found = table.packed
-    decoded = {segment: packed.unpack(raw, table.tp) for segment, raw in found.items()}
-    floors = {epoch: _floors(epoch, index, found, decoded) for epoch, index in partition.index.items() if index}
-    listed = sorted((found[segment], md) for segment, md in decoded.items() if state.is_listed(md))
+    stored = table.stored
+    decoded = {segment: packed.unpack(raw, table.tp) for segment, raw in stored.items()}
+    floors = {epoch: _floors(epoch, index, stored, decoded) for epoch, index in partition.index.items() if index}
+    listed = sorted((stored[segment], md) for segment, md in decoded.items() if state.is_listed(md))
     by_epoch: dict[int, list[tuple[bytes, RemoteLogSegmentMetadata]]] = {}
     for entry in listed:
         for epoch in entry[1].segment_leader_epochs:
@@ -359,7 +359,7 @@ def _folded(
         touched.setdefault(epoch, set()).add(start)
     relisted: set[uuid.UUID] = set()
     for segment_id in change.segments:
-        was, now = before.get(segment_id), table.packed.get(segment_id.int)
+        was, now = before.get(segment_id), table.stored.get(segment_id.int)
         if was is now:
             continue
         relisted.add(segment_id)
@@ -378,7 +378,7 @@ def _folded(
     for epoch in change.lineages:
         was_lineage, now_lineage = snapshot.lineages.get(epoch), lineages.get(epoch)
         for segment_id in _overwritten(was_lineage) ^ _overwritten(now_lineage):
-            found = table.packed.get(segment_id.int)
+            found = table.stored.get(segment_id.int)
             md = table.unpacked(found)
             if segment_id in relisted or found is None or md is None or epoch not in md.segment_leader_epochs:
                 continue
@@ -415,7 +415,7 @@ def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], index
             if present:
                 del sorted_starts[position], segments[position], ends[position]
             continue
-        found = table.packed.get(segment)
+        found = table.stored.get(segment)
         answer, end = _answer(found, table.unpacked(found), epoch)
         if present:
             segments[position], ends[position] = answer, end
@@ -681,7 +681,7 @@ class ReadModel:
                 return
             partition = self.partitions[tp_key] = PartitionModel(tp)
         table = partition.table()
-        before = {} if snapshot is None else {segment_id: table.packed.get(segment_id.int)
+        before = {} if snapshot is None else {segment_id: table.stored.get(segment_id.int)
                                                for segment_id in change.segments}
         if change.meta is not None:
             partition.meta = change.meta[0]
@@ -695,9 +695,9 @@ class ReadModel:
             key: int = segment_id.int
             ids[key] = key
             if md is None:
-                table.packed.pop(key, None)
+                table.stored.pop(key, None)
             else:
-                table.packed[key] = packed.pack(md, table.tp)
+                table.stored[key] = packed.pack(md, table.tp)
         for epoch, lineage in change.lineages.items():
             if lineage is None:
                 partition.lineages.pop(epoch, None)
@@ -736,10 +736,10 @@ def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[
     # unknown and only the key identifies it.
     partition = PartitionModel(TopicIdPartition(topic_id, "?" if meta is None else meta.topic, number), meta)
     table = partition.table()
-    found, tp = table.packed, table.tp
+    stored, tp = table.stored, table.tp
     for count, (_key, value) in enumerate(prefixed(families[vf.SEGMENTS], tp_key), 1):
         md = vf.decode_segment(value)
-        found[md.remote_log_segment_id.id.int] = packed.pack(md, tp)
+        stored[md.remote_log_segment_id.id.int] = packed.pack(md, tp)
         if pause is not None and count % PAUSE_EVERY == 0:
             pause()
     raw_delete = families[vf.PARTITIONS].get(tp_key)  # type: ignore[attr-defined]
@@ -749,7 +749,7 @@ def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[
         lineage = vf.decode_lineage(value)
         partition.lineages[lineage.epoch] = lineage
     # An entry's id as the table's key object where the table has the segment (most entries): one int for both.
-    keys = {key: key for key in found}
+    keys = {key: key for key in stored}
     for key, value in prefixed(families[vf.EPOCH_INDEX], tp_key):
         index = partition.index.get(vf.lineage_epoch(key))
         if index is None:
