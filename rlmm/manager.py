@@ -41,7 +41,7 @@ from rlmm.event_log import (
     ensure_topic,
 )
 from rlmm.events import MetadataEvent, key_of, metadata_partition_for
-from rlmm.read_model import PartitionSnapshot, SnapshotSlot
+from rlmm.read_model import DECODED_ANSWERS_MAX, PartitionSnapshot, SnapshotSlot
 from rlmm.types import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
@@ -110,6 +110,10 @@ CONFIG_KEYS = (
     # Read every hosted partition into memory in the background once it is ready (a restart, a new leader or
     # follower), so that its first lookups find it there; off: each is read when first looked up.
     ConfigKey("lookup.warmup", parse_bool, True),
+    # How many hosted segments' lookup answers are kept decoded (rlmm.read_model.DECODED_ANSWERS_MAX), partition by
+    # partition as they are first served; the others are held packed only and unpacked by each lookup.
+    ConfigKey("lookup.decoded.max.segments", parse_int, DECODED_ANSWERS_MAX, check=lambda value: value >= 0,
+              requirement=">= 0"),
     *bootstrap.CONFIG_KEYS,  # snapshot.* (issue 11: snapshot bootstrap)
 )
 
@@ -174,6 +178,7 @@ class RemoteLogMetadataManager:
         # memory only the partitions this node hosts (registered, until stopped); the rest of the view stays on disk.
         self._model = self._view.model
         self._model.hold_hosted()
+        self._model.decoded_answers_max = self._cfg["lookup.decoded.max.segments"]
         self._halted = self._applier.halted
         if not isinstance(self._readable_now, dict):  # a ReadableTable: the lookup in C was built
             # The fetch path's lookup in C when it was built (rlmm/_segment_lookup.c): the lock-free path of the

@@ -157,6 +157,8 @@ class PartitionModel:
     delete: RemotePartitionDeleteMetadata | None = None
     lineages: dict[int, EpochLineage] = field(default_factory=dict)
     index: dict[int, EpochIndex] = field(default_factory=dict)
+    # Whether its snapshots' floors hold their answers decoded (ReadModel grants it, within DECODED_ANSWERS_MAX).
+    decoded_answers: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.segments is None:
@@ -187,10 +189,18 @@ class PartitionChanges:
 # Published objects are never changed: a fold builds a partition's next snapshot beside the current one, copying
 # only the epochs and listings the batch touched, and swaps one reference (atomic under the GIL).
 
+# What a lookup answers, as a snapshot's floors hold it: the segment packed (rlmm.packed), which the lookup unpacks
+# (about 1-2 us on a random lookup: a few new objects, a cache miss or two), or, for partitions the read model
+# grants it (DECODED_ANSWERS_MAX), the segment decoded, returned as it is (about 480 bytes more per segment).
+Answer = bytes | RemoteLogSegmentMetadata
+
+# How many hosted segments' answers the read model keeps decoded, partition by partition as they are first served.
+DECODED_ANSWERS_MAX = 200_000
+
 @dataclass(frozen=True, slots=True)
 class EpochFloors:
     """One leader epoch's offset index for lookups: the sorted starts and, per start, what a lookup from it answers:
-    the segment packed (rlmm.packed), up to the last offset of the epoch in it (state.lookup_end), or None for nothing.
+    the segment (an Answer), up to the last offset of the epoch in it (state.lookup_end), or None for nothing.
 
     A lookup from a random partition finds little of this in the CPU's caches, so the layout touches few objects:
     `bounds` is one int64 array holding the n starts, then the n ends, `segments` a tuple (its items inline). An int
@@ -198,9 +208,9 @@ class EpochFloors:
     (measured on the bench's lookups over 40k segments)."""
 
     bounds: array[int]
-    segments: tuple[bytes | None, ...]
+    segments: tuple[Answer | None, ...]
 
-    def floor(self, offset: int) -> bytes | None:
+    def floor(self, offset: int) -> Answer | None:
         """What a lookup of `offset` answers: the entry with the greatest start <= offset, if offset <= its end."""
         count = len(self.segments)
         bounds = self.bounds
@@ -210,10 +220,10 @@ class EpochFloors:
         return None
 
     @classmethod
-    def of(cls, starts: list[int], segments: list[bytes | None], ends: list[int]) -> EpochFloors:
+    def of(cls, starts: list[int], segments: list[Answer | None], ends: list[int]) -> EpochFloors:
         return cls(array("q", starts + ends), tuple(segments))
 
-    def parts(self) -> tuple[list[int], list[bytes | None], list[int]]:
+    def parts(self) -> tuple[list[int], list[Answer | None], list[int]]:
         """The starts, answers and ends, as new lists (`of` builds them back)."""
         count = len(self.segments)
         return self.bounds[:count].tolist(), list(self.segments), self.bounds[count:].tolist()
@@ -245,7 +255,7 @@ class PartitionSnapshot:
     sole_epoch: int = field(init=False, compare=False, repr=False)
     sole_floors: EpochFloors | None = field(init=False, compare=False, repr=False)
     sole_bounds: array[int] = field(init=False, compare=False, repr=False)
-    sole_segments: tuple[bytes | None, ...] = field(init=False, compare=False, repr=False)
+    sole_segments: tuple[Answer | None, ...] = field(init=False, compare=False, repr=False)
     floors: dict[int, EpochFloors] = field(default_factory=dict)
     listings: dict[int, Listing] = field(default_factory=dict)  # per leader epoch the segments contain
     everything: Listing = _NO_LISTING
@@ -260,16 +270,18 @@ class PartitionSnapshot:
         object.__setattr__(self, "sole_bounds", sole.bounds)
         object.__setattr__(self, "sole_segments", sole.segments)
 
-    def unpack(self, found: bytes) -> RemoteLogSegmentMetadata:
-        """A segment of this snapshot, packed, as its metadata."""
+    def unpack(self, found: Answer) -> RemoteLogSegmentMetadata:
+        """An answer of this snapshot as the segment's metadata (unpacked if packed)."""
+        if type(found) is not bytes:
+            return found  # type: ignore[return-value]
         assert self.tp is not None, "a snapshot with segments has a tp"
         return packed.unpack(found, self.tp)
 
     def floors_of(self, epoch: int) -> EpochFloors | None:
         return self.sole_floors if epoch == self.sole_epoch else self.floors.get(epoch)
 
-    def answer_for_offset(self, epoch: int, offset: int) -> bytes | None:
-        """What a lookup answers, packed (as the manager's lookup in C answers it)."""
+    def answer_for_offset(self, epoch: int, offset: int) -> Answer | None:
+        """What a lookup answers, as the floors hold it (as the manager's lookup in C answers it)."""
         floors = self.floors_of(epoch)
         return None if floors is None else floors.floor(offset)
 
@@ -297,16 +309,17 @@ _NOTHING = PartitionSnapshot()
 _GONE = PartitionSnapshot(deleted=True)
 
 
-def _answer(found: bytes | None, md: RemoteLogSegmentMetadata | None, epoch: int) -> tuple[bytes | None, int]:
-    """What a lookup from md's start in `epoch` answers (md packed: `found`), and up to which offset (-1: no offset,
-    it answers None)."""
+def _answer(found: bytes | None, md: RemoteLogSegmentMetadata | None, epoch: int, decoded: bool
+            ) -> tuple[Answer | None, int]:
+    """What a lookup from md's start in `epoch` answers (md packed: `found`; md itself with `decoded`), and up to
+    which offset (-1: no offset, it answers None)."""
     end = None if md is None else state.lookup_end(md, epoch)
-    return (None, -1) if end is None else (found, end)
+    return (None, -1) if end is None else (md if decoded else found, end)
 
 
-def _floors(epoch: int, index: EpochIndex, stored: dict[int, bytes],
-            decoded: dict[int, RemoteLogSegmentMetadata]) -> EpochFloors:
-    answers = [_answer(stored.get(segment), decoded.get(segment), epoch) for segment in index.segments]
+def _floors(epoch: int, index: EpochIndex, stored: dict[int, bytes], decoded: dict[int, RemoteLogSegmentMetadata],
+            decoded_answers: bool) -> EpochFloors:
+    answers = [_answer(stored.get(segment), decoded.get(segment), epoch, decoded_answers) for segment in index.segments]
     return EpochFloors.of(index.starts.tolist(), [answer for answer, _ in answers], [end for _, end in answers])
 
 
@@ -317,7 +330,8 @@ def snapshot_of(partition: PartitionModel | None) -> PartitionSnapshot:
     table = partition.table()
     stored = table.stored
     decoded = {segment: packed.unpack(raw, table.tp) for segment, raw in stored.items()}
-    floors = {epoch: _floors(epoch, index, stored, decoded) for epoch, index in partition.index.items() if index}
+    floors = {epoch: _floors(epoch, index, stored, decoded, partition.decoded_answers)
+              for epoch, index in partition.index.items() if index}
     listed = sorted((stored[segment], md) for segment, md in decoded.items() if state.is_listed(md))
     by_epoch: dict[int, list[tuple[bytes, RemoteLogSegmentMetadata]]] = {}
     for entry in listed:
@@ -391,7 +405,7 @@ def _folded(
     if touched:
         floors = dict(floors)
         for epoch, starts in touched.items():
-            _refloor(floors, epoch, starts, partition.index.get(epoch), table)
+            _refloor(floors, epoch, starts, partition.index.get(epoch), table, partition.decoded_answers)
     listings, everything = relisting.done()
     return PartitionSnapshot(
         snapshot.deleted or state.delete_finished(partition.delete), floors, listings, everything,
@@ -404,7 +418,7 @@ def _overwritten(epoch_lineage: EpochLineage | None) -> frozenset[uuid.UUID]:
 
 
 def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], index: EpochIndex | None,
-             table: SegmentTable) -> None:
+             table: SegmentTable, decoded: bool) -> None:
     """Replace `floors[epoch]` by a copy whose answers at `starts` follow the partition's index and segments."""
     sorted_starts, segments, ends = floors.get(epoch, _NO_FLOORS).parts()
     for start in starts:
@@ -416,7 +430,7 @@ def _refloor(floors: dict[int, EpochFloors], epoch: int, starts: set[int], index
                 del sorted_starts[position], segments[position], ends[position]
             continue
         found = table.stored.get(segment)
-        answer, end = _answer(found, table.unpacked(found), epoch)
+        answer, end = _answer(found, table.unpacked(found), epoch, decoded)
         if present:
             segments[position], ends[position] = answer, end
         else:
@@ -516,6 +530,10 @@ class ReadModel:
         # Partitions the applier borrowed while it reads a backlog (`borrow`), with their segment counts, oldest first.
         self._borrowed: dict[bytes, int] = {}
         self._borrowed_segments = 0
+        # Watched partitions granted decoded answers, with their segment counts then (`_snapshot_of`).
+        self.decoded_answers_max = DECODED_ANSWERS_MAX
+        self._decoded: dict[bytes, int] = {}
+        self._decoded_segments = 0
 
     def get(self, tp_key: bytes) -> PartitionModel | None:
         """The partition, read from RocksDB if not held; kept only if it is to be held (see `holds`)."""
@@ -558,6 +576,7 @@ class ReadModel:
             for tp_key in keys:
                 self.snapshots.pop(tp_key, None)
                 self._slots.pop(tp_key, None)
+                self._ungrant(tp_key)
             self._let_go(keys)
 
     def borrow(self, tp_key: bytes) -> PartitionModel | None:
@@ -601,7 +620,7 @@ class ReadModel:
             if snapshot is None or snapshot.deleted:
                 if tp_key not in self.partitions:  # held while watched, hosted or not: folds keep its snapshot current
                     self.partitions[tp_key] = self._read(tp_key, None)
-                snapshot = snapshot_of(self.partitions[tp_key])
+                snapshot = self._snapshot_of(tp_key, self.partitions[tp_key])
             if slot is not None:
                 self._slots[tp_key] = slot
             self._publish(tp_key, snapshot)
@@ -617,7 +636,7 @@ class ReadModel:
             if tp_key in self.snapshots or (self.hosted is not None and tp_key not in self.hosted):
                 return
             partition = self.partitions[tp_key] if tp_key in self.partitions else self._read(tp_key, pause)
-            snapshot = snapshot_of(partition)
+            snapshot = self._snapshot_of(tp_key, partition)
             self.partitions[tp_key] = partition
             self._publish(tp_key, snapshot)
 
@@ -625,8 +644,23 @@ class ReadModel:
         with self.lock:
             self.snapshots.pop(tp_key, None)
             self._slots.pop(tp_key, None)
+            self._ungrant(tp_key)
             if not self.holds(tp_key):
                 self._let_go((tp_key,))
+
+    def _snapshot_of(self, tp_key: bytes, partition: PartitionModel | None) -> PartitionSnapshot:
+        """snapshot_of(partition), for a partition watched from now on: its answers decoded if granted (it was, or
+        DECODED_ANSWERS_MAX leaves room for its segments), else packed."""
+        if partition is not None:
+            if tp_key not in self._decoded and self._decoded_segments + len(partition.segments) <= \
+                    self.decoded_answers_max:
+                self._decoded[tp_key] = len(partition.segments)
+                self._decoded_segments += len(partition.segments)
+            partition.decoded_answers = tp_key in self._decoded
+        return snapshot_of(partition)
+
+    def _ungrant(self, tp_key: bytes) -> None:
+        self._decoded_segments -= self._decoded.pop(tp_key, 0)
 
     def _publish(self, tp_key: bytes, snapshot: PartitionSnapshot) -> None:
         self.snapshots[tp_key] = snapshot
@@ -653,7 +687,7 @@ class ReadModel:
                     continue
                 self.partitions[tp_key] = partition
                 if tp_key in self.snapshots:
-                    self._publish(tp_key, snapshot_of(partition))
+                    self._publish(tp_key, self._snapshot_of(tp_key, partition))
 
     def forget(self, tp_keys: Iterable[bytes]) -> None:
         """Partitions the view was just loaded with, not by this process: each is read again from RocksDB when next
@@ -662,7 +696,7 @@ class ReadModel:
             with self.lock:
                 self.partitions.pop(tp_key, None)
                 if tp_key in self.snapshots:
-                    self._publish(tp_key, snapshot_of(self.get(tp_key)))
+                    self._publish(tp_key, self._snapshot_of(tp_key, self.get(tp_key)))
 
     def fold(self, changes: dict[bytes, tuple[TopicIdPartition | None, PartitionChanges]]) -> None:
         """Apply a committed batch; each partition changes whole under the lock, so a lookup sees it before or
@@ -679,7 +713,7 @@ class ReadModel:
         if partition is None:
             if tp is None:  # only deletions for a partition the model never held
                 return
-            partition = self.partitions[tp_key] = PartitionModel(tp)
+            partition = self.partitions[tp_key] = PartitionModel(tp, decoded_answers=tp_key in self._decoded)
         table = partition.table()
         before = {} if snapshot is None else {segment_id: table.stored.get(segment_id.int)
                                                for segment_id in change.segments}

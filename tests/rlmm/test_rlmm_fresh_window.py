@@ -39,7 +39,7 @@ from rlmm import RemoteLogMetadataManager, codec, state
 from rlmm import view_format as vf
 from rlmm.errors import ViewFormatError
 from rlmm.events import EpochCheckpoint, epochs_key, key_of
-from rlmm.read_model import read_partition, snapshot_of
+from rlmm.read_model import read_partition
 from rlmm.snapshot import snapshot_entries
 from rlmm.state import Outcome
 from rlmm.view import ConsumedRecord, FreshState, MetadataView, apply_records
@@ -208,7 +208,7 @@ def test_what_a_fresh_load_cut_short_left_is_removed_before_the_next_one(left: S
         for tp in PARTITIONS:
             key = vf.tp_key_of(tp)
             assert cut_short.model.get(key) == clean.model.get(key)
-            assert cut_short.model.snapshots[key] == snapshot_of(clean.model.get(key))
+            assert cut_short.model.snapshots[key] == clean.model.watch(key)
         assert_same_answers(scenario, cut_short.batch())
 
 

@@ -39,7 +39,7 @@ from rlmm import RemoteLogMetadataManager, codec, fresh_load
 from rlmm import view_format as vf
 from rlmm.applier import MetadataApplier
 from rlmm.events import MetadataEvent, RecordKey, key_of
-from rlmm.read_model import read_partition, snapshot_of
+from rlmm.read_model import read_partition
 from rlmm.snapshot import snapshot_entries
 from rlmm.view import FreshState
 
@@ -89,7 +89,7 @@ def assert_shared_load_is_one_process_load(records: list[fresh_load.Record]) -> 
             key = vf.tp_key_of(tp)
             assert shared.model.get(key) == read_partition(shared._cf, key) == alone.model.get(key)
             if key in share.partitions:
-                assert shared.model.snapshots[key] == snapshot_of(alone.model.get(key))
+                assert shared.model.snapshots[key] == alone.model.watch(key)
 
 
 @SETTINGS

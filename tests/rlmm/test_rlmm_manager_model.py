@@ -23,6 +23,7 @@ from rlmm import (
     TopicIdPartition,
 )
 from rlmm._segment_lookup import SegmentLookup
+from rlmm.read_model import DECODED_ANSWERS_MAX
 
 S = RemoteLogSegmentState
 P = RemotePartitionDeleteState
@@ -75,12 +76,13 @@ def answers(reads: Callable[[], object]) -> object:
         return type(exc)
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["lookup-in-c", "lookup-in-python"])
+@pytest.mark.parametrize(("native", "decoded"), [(True, DECODED_ANSWERS_MAX), (True, 0), (False, 0)],
+                         ids=["lookup-in-c", "lookup-in-c-packed-answers", "lookup-in-python-packed-answers"])
 def test_the_manager_answers_like_the_reference_model_through_a_random_call_sequence(
-    make_manager: MakeManager, native: bool
+    make_manager: MakeManager, native: bool, decoded: int
 ) -> None:
     rng = random.Random(2024)
-    manager = make_manager(partitions=2, **{"lookup.native": native})
+    manager = make_manager(partitions=2, **{"lookup.native": native, "lookup.decoded.max.segments": decoded})
     # The fetch path's lookup is the C one (rlmm/_segment_lookup.c) exactly when asked for; either answers alike.
     assert isinstance(getattr(manager.remote_log_segment_metadata, "__wrapped__", None), SegmentLookup) is native
     model = ReferenceModel()

@@ -22,7 +22,7 @@ from rlmm_strategies import (
 from test_rlmm_view_properties import VIEW_SETTINGS, apply_in_batches, batch_cuts
 
 from rlmm import view_format as vf
-from rlmm.read_model import PartitionSnapshot, ReadModel, snapshot_of
+from rlmm.read_model import DECODED_ANSWERS_MAX, PartitionSnapshot, ReadModel, snapshot_of
 from rlmm.types import TopicIdPartition
 from rlmm.view import MetadataView
 
@@ -96,13 +96,16 @@ def test_a_partition_read_between_a_batchs_write_and_its_fold_ends_as_if_read_af
 
 
 @VIEW_SETTINGS
-@given(histories(), batch_cuts)
-def test_each_folded_batch_publishes_the_snapshot_built_from_the_model(scenario: Scenario, cuts: list[int]) -> None:
+@given(histories(), batch_cuts, st.sampled_from([DECODED_ANSWERS_MAX, 0]))
+def test_each_folded_batch_publishes_the_snapshot_built_from_the_model(scenario: Scenario, cuts: list[int],
+                                                                       decoded_answers_max: int) -> None:
+    """With answers decoded (the default bound) and packed (none decoded)."""
     log = scenario.writer.log
     with tempfile.TemporaryDirectory() as directory:
         view = MetadataView.open(directory)
         try:
             model = view.model
+            model.decoded_answers_max = decoded_answers_max
             keys = [vf.tp_key_of(tp) for tp in PARTITIONS]
             for key in keys:
                 model.watch(key)
