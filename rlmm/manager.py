@@ -596,9 +596,10 @@ def _exempt_from_collection() -> None:
 
 def _unpacking(lookup: Callable[[TopicIdPartition, int, int], Any], readable_now: ReadableTable
                ) -> Callable[[TopicIdPartition, int, int], RemoteLogSegmentMetadata | None]:
-    """The C lookup answers a readable partition's lookup with the segment as its snapshot holds it, packed
-    (rlmm.packed); this unpacks it relative to the snapshot's tp (the argument's, should the partition have stopped
-    meanwhile: the same topic id and partition). Anything else it answers (its fallback's answers) is returned as is."""
+    """The C lookup answers a readable partition's lookup with the segment as its snapshot holds it: decoded, returned
+    as it is, or packed (rlmm.packed, past rlmm.read_model.DECODED_ANSWERS_MAX), unpacked here relative to the
+    snapshot's tp (the argument's, should the partition have stopped meanwhile: the same topic id and partition).
+    Its fallback's answers are returned as they are."""
     def remote_log_segment_metadata(tp: TopicIdPartition, leader_epoch: int, offset: int
                                     ) -> RemoteLogSegmentMetadata | None:
         found = lookup(tp, leader_epoch, offset)
