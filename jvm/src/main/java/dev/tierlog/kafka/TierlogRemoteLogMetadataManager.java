@@ -13,11 +13,9 @@ import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.atomic.AtomicBoolean;
 
 import io.grpc.Deadline;
 import io.grpc.ManagedChannel;
-import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 
 import org.apache.kafka.common.TopicIdPartition;
@@ -51,8 +49,8 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
 
     // What the broker told us about leadership, replayed into an agent that restarted and forgot it.
     private final Map<TopicIdPartition, Boolean> isLeader = new ConcurrentHashMap<>();
-    // Set once the agent answered ListRemoteLogSegmentsAtOnce UNIMPLEMENTED (an older agent): then only streams.
-    private final AtomicBoolean listAtOnceUnimplemented = new AtomicBoolean();
+    // ListRemoteLogSegmentsAtOnce, which an older agent lacks: then only streams.
+    private final OptionalCall listAtOnce = new OptionalCall("list segments in one answer", "listings are streamed");
     private volatile AgentClient agent;
     private volatile PendingWrites writes;
     private volatile SegmentLookupCache lookups = new SegmentLookupCache(0, System::nanoTime);
@@ -202,7 +200,7 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
             throws RemoteStorageException {
         return agent().call("listRemoteLogSegments(" + tp + ")", timeout(), (ch, dl) -> {
             List<RemoteLogSegmentMetadata> segments = new ArrayList<>();
-            if (!listAtOnceUnimplemented.get()) {
+            if (listAtOnce.available()) {
                 SegmentList answer = listAtOnce(ch, dl, query);
                 if (answer != null && !answer.getStreamInstead()) {
                     answer.getSegmentsList().forEach(m -> segments.add(ProtoMapping.fromProto(m)));
@@ -220,13 +218,7 @@ public class TierlogRemoteLogMetadataManager implements RemoteLogMetadataManager
         try {
             return RemoteLogMetadataGrpc.newBlockingStub(ch).withDeadline(dl).listRemoteLogSegmentsAtOnce(query);
         } catch (StatusRuntimeException e) {
-            if (e.getStatus().getCode() != Status.Code.UNIMPLEMENTED) {
-                throw e;
-            }
-            if (listAtOnceUnimplemented.compareAndSet(false, true)) {
-                LOG.info("The tierlog agent at {} does not list segments in one answer (an older agent); listings "
-                    + "are streamed", agent().settings().socketPath);
-            }
+            listAtOnce.failed(e, agent().settings().socketPath);
             return null;
         }
     }

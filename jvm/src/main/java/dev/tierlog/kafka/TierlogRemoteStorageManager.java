@@ -73,10 +73,10 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
     static final int FETCHED_INDEX_ENTRIES = 1024;
 
     private volatile AgentClient agent;
-    // Set once the agent answered FetchLogSegmentFiles UNIMPLEMENTED (an older agent): then only streams.
-    private final AtomicBoolean filesUnimplemented = new AtomicBoolean();
-    // Set once the agent answered FetchIndexes UNIMPLEMENTED (an older agent): then one FetchIndex call per index.
-    private final AtomicBoolean indexesUnimplemented = new AtomicBoolean();
+    // FetchLogSegmentFiles, which an older agent lacks: then only streams.
+    private final OptionalCall files = new OptionalCall("serve segment files", "fetched segments are streamed");
+    // FetchIndexes, which an older agent lacks: then one FetchIndex call per index.
+    private final OptionalCall indexes = new OptionalCall("serve FetchIndexes", "each index is fetched on its own");
     private final FetchedIndexes fetchedIndexes = new FetchedIndexes(FETCHED_INDEX_BYTES, FETCHED_INDEX_ENTRIES);
     // Recent FetchLogSegmentFiles answers, read again by the next fetches of their segments (agent.fetch.files.reuse.ms).
     private volatile RecentWindows recent = new RecentWindows(0, 0, System::nanoTime);
@@ -189,7 +189,7 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
             throws RemoteStorageException {
         String what = "fetchLogSegment(" + metadata.remoteLogSegmentId() + ", " + start
             + (end == null ? "" : ", " + end) + ")";
-        if (!agent().settings().fetchFiles || filesUnimplemented.get()) {
+        if (!agent().settings().fetchFiles || !files.available()) {
             return streamSegment(what, metadata, start, end);
         }
         long last = metadata.segmentSizeInBytes() - 1L;
@@ -295,13 +295,7 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
         try {
             answer = RemoteStorageGrpc.newBlockingStub(ch).withDeadline(deadline).fetchLogSegmentFiles(request);
         } catch (StatusRuntimeException e) {
-            if (e.getStatus().getCode() != Status.Code.UNIMPLEMENTED) {
-                throw e;
-            }
-            if (filesUnimplemented.compareAndSet(false, true)) {
-                LOG.info("The tierlog agent at {} does not serve segment files (an older agent); fetched segments "
-                    + "are streamed", agent().settings().socketPath);
-            }
+            files.failed(e, agent().settings().socketPath);
             return FilesAnswer.streamInstead("the agent does not implement FetchLogSegmentFiles");
         }
         if (!answer.getStreamInstead().isEmpty()) {
@@ -394,7 +388,7 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
         String what = "fetchIndex(" + metadata.remoteLogSegmentId() + ", " + indexType + ")";
         Uuid segment = metadata.remoteLogSegmentId().id();
         FetchedIndexes.Index index = fetchedIndexes.take(segment, indexType);
-        if (index == null && !indexesUnimplemented.get()) {
+        if (index == null && indexes.available()) {
             Map<IndexType, FetchedIndexes.Index> fetched = fetchIndexes(what, metadata, indexType);
             if (fetched != null) {
                 index = fetched.get(indexType);
@@ -444,13 +438,7 @@ public class TierlogRemoteStorageManager implements RemoteStorageManager {
                     }
                 }
             } catch (StatusRuntimeException e) {
-                if (e.getStatus().getCode() != Status.Code.UNIMPLEMENTED) {
-                    throw e;
-                }
-                if (indexesUnimplemented.compareAndSet(false, true)) {
-                    LOG.info("The tierlog agent at {} does not serve FetchIndexes (an older agent); each index is "
-                        + "fetched on its own", agent().settings().socketPath);
-                }
+                indexes.failed(e, agent().settings().socketPath);
                 return null;
             } catch (IOException e) {
                 throw new IllegalStateException("a ByteArrayOutputStream failed", e); // it does not
