@@ -161,17 +161,21 @@ slots_maker(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  *   unpacker(make_segment, make_segment_id, make_uuid, make_epochs, states, safety, fallback) -> unpack(packed, tp)
  *
  * rlmm.packed holds a hosted segment as one bytes object; a lookup unpacks the one it answers. unpack reads the plain
- * layout (exactly HEAD_SIZE bytes, no flag but "transaction index empty", a state `states` has) in C, as
- * rlmm.packed's Python unpack reads it, and builds the metadata with the makers it was given:
+ * layouts (HEAD_SIZE bytes, a state `states` has, no flag but "transaction index empty" and "custom metadata
+ * follows", and with the latter exactly the custom metadata's bytes after the head) in C, as rlmm.packed's Python
+ * unpack reads them, and builds the metadata with the makers it was given:
  *
  *   make_uuid(id as int, safety), make_segment_id(tp, uuid), make_epochs(epoch, epoch start),
- *   make_segment(segment id, start, end, max timestamp, broker, event timestamp, size, epochs, None, state, txn)
+ *   make_segment(segment id, start, end, max timestamp, broker, event timestamp, size, epochs, custom metadata or
+ *                None, state, txn)
  *
  * Any other argument (another type, length or layout) goes to fallback(packed, tp), the Python unpack, which reads it
  * or raises what it raises. The makers are called like any callable (whatever code they run, unpack holds what it
  * passes them); the unpacker keeps them in the tuple `unpack` is bound to, which no code can change. */
 
 #define HEAD_SIZE 70
+#define FLAG_TXN_IDX_EMPTY 1
+#define FLAG_CUSTOM 2
 
 enum { U_MAKE_SEGMENT, U_MAKE_ID, U_MAKE_UUID, U_MAKE_EPOCHS, U_STATES, U_SAFETY, U_FALLBACK, U_COUNT };
 
@@ -213,13 +217,19 @@ unpack(PyObject *spec, PyObject *const *args, Py_ssize_t nargs)
     PyObject *states = PyTuple_GET_ITEM(spec, U_STATES);
     PyObject *packed = args[0];
     const unsigned char *at = PyBytes_CheckExact(packed) ? (const unsigned char *)PyBytes_AS_STRING(packed) : NULL;
-    if (at == NULL || PyBytes_GET_SIZE(packed) != HEAD_SIZE || at[57] > 1 || at[56] >= PyTuple_GET_SIZE(states)) {
+    Py_ssize_t size = at == NULL ? 0 : PyBytes_GET_SIZE(packed);
+    /* Flags 57: bit 0 "transaction index empty", bit 1 "custom metadata follows" (its length, 4 bytes big-endian,
+     * then its bytes, ending the packed bytes exactly); any other bit sends the argument to the fallback. */
+    int custom = size >= HEAD_SIZE && (at[57] & FLAG_CUSTOM);
+    if (size < HEAD_SIZE || (at[57] & ~(FLAG_TXN_IDX_EMPTY | FLAG_CUSTOM)) || at[56] >= PyTuple_GET_SIZE(states)
+            || (custom ? size < HEAD_SIZE + 4 || size - HEAD_SIZE - 4 != (Py_ssize_t)big_endian(at + HEAD_SIZE, 4)
+                       : size != HEAD_SIZE)) {
         return PyObject_Vectorcall(PyTuple_GET_ITEM(spec, U_FALLBACK), args, 2, NULL);
     }
     /* Offsets: start 0, end 8, id 16, max timestamp 32, event timestamp 40, broker 48, size 52, state 56, flags 57,
      * epoch 58, epoch start 62 (rlmm.packed._HEAD). */
-    PyObject *made[10] = {NULL};
-    enum { START, END, ID_INT, MAX_TS, EVENT_TS, BROKER, SIZE, EPOCH, EPOCH_START, UUID };
+    PyObject *made[11] = {NULL};
+    enum { START, END, ID_INT, MAX_TS, EVENT_TS, BROKER, SIZE, EPOCH, EPOCH_START, CUSTOM, UUID };
     PyObject *segment_id = NULL, *epochs = NULL, *result = NULL;
     made[START] = signed64(at);
     made[END] = signed64(at + 8);
@@ -230,6 +240,8 @@ unpack(PyObject *spec, PyObject *const *args, Py_ssize_t nargs)
     made[SIZE] = signed32(at + 52);
     made[EPOCH] = signed32(at + 58);
     made[EPOCH_START] = signed64(at + 62);
+    made[CUSTOM] = custom ? PyBytes_FromStringAndSize((const char *)at + HEAD_SIZE + 4, size - HEAD_SIZE - 4)
+                          : Py_NewRef(Py_None);
     for (int i = 0; i < UUID; i++) {
         if (made[i] == NULL) {
             goto done;
@@ -251,8 +263,8 @@ unpack(PyObject *spec, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     PyObject *segment_args[] = {segment_id, made[START], made[END], made[MAX_TS], made[BROKER], made[EVENT_TS],
-                                made[SIZE], epochs, Py_None, PyTuple_GET_ITEM(states, at[56]),
-                                at[57] ? Py_True : Py_False};
+                                made[SIZE], epochs, made[CUSTOM], PyTuple_GET_ITEM(states, at[56]),
+                                (at[57] & FLAG_TXN_IDX_EMPTY) ? Py_True : Py_False};
     result = PyObject_Vectorcall(PyTuple_GET_ITEM(spec, U_MAKE_SEGMENT), segment_args, 11, NULL);
 done:
     for (int i = 0; i <= UUID; i++) {

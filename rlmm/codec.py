@@ -19,9 +19,12 @@ from typing import Any
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from rlmm import packed
 from rlmm.errors import DecodeError, InvalidArgumentError
 from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent, RecordKey, key_of
 from rlmm.types import (
+    INT32_MAX,
+    INT64_MAX,
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentState,
@@ -393,6 +396,33 @@ def from_datum(name: str, datum: dict[str, Any]) -> MetadataEvent:
     except (InvalidArgumentError, KeyError, ValueError, TypeError) as exc:
         raise DecodeError(f"{name} holds invalid values: {exc}") from exc
     raise DecodeError(f"no event type for schema {name}")
+
+
+def decode_packed_segment(value: bytes, tp: TopicIdPartition) -> tuple[int, bytes]:
+    """A stored segment's id as an int, and the segment packed for partition `tp` (rlmm.packed): what packing
+    `decode(value)` gives. A segment of one leader epoch whose values are plainly within Kafka's ranges (a view's
+    segments, read whole when a partition is first served) is packed from its datum, without building the
+    metadata's objects; any other goes through `decode`, which judges it."""
+    name, datum = decode_datum(value, plain_ids=True)
+    if name == "segment_record" and len(datum["segment_leader_epochs"]) == 1:
+        only = datum["segment_leader_epochs"][0]
+        epoch, epoch_start = only["epoch"], only["start_offset"]
+        start, end, max_timestamp = datum["start_offset"], datum["end_offset"], datum["max_timestamp_ms"]
+        broker, event_timestamp, size = datum["broker_id"], datum["event_timestamp_ms"], datum["segment_size_in_bytes"]
+        state = _SEGMENT_STATES.get(datum["state"])
+        if state is not None and 0 <= start <= end <= INT64_MAX and -1 <= max_timestamp <= INT64_MAX \
+                and 0 <= broker <= INT32_MAX and 0 <= event_timestamp <= INT64_MAX and 0 <= size <= INT32_MAX \
+                and 0 <= epoch <= INT32_MAX and start <= epoch_start <= end:
+            segment_id = _as_uuid(datum["segment_id"])
+            own = _tp_from(datum)
+            return segment_id.int, packed.pack_fields(
+                start, end, segment_id.bytes, max_timestamp, event_timestamp, broker, size, state,
+                datum.get("txn_idx_empty", False), epoch, epoch_start, [], datum["custom_metadata"],
+                None if own == tp else own.topic)
+    md = from_datum(name, datum)
+    if not isinstance(md, RemoteLogSegmentMetadata):
+        raise DecodeError(f"expected a stored segment, found a {name}")
+    return md.remote_log_segment_id.id.int, packed.pack(md, tp)
 
 
 def clear_caches() -> None:

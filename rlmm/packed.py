@@ -57,21 +57,31 @@ def pack(md: RemoteLogSegmentMetadata, tp: TopicIdPartition) -> bytes:
     """md packed, for a partition whose segments are `tp`'s (a segment naming another topic keeps that name)."""
     epochs = iter(md.segment_leader_epochs.items())
     first_epoch, first_start = next(epochs)
-    rest = list(epochs)
-    custom = md.custom_metadata
-    own = md.remote_log_segment_id.topic_id_partition
-    flags = ((_TXN_IDX_EMPTY if md.txn_idx_empty else 0) | (0 if custom is None else _CUSTOM)
-             | (_EPOCHS if rest else 0) | (0 if own == tp else _TOPIC))
-    parts = [_HEAD.pack(md.start_offset, md.end_offset, md.remote_log_segment_id.id.bytes, md.max_timestamp_ms,
-                        md.event_timestamp_ms, md.broker_id, md.segment_size_in_bytes, md.state, flags, first_epoch,
-                        first_start)]
+    segment_id = md.remote_log_segment_id
+    own = segment_id.topic_id_partition
+    return pack_fields(md.start_offset, md.end_offset, segment_id.id.bytes, md.max_timestamp_ms, md.event_timestamp_ms,
+                       md.broker_id, md.segment_size_in_bytes, md.state, md.txn_idx_empty, first_epoch, first_start,
+                       list(epochs), md.custom_metadata, None if own == tp else own.topic)
+
+
+def pack_fields(start: int, end: int, segment_id: bytes, max_timestamp: int, event_timestamp: int, broker: int,
+                size: int, state: int, txn_idx_empty: bool, first_epoch: int, first_start: int,
+                more_epochs: list[tuple[int, int]], custom: bytes | None, topic: str | None) -> bytes:
+    """`pack` from a segment's values (its id's 16 bytes; `topic` only when it is not its partition's)."""
+    flags = ((_TXN_IDX_EMPTY if txn_idx_empty else 0) | (0 if custom is None else _CUSTOM)
+             | (_EPOCHS if more_epochs else 0) | (0 if topic is None else _TOPIC))
+    head = _HEAD.pack(start, end, segment_id, max_timestamp, event_timestamp, broker, size, state, flags, first_epoch,
+                      first_start)
+    if flags <= _CUSTOM | _TXN_IDX_EMPTY:
+        return head if custom is None else b"".join((head, _LENGTH.pack(len(custom)), custom))
+    parts = [head]
     if custom is not None:
         parts += (_LENGTH.pack(len(custom)), custom)
-    if rest:
-        parts.append(_LENGTH.pack(len(rest)))
-        parts += (_EPOCH.pack(epoch, start) for epoch, start in rest)
-    if flags & _TOPIC:
-        name = own.topic.encode()
+    if more_epochs:
+        parts.append(_LENGTH.pack(len(more_epochs)))
+        parts += (_EPOCH.pack(epoch, start) for epoch, start in more_epochs)
+    if topic is not None:
+        name = topic.encode()
         parts += (_LENGTH.pack(len(name)), name)
     return b"".join(parts)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Mu
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlmm import packed, state
+from rlmm import codec, packed, state
 from rlmm import view_format as vf
 from rlmm.events import EpochLineage
 from rlmm.types import RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata, TopicIdPartition
@@ -511,9 +511,11 @@ class SnapshotSlot:
 class ReadModel:
     """Per user partition (keyed by its view key): segments, delete state, lineages, offset index, bookkeeping.
 
-    `read` reads one partition from the view's RocksDB (None when the view holds nothing of it). A partition is read
-    under the lock, so a read never interleaves with a fold: read before a batch's fold, the fold follows; read
-    after its WriteBatch was written, the fold applies what the partition already holds, which changes nothing.
+    `read` reads one partition from the view's RocksDB (None when the view holds nothing of it). A partition enters
+    `partitions` read under the lock, so that the read never interleaves with a fold: read before a batch's fold, the
+    fold follows; read after its WriteBatch was written, the fold applies what the partition already holds, which
+    changes nothing. `prepare` reads without the lock, and keeps what it read only if no fold touched the partition
+    meanwhile.
     """
 
     def __init__(self, read: Callable[[bytes, Callable[[], None] | None], PartitionModel | None]) -> None:
@@ -534,6 +536,8 @@ class ReadModel:
         self.decoded_answers_max = DECODED_ANSWERS_MAX
         self._decoded: dict[bytes, int] = {}
         self._decoded_segments = 0
+        # Partitions `prepare` reads without the lock now: True once something changed one meanwhile.
+        self._reading: dict[bytes, bool] = {}
 
     def get(self, tp_key: bytes) -> PartitionModel | None:
         """The partition, read from RocksDB if not held; kept only if it is to be held (see `holds`)."""
@@ -628,17 +632,60 @@ class ReadModel:
 
     def prepare(self, tp_key: bytes, pause: Callable[[], None] | None = None) -> None:
         """Read a hosted partition whole and publish its snapshot ahead of its first `watch`, which then only finds
-        it: the work holds this model's lock, not the manager's, and calls `pause` now and then (read_partition).
-        The partition enters `partitions` with its snapshot, at the end, so that until then the manager answers its
-        lookups from disk instead of waiting for the lock. Nothing for a partition no longer hosted (stopped
-        meanwhile) or watched already."""
+        it; `pause` is called now and then (read_partition). Nothing for a partition no longer hosted (stopped
+        meanwhile) or watched already.
+
+        The read and the snapshot's building hold no lock: the applier's folds, `host` (under the manager's lock)
+        and every other partition go on meanwhile, where a partition of 100k segments would otherwise stop them
+        for seconds. The partition enters `partitions` with its snapshot at the end, under the lock, unless a fold,
+        a load or a reset touched it meanwhile (`_reading`): it is then read again under the lock, as `watch` reads.
+        Until it enters, the manager answers its lookups from disk."""
         with self.lock:
-            if tp_key in self.snapshots or (self.hosted is not None and tp_key not in self.hosted):
+            if not self._wanted(tp_key):
                 return
-            partition = self.partitions[tp_key] if tp_key in self.partitions else self._read(tp_key, pause)
-            snapshot = self._snapshot_of(tp_key, partition)
-            self.partitions[tp_key] = partition
-            self._publish(tp_key, snapshot)
+            if tp_key in self.partitions or tp_key in self._reading:  # held already, or read by another thread
+                self._prepare_locked(tp_key, pause)
+                return
+            self._reading[tp_key] = False
+        try:
+            partition = self._read(tp_key, pause)
+            with self.lock:
+                if self._changed_meanwhile(tp_key):
+                    self._prepare_locked(tp_key, pause)
+                    return
+                self._grant(tp_key, partition)
+            snapshot = snapshot_of(partition)  # `partition` is this thread's alone until it enters `partitions`
+            with self.lock:
+                if self._changed_meanwhile(tp_key):
+                    self._prepare_locked(tp_key, pause)
+                    return
+                self.partitions[tp_key] = partition
+                self._publish(tp_key, snapshot)
+        finally:
+            with self.lock:
+                self._reading.pop(tp_key, None)
+
+    def _wanted(self, tp_key: bytes) -> bool:
+        return tp_key not in self.snapshots and (self.hosted is None or tp_key in self.hosted)
+
+    def _changed_meanwhile(self, tp_key: bytes) -> bool:
+        """Whether what `prepare` read of tp_key without the lock may be stale or unwanted now (under the lock)."""
+        return self._reading[tp_key] or tp_key in self.partitions or not self._wanted(tp_key)
+
+    def _prepare_locked(self, tp_key: bytes, pause: Callable[[], None] | None) -> None:
+        if not self._wanted(tp_key):
+            if tp_key not in self.snapshots:  # unhosted after `prepare` granted it decoded answers: not its own now
+                self._ungrant(tp_key)
+            return
+        partition = self.partitions[tp_key] if tp_key in self.partitions else self._read(tp_key, pause)
+        snapshot = self._snapshot_of(tp_key, partition)
+        self.partitions[tp_key] = partition
+        self._publish(tp_key, snapshot)
+
+    def _touched(self, tp_key: bytes) -> None:
+        """A partition's state changed: a read of it without the lock under way is stale (`prepare`)."""
+        if tp_key in self._reading:
+            self._reading[tp_key] = True
 
     def unwatch(self, tp_key: bytes) -> None:
         with self.lock:
@@ -649,15 +696,19 @@ class ReadModel:
                 self._let_go((tp_key,))
 
     def _snapshot_of(self, tp_key: bytes, partition: PartitionModel | None) -> PartitionSnapshot:
-        """snapshot_of(partition), for a partition watched from now on: its answers decoded if granted (it was, or
-        DECODED_ANSWERS_MAX leaves room for its segments), else packed."""
+        """snapshot_of(partition), for a partition watched from now on (`_grant`)."""
+        self._grant(tp_key, partition)
+        return snapshot_of(partition)
+
+    def _grant(self, tp_key: bytes, partition: PartitionModel | None) -> None:
+        """Let a partition watched from now on answer decoded if it was granted that, or DECODED_ANSWERS_MAX leaves
+        room for its segments; else packed."""
         if partition is not None:
             if tp_key not in self._decoded and self._decoded_segments + len(partition.segments) <= \
                     self.decoded_answers_max:
                 self._decoded[tp_key] = len(partition.segments)
                 self._decoded_segments += len(partition.segments)
             partition.decoded_answers = tp_key in self._decoded
-        return snapshot_of(partition)
 
     def _ungrant(self, tp_key: bytes) -> None:
         self._decoded_segments -= self._decoded.pop(tp_key, 0)
@@ -672,6 +723,8 @@ class ReadModel:
         """Forget every partition read (the view's entries were removed): each is read again when next asked for."""
         with self.lock:
             self.partitions.clear()
+            for tp_key in self._reading:
+                self._reading[tp_key] = True
             for tp_key in self.snapshots:
                 self._publish(tp_key, _NOTHING)
 
@@ -682,6 +735,7 @@ class ReadModel:
         the allocator's arenas: 100 MiB more after a 600k-record rebuild hosting a tenth of the partitions)."""
         for tp_key, partition in partitions.items():
             with self.lock:
+                self._touched(tp_key)
                 if self.hosted is not None and tp_key not in self.snapshots:
                     self.partitions.pop(tp_key, None)
                     continue
@@ -694,6 +748,7 @@ class ReadModel:
         asked for (a watched one now, for its snapshot)."""
         for tp_key in tp_keys:
             with self.lock:
+                self._touched(tp_key)
                 self.partitions.pop(tp_key, None)
                 if tp_key in self.snapshots:
                     self._publish(tp_key, self._snapshot_of(tp_key, self.get(tp_key)))
@@ -707,6 +762,7 @@ class ReadModel:
 
     def _fold_partition(self, tp_key: bytes, tp: TopicIdPartition | None, change: PartitionChanges) -> None:
         if tp_key not in self.partitions:  # read from RocksDB, batch included, when first asked for
+            self._touched(tp_key)
             return
         partition = self.partitions[tp_key]
         snapshot = self.snapshots.get(tp_key)
@@ -772,8 +828,8 @@ def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[
     table = partition.table()
     stored, tp = table.stored, table.tp
     for count, (_key, value) in enumerate(prefixed(families[vf.SEGMENTS], tp_key), 1):
-        md = vf.decode_segment(value)
-        stored[md.remote_log_segment_id.id.int] = packed.pack(md, tp)
+        segment, found = codec.decode_packed_segment(value, tp)
+        stored[segment] = found
         if pause is not None and count % PAUSE_EVERY == 0:
             pause()
     raw_delete = families[vf.PARTITIONS].get(tp_key)  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from typing import Any
+from unittest.mock import patch
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from rlmm_strategies import (
 )
 from test_rlmm_view_properties import VIEW_SETTINGS, apply_in_batches, batch_cuts
 
+from rlmm import read_model
 from rlmm import view_format as vf
 from rlmm.read_model import DECODED_ANSWERS_MAX, PartitionSnapshot, ReadModel, snapshot_of
 from rlmm.types import TopicIdPartition
@@ -88,6 +90,69 @@ def test_a_partition_read_between_a_batchs_write_and_its_fold_ends_as_if_read_af
             folded = _canonical(model)
         finally:
             view.close()
+        reopened = MetadataView.open(directory)
+        try:
+            assert _canonical(reopened.model) == folded
+        finally:
+            reopened.close()
+
+
+@VIEW_SETTINGS
+@given(histories(), st.lists(st.integers(0, 200), min_size=1, max_size=8), st.data())
+def test_a_partition_prepared_while_batches_fold_ends_as_the_model_read_after_them(
+    scenario: Scenario, cuts: list[int], data: st.DataObject,
+) -> None:
+    """`prepare` reads a hosted partition and builds its snapshot without the model's lock, while the applier folds
+    batches: one folded at any point of its read, after it or while its snapshot is built must not be lost. Each
+    step of prepare's work (every entry read, the end of the read, the snapshot's building) may apply the next
+    batch; every partition then ends as the one read from RocksDB after all of them, with its snapshot built from
+    it."""
+    log = scenario.writer.log
+    ends = [*sorted(set(cuts)), len(log)]
+    with tempfile.TemporaryDirectory() as directory:
+        view = MetadataView.open(directory)
+        model = view.model
+        model.hold_hosted()
+        keys = [vf.tp_key_of(tp) for tp in PARTITIONS]
+        model.host(keys)
+        applied = [0]
+
+        def maybe_apply_next() -> None:
+            # Only where the applier's thread could fold: not while this thread holds the lock (`prepare`'s reads
+            # under it, which a fold waits for).
+            if not model.lock._is_owned() and ends and data.draw(st.booleans()):  # type: ignore[attr-defined]
+                end = ends.pop(0)
+                apply_in_batches(view, log[:end], [], applied[0])
+                applied[0] = max(applied[0], end)
+
+        read, build = model._read, read_model.snapshot_of
+
+        def read_then_maybe_apply(tp_key: bytes, pause: Any) -> Any:
+            found = read(tp_key, pause)
+            maybe_apply_next()
+            return found
+
+        def maybe_apply_then_build(partition: Any) -> PartitionSnapshot:
+            maybe_apply_next()
+            return build(partition)
+
+        model._read = read_then_maybe_apply  # type: ignore[method-assign]
+        with patch.object(read_model, "PAUSE_EVERY", 1), \
+                patch.object(read_model, "snapshot_of", maybe_apply_then_build):
+            try:
+                maybe_apply_next()
+                for key in keys:
+                    model.prepare(key, maybe_apply_next)
+                for end in ends:
+                    apply_in_batches(view, log[:end], [], applied[0])
+                    applied[0] = max(applied[0], end)
+                model._read = read
+                for key in keys:
+                    if key in model.snapshots:
+                        _assert_is_snapshot_of(model.snapshots[key], model, key)
+                folded = _canonical(model)
+            finally:
+                view.close()
         reopened = MetadataView.open(directory)
         try:
             assert _canonical(reopened.model) == folded
