@@ -2,7 +2,7 @@
 
 A decoded RemoteLogSegmentMetadata is a graph of seven objects (the metadata, its id, the id's UUID and that UUID's
 int, its leader epochs, five int fields): about 480 bytes. Packed, it is one bytes object of about 100; unpacking it
-again takes about 0.45 µs in C (rlmm/_slots.c's unpacker, for the plain layout most segments have) and 0.86 in
+again takes about 0.45 µs in C (rlmm/_slots.c's unpacker, for the plain layouts most segments have) and 0.86 in
 Python, paid by a listing for each segment it returns and by a lookup whose answer the read model keeps packed
 (rlmm.read_model.DECODED_ANSWERS_MAX). A node serving a million hosted segments holds about 300 MiB less.
 
@@ -122,7 +122,7 @@ def uuid_of(value: int) -> uuid.UUID:
 
 
 unpack: Callable[[bytes, TopicIdPartition], RemoteLogSegmentMetadata]
-if _slots is not None:  # the plain layout (most segments) in C, in about a third of the time: rlmm/_slots.c
+if _slots is not None:  # the plain layouts (most segments) in C, in about half the time: rlmm/_slots.c
     unpack = _slots.unpacker(_make_segment, _make_segment_id, _make_uuid, _make_one_epoch, _STATES, _UNKNOWN_SAFETY,
                              _unpack)
 else:

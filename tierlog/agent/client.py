@@ -54,6 +54,16 @@ class AgentClient:
         query = pb.ListQuery(topic_id_partition=messages.topic_id_partition_msg(tp))
         if epoch is not None:
             query.epoch = epoch
+        # In one answer, as the adapter asks; streamed when the partition is too large for one, or the agent is
+        # older than that call.
+        try:
+            answer: Any = self._metadata.ListRemoteLogSegmentsAtOnce(query, timeout=self.timeout)
+        except grpc.RpcError as error:
+            if error.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+        else:
+            if not answer.stream_instead:
+                return [messages.segment_metadata(m) for m in answer.segments]
         return [
             messages.segment_metadata(m)
             for m in self._metadata.ListRemoteLogSegments(query, timeout=self.timeout)
