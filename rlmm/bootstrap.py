@@ -10,7 +10,9 @@ import contextlib
 import hashlib
 import io
 import logging
+import queue
 import re
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,36 +113,103 @@ def read_verified(source: SnapshotSource, ref: SnapshotRef) -> bytes:
 
 
 class VerifiedStream(io.RawIOBase):
-    """A snapshot object's bytes as they arrive from the source, hashed on the way: `verify` hashes what is left
-    unread, then raises SnapshotError unless the object's sha256 is the one its name carries. Closing it leaves the
-    source's stream open (its opener closes it)."""
+    """A snapshot object's bytes as they arrive from the source, hashed on the way: `verify` reads what is left
+    unread, then raises SnapshotError unless the object's sha256 is the one its name carries.
+
+    A thread of its own downloads and hashes up to READ_AHEAD_BYTES ahead of the reader, so that the download
+    overlaps the reader's work (a bootstrap writes the snapshot's tables to disk as it reads them): both wait on
+    I/O or hash without the interpreter's lock. A read waits at most READ_STALL_S for the next bytes; an error of
+    the source is raised to the reader. Closing it stops the thread (within its current read of the source), and
+    leaves the source's stream open (its opener closes it, after this)."""
 
     def __init__(self, raw: ObjectStream, ref: SnapshotRef) -> None:
         super().__init__()
         self._raw = raw
         self._ref = ref
         self._hash = hashlib.sha256()
+        self._arrived: queue.Queue[bytes | BaseException | None] = queue.Queue(
+            maxsize=max(READ_AHEAD_BYTES // _READ_BYTES, 1))
+        self._current = memoryview(b"")
+        self._ended = False
+        self._failed: BaseException | None = None  # what the source raised
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._download, name=f"tierlog-snapshot-read-{ref.key}", daemon=True)
+        self._thread.start()
+
+    def _download(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                data = self._raw.read(_READ_BYTES)
+                if not data:
+                    break
+                self._hash.update(data)
+                self._hand_over(data)
+            self._hand_over(None)
+        except BaseException as exc:  # the reader raises it, as if it had read the source itself
+            self._hand_over(exc)
+
+    def _hand_over(self, item: bytes | BaseException | None) -> None:
+        while not self._stopping.is_set():  # a reader that closed never takes it
+            with contextlib.suppress(queue.Full):
+                self._arrived.put(item, timeout=_HAND_OVER_POLL_S)
+                return
+
+    def _next(self) -> bool:
+        """Take the next bytes that arrived into `_current`; False at the object's end."""
+        if self._ended:
+            return False
+        try:
+            item = self._arrived.get(timeout=READ_STALL_S)
+        except queue.Empty:
+            raise SnapshotError(f"snapshot {self._ref.key}: no bytes arrived in {READ_STALL_S:g} s") from None
+        if isinstance(item, BaseException):
+            self._ended, self._failed = True, item
+            raise item
+        if item is None:
+            self._ended = True
+            return False
+        self._current = memoryview(item)
+        return True
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        data = self._raw.read(len(view))
-        view[: len(data)] = data
-        self._hash.update(data)
-        return len(data)
+        if not self._current and not self._next():
+            return 0
+        taken = min(len(view), len(self._current))
+        view[:taken] = self._current[:taken]
+        self._current = self._current[taken:]
+        return taken
 
     def verify(self) -> None:
-        while data := self._raw.read(_VERIFY_READ_BYTES):
-            self._hash.update(data)
-        if self._hash.hexdigest() != self._ref.sha256:
-            raise SnapshotError(f"snapshot {self._ref.key} is corrupt: its sha256 is {self._hash.hexdigest()}, its "
-                                f"name says {self._ref.sha256}")
+        while self._next():  # the rest, hashed as it arrives
+            pass
+        self._current = memoryview(b"")
+        if self._failed is not None:
+            raise SnapshotError(f"snapshot {self._ref.key} could not be read whole: {self._failed!r}") \
+                from self._failed
+        digest = self._hash.hexdigest()  # the thread hashed everything before it handed the end over
+        if digest != self._ref.sha256:
+            raise SnapshotError(f"snapshot {self._ref.key} is corrupt: its sha256 is {digest}, its name says "
+                                f"{self._ref.sha256}")
+
+    def close(self) -> None:
+        self._stopping.set()
+        # Its current read of the source ends it; a read that hangs ends when the opener closes the source next.
+        self._thread.join(_CLOSE_WAIT_S)
+        super().close()
 
 
-
-_VERIFY_READ_BYTES = 1 << 20
+# The download's reads of the source, and how far it reads ahead of the reader.
+_READ_BYTES = 1 << 20
+READ_AHEAD_BYTES = 16 << 20
+# How long a read waits for the source's next bytes (the source's own timeouts come first: an S3 read's is 60 s),
+# and how often the download checks that its reader is still there while it waits for room.
+READ_STALL_S = 120.0
+_HAND_OVER_POLL_S = 0.1
+_CLOSE_WAIT_S = 5.0
 _STREAM_BUFFER_BYTES = 1 << 20
 
 
@@ -222,8 +291,7 @@ def _load(ref: SnapshotRef, source: SnapshotSource, view: MetadataView, metadata
     # downloaded and hashed, and enter the view only once all of it is read and its sha256 is the one its name
     # carries (load_into consumes every datum before it ingests anything). An archive snapshot (format 1) is
     # replayed record by record into the view, so it is read and verified whole first.
-    with contextlib.closing(source.open(ref.key)) as body:
-        raw = VerifiedStream(body, ref)
+    with contextlib.closing(source.open(ref.key)) as body, contextlib.closing(VerifiedStream(body, ref)) as raw:
         try:
             header, datums = read_snapshot(io.BufferedReader(raw, _STREAM_BUFFER_BYTES), ref.key)
         except Exception:
