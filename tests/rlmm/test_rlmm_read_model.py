@@ -62,6 +62,15 @@ def test_the_folded_read_model_is_the_one_loaded_from_rocksdb(scenario: Scenario
             reopened.close()
 
 
+def _assert_read_again_as(directory: str, folded: dict[bytes, Any]) -> None:
+    """The view in `directory`, opened again, reads every partition from RocksDB as `folded` holds it."""
+    reopened = MetadataView.open(directory)
+    try:
+        assert _canonical(reopened.model) == folded
+    finally:
+        reopened.close()
+
+
 @VIEW_SETTINGS
 @given(histories(), batch_cuts, st.lists(st.booleans(), min_size=len(PARTITIONS), max_size=len(PARTITIONS)))
 def test_a_partition_read_between_a_batchs_write_and_its_fold_ends_as_if_read_after_it(
@@ -90,11 +99,7 @@ def test_a_partition_read_between_a_batchs_write_and_its_fold_ends_as_if_read_af
             folded = _canonical(model)
         finally:
             view.close()
-        reopened = MetadataView.open(directory)
-        try:
-            assert _canonical(reopened.model) == folded
-        finally:
-            reopened.close()
+        _assert_read_again_as(directory, folded)
 
 
 @VIEW_SETTINGS
@@ -117,13 +122,16 @@ def test_a_partition_prepared_while_batches_fold_ends_as_the_model_read_after_th
         model.host(keys)
         applied = [0]
 
+        def apply_next() -> None:
+            end = ends.pop(0)
+            apply_in_batches(view, log[:end], [], applied[0])
+            applied[0] = max(applied[0], end)
+
         def maybe_apply_next() -> None:
             # Only where the applier's thread could fold: not while this thread holds the lock (`prepare`'s reads
             # under it, which a fold waits for).
             if not model.lock._is_owned() and ends and data.draw(st.booleans()):  # type: ignore[attr-defined]
-                end = ends.pop(0)
-                apply_in_batches(view, log[:end], [], applied[0])
-                applied[0] = max(applied[0], end)
+                apply_next()
 
         read, build = model._read, read_model.snapshot_of
 
@@ -136,16 +144,15 @@ def test_a_partition_prepared_while_batches_fold_ends_as_the_model_read_after_th
             maybe_apply_next()
             return build(partition)
 
-        model._read = read_then_maybe_apply  # type: ignore[method-assign]
+        model._read = read_then_maybe_apply
         with patch.object(read_model, "PAUSE_EVERY", 1), \
                 patch.object(read_model, "snapshot_of", maybe_apply_then_build):
             try:
                 maybe_apply_next()
                 for key in keys:
                     model.prepare(key, maybe_apply_next)
-                for end in ends:
-                    apply_in_batches(view, log[:end], [], applied[0])
-                    applied[0] = max(applied[0], end)
+                while ends:
+                    apply_next()
                 model._read = read
                 for key in keys:
                     if key in model.snapshots:
@@ -153,11 +160,7 @@ def test_a_partition_prepared_while_batches_fold_ends_as_the_model_read_after_th
                 folded = _canonical(model)
             finally:
                 view.close()
-        reopened = MetadataView.open(directory)
-        try:
-            assert _canonical(reopened.model) == folded
-        finally:
-            reopened.close()
+        _assert_read_again_as(directory, folded)
 
 
 @VIEW_SETTINGS
