@@ -79,7 +79,7 @@ def pack_fields(start: int, end: int, segment_id: bytes, max_timestamp: int, eve
         parts += (_LENGTH.pack(len(custom)), custom)
     if more_epochs:
         parts.append(_LENGTH.pack(len(more_epochs)))
-        parts += (_EPOCH.pack(epoch, start) for epoch, start in more_epochs)
+        parts += (_EPOCH.pack(epoch, epoch_start) for epoch, epoch_start in more_epochs)
     if topic is not None:
         name = topic.encode()
         parts += (_LENGTH.pack(len(name)), name)
