@@ -138,7 +138,8 @@ def test_a_tbrlmm_leader_and_its_successor_copying_the_same_offsets_end_alike_in
     history = [r.metadata for r in _source_records(kafka_bootstrap, node.source_topic)]
     assert len(history) == 4
     assert_answers_as_kafka(kafka_model(history), node.view, history)
-    assert node.remote_log_segment_metadata(tp, 0, 50).remote_log_segment_id == new.remote_log_segment_id
+    found = node.remote_log_segment_metadata(tp, 0, 50)
+    assert found is not None and found.remote_log_segment_id == new.remote_log_segment_id
 
 
 def test_an_own_write_the_import_drops_fails_as_the_manager_refuses_it(

@@ -42,12 +42,12 @@ def _argument(data: atheris.FuzzedDataProvider) -> Any:
     if kind <= 2:
         found = packed.pack(_segment(data), TP)
         if kind == 1:  # cut, or a byte changed (a flag, the state, anything)
-            found = bytearray(found)
+            damaged = bytearray(found)
             if data.ConsumeBool():
-                del found[data.ConsumeIntInRange(0, len(found)):]
-            elif found:
-                found[data.ConsumeIntInRange(0, len(found) - 1)] = data.ConsumeIntInRange(0, 255)
-            found = bytes(found)
+                del damaged[data.ConsumeIntInRange(0, len(damaged)):]
+            elif damaged:
+                damaged[data.ConsumeIntInRange(0, len(damaged) - 1)] = data.ConsumeIntInRange(0, 255)
+            found = bytes(damaged)
         return found
     if kind == 3:
         return data.ConsumeBytes(data.ConsumeIntInRange(0, 100))
@@ -90,7 +90,8 @@ def one_input(raw: bytes) -> None:
             assert named is tp or named == python[1].remote_log_segment_id.topic_id_partition
     makers = [_Flaky(maker, data.ConsumeIntInRange(0, 3)) for maker in (
         packed._make_segment, packed._make_segment_id, packed._make_uuid, packed._make_one_epoch)]
-    flaky = _slots.unpacker(*makers, packed._STATES, packed._UNKNOWN_SAFETY, packed._unpack)
+    flaky = _slots.unpacker(makers[0], makers[1], makers[2], makers[3], packed._STATES, packed._UNKNOWN_SAFETY,
+                            packed._unpack)
     segment = _segment(data)
     found = packed.pack(segment, TP)
     outcome = _outcome(flaky, found, TP)
