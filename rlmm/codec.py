@@ -23,15 +23,15 @@ from rlmm import packed
 from rlmm.errors import DecodeError, InvalidArgumentError
 from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent, RecordKey, key_of
 from rlmm.types import (
-    INT32_MAX,
-    INT64_MAX,
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
     TopicIdPartition,
+    epoch_plainly_in_range,
     uuid_from_text,
+    values_plainly_in_range,
 )
 
 _avro_reader: ModuleType | None
@@ -410,9 +410,8 @@ def decode_packed_segment(value: bytes, tp: TopicIdPartition) -> tuple[int, byte
         start, end, max_timestamp = datum["start_offset"], datum["end_offset"], datum["max_timestamp_ms"]
         broker, event_timestamp, size = datum["broker_id"], datum["event_timestamp_ms"], datum["segment_size_in_bytes"]
         state = _SEGMENT_STATES.get(datum["state"])
-        if state is not None and 0 <= start <= end <= INT64_MAX and -1 <= max_timestamp <= INT64_MAX \
-                and 0 <= broker <= INT32_MAX and 0 <= event_timestamp <= INT64_MAX and 0 <= size <= INT32_MAX \
-                and 0 <= epoch <= INT32_MAX and start <= epoch_start <= end:
+        if state is not None and epoch_plainly_in_range(epoch, epoch_start, start, end) \
+                and values_plainly_in_range(start, end, max_timestamp, broker, event_timestamp, size):
             segment_id = _as_uuid(datum["segment_id"])
             own = _tp_from(datum)
             return segment_id.int, packed.pack_fields(

@@ -532,7 +532,7 @@ class ReadModel:
         # Partitions the applier borrowed while it reads a backlog (`borrow`), with their segment counts, oldest first.
         self._borrowed: dict[bytes, int] = {}
         self._borrowed_segments = 0
-        # Watched partitions granted decoded answers, with their segment counts then (`_snapshot_of`).
+        # Watched partitions granted decoded answers, with their segment counts then (`_grant`).
         self.decoded_answers_max = DECODED_ANSWERS_MAX
         self._decoded: dict[bytes, int] = {}
         self._decoded_segments = 0

@@ -132,6 +132,20 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 
+def values_plainly_in_range(start_offset: int, end_offset: int, max_timestamp_ms: int, broker_id: int,
+                            event_timestamp_ms: int, segment_size_in_bytes: int) -> bool:
+    """Whether a segment's values (ints a schema-typed decoder produced) are within Kafka's ranges, so that building
+    it may skip the field checks (RemoteLogSegmentMetadata.from_record, rlmm.codec.decode_packed_segment)."""
+    return (0 <= start_offset <= end_offset <= INT64_MAX and -1 <= max_timestamp_ms <= INT64_MAX
+            and 0 <= broker_id <= INT32_MAX and 0 <= event_timestamp_ms <= INT64_MAX
+            and 0 <= segment_size_in_bytes <= INT32_MAX)
+
+
+def epoch_plainly_in_range(epoch: int, epoch_start: int, start_offset: int, end_offset: int) -> bool:
+    """Whether one of a segment's leader epochs is within Kafka's range and starts inside the segment."""
+    return 0 <= epoch <= INT32_MAX and start_offset <= epoch_start <= end_offset
+
+
 def _require_non_negative(owner: str, name: str, value: int) -> None:
     """An offset, size or timestamp: Kafka's long, never negative."""
     require_range(owner, name, value, 0, INT64_MAX, "a non-negative int64")
@@ -315,16 +329,13 @@ class RemoteLogSegmentMetadata:
         if len(segment_leader_epochs) == 1:  # most segments: one leader epoch, checked without a loop
             epochs = segment_leader_epochs
             ((epoch, epoch_start),) = epochs.items()
-            epochs_in_range = 0 <= epoch <= INT32_MAX and start_offset <= epoch_start <= end_offset
+            epochs_in_range = epoch_plainly_in_range(epoch, epoch_start, start_offset, end_offset)
         else:
             epochs = dict(sorted(segment_leader_epochs.items()))
             epochs_in_range = bool(epochs) and all(
-                0 <= e <= INT32_MAX and start_offset <= o <= end_offset for e, o in epochs.items())
-        if not (
-            0 <= start_offset <= end_offset <= INT64_MAX and -1 <= max_timestamp_ms <= INT64_MAX
-            and 0 <= broker_id <= INT32_MAX and 0 <= event_timestamp_ms <= INT64_MAX
-            and 0 <= segment_size_in_bytes <= INT32_MAX and epochs_in_range
-        ):
+                epoch_plainly_in_range(e, o, start_offset, end_offset) for e, o in epochs.items())
+        if not (epochs_in_range and values_plainly_in_range(start_offset, end_offset, max_timestamp_ms, broker_id,
+                                                            event_timestamp_ms, segment_size_in_bytes)):
             return cls(remote_log_segment_id, start_offset, end_offset, max_timestamp_ms, broker_id,
                        event_timestamp_ms, segment_size_in_bytes, epochs, custom_metadata, state, txn_idx_empty)
         return cast(RemoteLogSegmentMetadata, _make_segment(
