@@ -12,6 +12,7 @@ import ctypes
 import gc
 import logging
 import os
+import select
 import shutil
 import threading
 import time
@@ -59,6 +60,8 @@ WINDOW_MAX_KEPT = 100_000
 # up to this share of WINDOW_MAX_KEPT, by the share of records kept so far; the first starts with one partition and
 # grows once that one is read.
 GROUP_FILL = 0.8
+# Worker processes reading a new node's groups (MetadataApplier._load_in_workers): one per core of a 2-core broker.
+GROUP_WORKERS = 2
 WINDOW_MAX_RECORDS = 5_000_000
 WINDOW_MAX_S = 20.0
 WINDOW_COMMIT_RECORDS = 5_000
@@ -247,11 +250,17 @@ class MetadataApplier:
         self._group: set[int] | None = None
         self._ungrouped: list[int] = []
         self._backlog: dict[int, int] = {}
+        self._backlog_ends: dict[int, int] = {}  # where the backlog's partitions ended when it began
+        # Whether the grouped read's groups go to worker processes that read them themselves (_load_in_workers), and
+        # whether they are being loaded so now.
+        self._in_workers = False
+        self._loading_in_workers = False
         # A new node's fold worker for its backlog's windows (rlmm.fresh_load), started before it reads a large one
         # (its interpreter then boots while the backlog is read; started once the first window holds enough records,
         # it was often still booting when the window ended).
         large = self._start_reading(starts)
-        self._worker = fresh_load.FoldWorker.start() if large and settings.fold_worker else None
+        self._worker = fresh_load.FoldWorker.start() if large and settings.fold_worker and not self._in_workers \
+            else None
         self._catching_up = False  # while a backlog is read (_catch_up): its commits borrow partitions
         self._stop = threading.Event()
         self._registrations = threading.Event()  # set when partitions register: resolve their targets at once
@@ -279,8 +288,10 @@ class MetadataApplier:
     def _start_reading(self, starts: dict[int, int]) -> bool:
         """Assign the consumer: to the first group of a grouped read when the partitions never applied hold a large
         backlog past `starts` (then True), else to every partition. Without the topic's ends, every partition (and
-        _fill starts a worker if the backlog is large)."""
-        self._group, self._ungrouped, self._backlog = None, [], {}
+        _fill starts a worker if the backlog is large). A grouped read goes to worker processes (`_load_in_workers`;
+        the consumer then reads nothing meanwhile) where there are two cores and no write of this node is pending:
+        every record below the ends is then another node's, or one written before this manager started."""
+        self._group, self._ungrouped, self._backlog, self._in_workers = None, [], {}, False
         fresh = sorted(partition for partition in starts if partition not in self.applied)
         ends: dict[int, int] = {}
         if fresh:
@@ -290,8 +301,13 @@ class MetadataApplier:
         if sum(backlog.values()) < fresh_load.WORKER_MIN_KEPT:
             self._consumer.assign(starts)
             return False
-        self._backlog, self._ungrouped = backlog, sorted(backlog)
-        self._next_group(None)
+        self._backlog, self._ungrouped, self._backlog_ends = backlog, sorted(backlog), ends
+        self._in_workers = self._settings.fold_worker and GROUP_WORKERS > 0 and fresh_load.has_second_core() and \
+            not self._writer.has_pending()
+        if self._in_workers:
+            self._consumer.assign({}, [])
+        else:
+            self._next_group(None)
         return True
 
     def _next_group(self, kept_share: float | None) -> None:
@@ -317,14 +333,17 @@ class MetadataApplier:
         them within GROUP_FILL (one, into an empty group, whatever its size or when the share is not known). A
         partition's size is its log's span of offsets, times `kept_share`."""
         assert self._group is not None
+        return self._take_into(self._group, kept, kept_share)
+
+    def _take_into(self, group: set[int], kept: int, kept_share: float | None) -> list[int]:
         taken: list[int] = []
         room = GROUP_FILL * WINDOW_MAX_KEPT - kept
         while self._ungrouped:
             expected = self._backlog[self._ungrouped[0]] * (kept_share if kept_share is not None else 1.0)
-            if self._group and (kept_share is None or expected > room):
+            if group and (kept_share is None or expected > room):
                 break
             taken.append(self._ungrouped.pop(0))
-            self._group.add(taken[-1])
+            group.add(taken[-1])
             room -= expected
         return taken
 
@@ -332,7 +351,7 @@ class MetadataApplier:
     def reading_groups(self) -> bool:
         """Whether a grouped read is on: the metadata partitions of groups read before are not read meanwhile, so
         a write to one of their user partitions would wait for the last group; none is ready until then."""
-        return self._group is not None
+        return self._group is not None or self._in_workers or self._loading_in_workers
 
     def _loads_fresh(self) -> bool:
         """Whether the window being read may load fresh: nothing applied yet, or a group of partitions never
@@ -347,6 +366,9 @@ class MetadataApplier:
         while not self._stop.is_set():
             reopen: bool | None = None  # set when this round failed: whether the view must be reopened
             try:
+                if self._in_workers:
+                    self._load_in_workers()
+                    continue
                 # Wait briefly for one record, then take whatever else has arrived without waiting: a batch
                 # consume would sit out its whole timeout on a quiet topic and delay every write.
                 messages = self._consumer.consume(1, 0.02)
@@ -449,6 +471,108 @@ class MetadataApplier:
                     continue
                 if caught_up or self._stop.is_set():
                     return
+
+    def _load_in_workers(self) -> None:
+        """A new node's grouped read, each group read from Kafka, folded and written as tables by one of
+        GROUP_WORKERS worker processes (rlmm.fresh_load.read_group) and ingested here as it comes: both cores read and
+        fold, and this process never holds the backlog's records. A group no worker loaded (one failed, stalled or
+        could not start; a record's rule raised; its user partitions have records on groups loaded before) is read
+        here afterwards, as any grouped read's; then every partition is read on from where its group ended."""
+        self._in_workers = False
+        workers = [worker for worker in (fresh_load.FoldWorker.start() for _ in range(GROUP_WORKERS)) if worker]
+        shares = self._view.path.parent / f"{self._view.path.name}.fold"
+        busy: dict[fresh_load.FoldWorker, tuple[list[int], float]] = {}
+        left_here: list[int] = []
+        kept = span = 0
+        if workers:
+            log.info("metadata topic %s: a large backlog to load: %d worker processes read and load it, a group of "
+                     "its partitions each at a time", self._settings.metadata_topic, len(workers))
+        self._loading_in_workers = True
+        try:
+            with _cyclic_gc_paused(), self._borrowing():
+                while workers and (busy or self._ungrouped) and not self._stop.is_set():
+                    for worker in [w for w in workers if w not in busy and self._ungrouped]:
+                        group = self._take_into(set(), 0, kept / span if span else None)
+                        if worker.submit_group(self._settings.metadata_topic, self._consumer.client_config,
+                                               {p: self._next_offsets[p] for p in group},
+                                               {p: self._backlog_ends[p] for p in group}, shares):
+                            busy[worker] = (group, time.monotonic())
+                        else:
+                            workers.remove(worker)
+                            left_here += group
+                    readable, _, _ = select.select(list(busy), [], [], 0.1)
+                    for worker in readable:
+                        try:
+                            done, answer = worker.take()
+                        except Exception as exc:  # it exited, or is another tierlog: its group is read here
+                            done, answer = True, str(exc)
+                        if not done:
+                            continue
+                        group, began = busy.pop(worker)
+                        if isinstance(answer, fresh_load.GroupShare) and self._load_group(group, answer, began):
+                            kept += answer.kept
+                            span += sum(self._backlog[partition] for partition in group)
+                            worker.tidy()
+                            continue
+                        if not isinstance(answer, fresh_load.GroupShare):
+                            log.warning("metadata topic %s: a worker could not load metadata partitions %s (%s); "
+                                        "reading them in this process", self._settings.metadata_topic, group, answer)
+                            workers.remove(worker)
+                            worker.close()
+                        else:
+                            worker.tidy()
+                        left_here += group
+                    for worker, (group, began) in list(busy.items()):
+                        if time.monotonic() - began > fresh_load.GROUP_ANSWER_S:
+                            log.warning("metadata topic %s: a worker did not load metadata partitions %s in %.0f s; "
+                                        "reading them in this process", self._settings.metadata_topic, group,
+                                        fresh_load.GROUP_ANSWER_S)
+                            del busy[worker]
+                            workers.remove(worker)
+                            worker.close()
+                            left_here += group
+        finally:
+            self._loading_in_workers = False
+            for worker in workers:
+                worker.close()
+            shutil.rmtree(shares, ignore_errors=True)
+        self._ungrouped = sorted(left_here + self._ungrouped + [p for group, _ in busy.values() for p in group])
+        if not self._stop.is_set():
+            self._next_group(kept / span if span else None)
+
+    def _load_group(self, group: list[int], answer: fresh_load.GroupShare, began: float) -> bool:
+        """Ingest a group a worker loaded, with the offsets it reached; False, with nothing written, when its records
+        must be applied here instead: a record's rule raised in the worker, or its user partitions have records on
+        metadata partitions loaded before."""
+        topic = self._settings.metadata_topic
+        folded = answer.share.folded
+        if folded.failed:
+            log.warning("metadata topic %s: a record failed to apply (%s); reading metadata partitions %s in this "
+                        "process", topic, folded.failed, group)
+            return False
+        if self._view.holds_any(vf.tp_key(uuid.UUID(int=topic_id), number) for topic_id, number in folded.touched):
+            log.warning("metadata topic %s: user partitions of metadata partitions %s have records on metadata "
+                        "partitions loaded before; reading them in this process", topic, group)
+            return False
+        noted, outcomes, requests = self._noted(answer.noted, folded)
+        for partition, (offset, why) in folded.unreadable.items():
+            # What came before it in its partition is loaded; the node resumes from it once fixed.
+            self._halt(partition, offset, f"cannot read record ({why})")
+        next_offsets = {partition: self._backlog_ends[partition] for partition in group
+                        if partition not in self.halted}
+        next_offsets.update((partition, offset) for partition, (offset, _) in folded.unreadable.items())
+        try:
+            self._view.load_fresh(topic, FreshTables({}, {}), next_offsets, answer.share.tables,
+                                  answer.share.partitions)
+        except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
+            raise _CommitFailure(str(exc)) from None
+        self._next_offsets.update(next_offsets)
+        self._stamp()
+        self._after_commit(noted, requests, outcomes, next_offsets, folded.applied)
+        log.info("metadata topic %s: a backlog window of %d records of metadata partitions %s read by a worker; the "
+                 "newest of each key, %d records, loaded fresh in %.1f s", topic, answer.read,
+                 ", ".join(map(str, group)), answer.kept, time.monotonic() - began)
+        return True
 
     @contextmanager
     def _borrowing(self) -> Iterator[None]:

@@ -279,6 +279,7 @@ class EventConsumer:
     def __init__(self, topic: str, client_config: Mapping[str, Any], partitions: int) -> None:
         self.topic = topic
         self.partitions = partitions
+        self.client_config = dict(client_config)  # as given: a worker process reading a share opens its own
         self._consumer = Consumer(_client_settings(
             client_config,
             # librdkafka prefetches up to queued.max.messages.kbytes (default 64 MiB), which a rebuilt node kept

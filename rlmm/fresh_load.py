@@ -9,6 +9,12 @@ window ends, and kept for the backlog's other windows) folds one share into a Fr
 RocksDB tables, while the applier folds the other and writes its own. The applier ingests both into the view; the
 read model reads the worker's partitions from RocksDB when first asked for, as after a restart.
 
+A new node's large backlog of metadata partitions never applied goes further (MetadataApplier._load_in_workers):
+two workers each read groups of metadata partitions from Kafka themselves (`read_group`: the newest record of each
+key, as a window keeps them, up to the topic's end offsets when the backlog began), fold them and write their
+tables; the applier only ingests them. So both cores read and fold, and the node's own process never holds the
+backlog's records: after a rebuild it holds what a restarted node holds.
+
 The worker is an optimisation only. If it cannot start, fails, answers late, speaks another version, or its records
 name a user partition the applier's records name too (records on the wrong metadata partition), the applier folds
 its share itself, with a log line; the view is then the one a single process builds. A record whose rule raises in
@@ -35,8 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from confluent_kafka import KafkaError
+
 from rlmm import codec, state
 from rlmm.errors import InvalidArgumentError
+from rlmm.event_log import EventConsumer
 from rlmm.events import MetadataEvent, RecordKey
 from rlmm.types import RemotePartitionDeleteMetadata
 from rlmm.view import FreshState, write_tables
@@ -49,7 +58,13 @@ WORKER_MIN_KEPT = 20_000
 # How long the applier waits for the worker's share once its own is folded: the worker folds at most half of a
 # window (WINDOW_MAX_KEPT records, about 2 s), so this is a stall, not a slow fold.
 WORKER_ANSWER_S = 60.0
-_PROTOCOL = 1
+# A worker reading a group of metadata partitions gives up when none of them sent a record for this long (a
+# partition without a leader), and the applier reads that group itself; the applier waits at most GROUP_ANSWER_S for
+# a group's answer (a group keeps at most about WINDOW_MAX_KEPT records: seconds of work).
+GROUP_IDLE_S = 10.0
+GROUP_ANSWER_S = 300.0
+_GROUP_BATCH = 10_000
+_PROTOCOL = 2
 _FRAME = struct.Struct(">Q")
 
 # A window's record: (metadata partition, offset, key, value, request, skipped_before), a WindowRecord's fields.
@@ -128,6 +143,30 @@ def split(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
     return mine, their_records
 
 
+@dataclass(frozen=True)
+class GroupRequest:
+    """A group of metadata partitions for a worker to read from Kafka and load fresh: each from its start (the first
+    offset on its log) to its end (the topic's end offset when the backlog began; records past it are the applier's
+    to read). The node has no write pending below those ends, so no record read is one of its own writes."""
+
+    topic: str
+    client_config: dict[str, Any]
+    starts: dict[int, int]
+    ends: dict[int, int]
+    directory: str
+
+
+@dataclass
+class GroupShare:
+    """A worker's answer for a group: its fold and tables (`share`), how many records it read, and the records its
+    fold noted (`share.folded.noted` indexes these), which the applier never read itself."""
+
+    share: WorkerShare
+    read: int
+    kept: int
+    noted: list[Record]
+
+
 class FoldWorker:
     """The applier's handle on one worker process, used for the windows of one backlog that load fresh: `submit`,
     then `answer`, for each; then `close`."""
@@ -137,12 +176,16 @@ class FoldWorker:
         self._directory: Path | None = None
         self._buffer = b""
         self._greeted = False  # its hello was read (the first answer)
+        self._handed = 0  # requests handed to it, each with a directory of its own
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
 
     @classmethod
     def start(cls) -> FoldWorker | None:
         """Start a worker, or None where there is no second core or no interpreter to start."""
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if cores < 2 or not sys.executable:
+        if not has_second_core():
             return None
         # The worker imports this very tierlog (not one another path would find first): its package's parent first,
         # and not the current directory (-P).
@@ -164,9 +207,7 @@ class FoldWorker:
         too: never where a worker of a node that stopped mid-load may still write); False, with the worker closed,
         when that fails (the disk is full)."""
         try:
-            directory = under / str(self._process.pid)
-            directory.mkdir(parents=True)
-            self._directory = directory
+            directory = self._new_directory(under)
             with open(directory / "records.pickle", "wb") as out:
                 pickle.dump(records, out, protocol=pickle.HIGHEST_PROTOCOL)
             assert self._process.stdin is not None
@@ -176,6 +217,58 @@ class FoldWorker:
             self.close()
             return False
         return True
+
+    def submit_group(self, topic: str, client_config: dict[str, Any], starts: dict[int, int],
+                     ends: dict[int, int], under: Path) -> bool:
+        """Hand the worker a group of metadata partitions to read and load itself (`read_group`); False, with the
+        worker closed, when that fails."""
+        try:
+            directory = self._new_directory(under)
+            assert self._process.stdin is not None
+            _send(self._process.stdin, GroupRequest(topic, client_config, starts, ends, str(directory)))
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:  # a setting pickle cannot carry
+            log.info("cannot hand a group of metadata partitions to a worker (%s); reading it in this process", exc)
+            self.close()
+            return False
+        return True
+
+    def _new_directory(self, under: Path) -> Path:
+        # Its own, under `under`: never where a worker of a node that stopped mid-load may still write.
+        self._handed += 1
+        directory = under / f"{self._process.pid}.{self._handed}"
+        directory.mkdir(parents=True)
+        self._directory = directory
+        return directory
+
+    def fileno(self) -> int:
+        """Readable when the worker has answered (or exited): for select."""
+        assert self._process.stdout is not None
+        return self._process.stdout.fileno()
+
+    def take(self) -> tuple[bool, Any]:
+        """Read what the worker sent so far (call when `fileno` is readable): (True, its answer) once the whole
+        answer arrived, else (False, None). _WorkerError when it exited or is another tierlog."""
+        chunk = os.read(self.fileno(), 1 << 20)
+        if not chunk:
+            raise _WorkerError(f"it exited (status {self._process.wait(1)})")
+        self._buffer += chunk
+        while (frame := self._frame()) is not None:
+            if self._greeted:
+                return True, frame[0]
+            if frame[0] != (_PROTOCOL, str(Path(__file__).resolve())):
+                raise _WorkerError(f"it is another tierlog ({frame[0]!r})")
+            self._greeted = True
+        return False, None
+
+    def _frame(self) -> tuple[Any] | None:
+        """The next whole message in the buffer (taken out of it), or None."""
+        if len(self._buffer) >= _FRAME.size:
+            (size,) = _FRAME.unpack_from(self._buffer)
+            if len(self._buffer) >= _FRAME.size + size:
+                frame = self._buffer[_FRAME.size:_FRAME.size + size]
+                self._buffer = self._buffer[_FRAME.size + size:]
+                return (pickle.loads(frame),)
+        return None
 
     def answer(self, stop: threading.Event) -> WorkerShare | None:
         """The worker's share, or None (logged) if it failed, spoke another version, or did not answer within
@@ -203,12 +296,9 @@ class FoldWorker:
         stdout = self._process.stdout
         assert stdout is not None
         while True:
-            if len(self._buffer) >= _FRAME.size:
-                (size,) = _FRAME.unpack_from(self._buffer)
-                if len(self._buffer) >= _FRAME.size + size:
-                    frame = self._buffer[_FRAME.size:_FRAME.size + size]
-                    self._buffer = self._buffer[_FRAME.size + size:]
-                    return pickle.loads(frame)
+            frame = self._frame()
+            if frame is not None:
+                return frame[0]
             left = deadline - time.monotonic()
             if left <= 0 or stop.is_set():
                 raise _WorkerError("the applier stopped" if stop.is_set() else "it did not answer in time")
@@ -218,6 +308,12 @@ class FoldWorker:
                 if not chunk:
                     raise _WorkerError(f"it exited (status {self._process.wait(1)})")
                 self._buffer += chunk
+
+    def tidy(self) -> None:
+        """Remove what the worker was given and wrote for its last request (the applier ingested its tables)."""
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
 
     def close(self) -> None:
         """Stop the worker (if still running) and remove what it was given and wrote."""
@@ -230,8 +326,13 @@ class FoldWorker:
         for pipe in (self._process.stdin, self._process.stdout):
             if pipe is not None:
                 pipe.close()
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
+        self.tidy()
+
+
+def has_second_core() -> bool:
+    """Whether this process may run on two cores, and an interpreter is there to start workers with."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores >= 2 and bool(sys.executable)
 
 
 class _WorkerError(Exception):
@@ -269,6 +370,88 @@ def fold_share(records: Sequence[Record], directory: Path) -> WorkerShare | str:
     return WorkerShare(folded, tables, list(partitions))
 
 
+def read_group(request: GroupRequest) -> GroupShare | str:
+    """The worker's work for a group: read its metadata partitions from Kafka, keep the newest record of each key
+    as the applier's window does (CompactedWindow; a record after a gap in its partition's offsets may stand for
+    records the log cleaner removed), fold them and write their tables; its answer, or why it gave up."""
+    from rlmm.applier import CompactedWindow, _holds_nothing, _position  # the applier imports this module
+
+    starts, ends = request.starts, request.ends
+    consumer = _consumer_for(request)
+    try:
+        consumer.assign(starts, sorted(starts))
+        window = CompactedWindow(_no_own_write, _holds_nothing)  # a new node's view holds no segment yet
+        left = {partition for partition in starts if ends[partition] > starts[partition]}
+        next_offsets, after_cleaning = dict(starts), set()
+        heard = time.monotonic()
+        while left:
+            messages = consumer.consume(_GROUP_BATCH, 0.1)
+            if messages:
+                heard = time.monotonic()
+            elif time.monotonic() - heard > GROUP_IDLE_S:
+                return f"no record came from metadata partitions {sorted(left)} for {GROUP_IDLE_S:g} s"
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        return f"reading metadata partition {message.partition()} failed: {error.str()}"
+                    partition, offset = _position(message)
+                    after_cleaning.discard(partition)
+                    if offset >= ends[partition]:
+                        left.discard(partition)
+                    continue
+                partition, offset = _position(message)
+                if offset >= ends[partition]:  # the applier's to read
+                    left.discard(partition)
+                    continue
+                if next_offsets[partition] != offset:
+                    after_cleaning.add(partition)
+                next_offsets[partition] = offset + 1
+                window.keep(partition, offset, message.key() or b"", message.value(), None,
+                            partition in after_cleaning)
+                window.records += 1
+                if offset + 1 >= ends[partition]:
+                    left.discard(partition)
+    except BaseException:
+        _close_consumer()
+        raise
+    consumer.assign({}, [])
+    replay = window.replay_order()
+    window.clear()
+    answer = fold_share(replay, Path(request.directory))
+    if isinstance(answer, str):
+        return answer
+    noted = [tuple(replay[index]) for index, _, _, _ in answer.folded.noted]
+    answer.folded.noted = [(number, None, None, outcome) for number, (_, _, _, outcome) in
+                           enumerate(answer.folded.noted)]
+    return GroupShare(answer, window.records, len(replay), noted)  # type: ignore[arg-type]
+
+
+# The worker's consumer, kept for the groups it is handed next (a new one connects and fetches metadata first): the
+# (topic, settings) it was opened with, and it.
+_consumer: tuple[tuple[str, str], EventConsumer] | None = None
+
+
+def _consumer_for(request: GroupRequest) -> EventConsumer:
+    global _consumer
+    wanted = (request.topic, repr(sorted(request.client_config.items())))
+    if _consumer is None or _consumer[0] != wanted:
+        _close_consumer()
+        _consumer = (wanted, EventConsumer(request.topic, request.client_config, max(request.ends) + 1))
+    return _consumer[1]
+
+
+def _close_consumer() -> None:
+    global _consumer
+    if _consumer is not None:
+        consumer, _consumer = _consumer[1], None
+        consumer.close()
+
+
+def _no_own_write(request: str) -> bool:
+    return False
+
+
 def main() -> int:
     """The worker: say hello, then fold each share it is handed and answer; exit at end of input."""
     out = sys.stdout.buffer
@@ -278,15 +461,19 @@ def main() -> int:
         _send(out, (_PROTOCOL, str(Path(__file__).resolve())))
         while True:
             request = _read_frame(sys.stdin.buffer)
-            if not isinstance(request, tuple):  # end of input: the backlog ended, or went on without this worker
-                return 0
-            records_path, directory = request
+            if not isinstance(request, (tuple, GroupRequest)):  # end of input: the backlog ended, or went on
+                return 0                                          # without this worker
             records: list[Record] = []
             try:
-                with open(records_path, "rb") as source:
-                    records = pickle.load(source)
-                os.unlink(records_path)
-                answer: WorkerShare | str = fold_share(records, Path(directory))
+                answer: WorkerShare | GroupShare | str
+                if isinstance(request, GroupRequest):
+                    answer = read_group(request)
+                else:
+                    records_path, directory = request
+                    with open(records_path, "rb") as source:
+                        records = pickle.load(source)
+                    os.unlink(records_path)
+                    answer = fold_share(records, Path(directory))
             except Exception:
                 answer = f"it failed: {traceback.format_exc()}"
             del records
@@ -294,6 +481,8 @@ def main() -> int:
             del answer
     except BrokenPipeError:  # the applier is gone (its node stopped); the next load removes what this one wrote
         pass
+    finally:
+        _close_consumer()
     return 0
 
 

@@ -16,7 +16,7 @@ import pytest
 from rlmm_testkit import WINDOWED, drive, make_tp, on_distinct_metadata_partitions, register, segment, workload
 from support import wait_until
 
-from rlmm import RemoteLogMetadataManager, RemoteStorageError, TopicIdPartition, fresh_load
+from rlmm import RemoteLogMetadataManager, RemoteStorageError, TopicIdPartition, applier, fresh_load
 from rlmm.applier import MetadataApplier, WindowRecord
 from rlmm.errors import MetadataTimeoutError
 
@@ -120,6 +120,8 @@ def test_a_new_nodes_first_window_loaded_onto_a_full_disk_is_loaded_again_once_s
     # With a worker (rlmm.fresh_load), the full disk fails its share's file or tables, or the node's own.
     partitions = 2 if with_worker else 1
     monkeypatch.setattr(fresh_load, "WORKER_MIN_KEPT", 1 if with_worker else fresh_load.WORKER_MIN_KEPT)
+    # The windows the applier reads itself (a full disk under group workers: test_rlmm_group_workers).
+    monkeypatch.setattr(applier, "GROUP_WORKERS", 0)
     writer = make_manager(broker_id=0, partitions=partitions)
     tps = on_distinct_metadata_partitions() if with_worker else (make_tp("disk-rebuild"),)
     register(writer, *tps)

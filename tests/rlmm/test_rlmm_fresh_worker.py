@@ -2,6 +2,10 @@
 the metadata partitions and writes it as RocksDB tables, the applier folds the rest and ingests both. The view, its
 bookkeeping and its read model are those one process makes; a worker that cannot start, dies, stalls, or is another
 release leaves the applier to fold its share itself; bad records behave as in one process.
+
+These are the windows the applier reads itself: a backlog's groups read by worker processes (MetadataApplier.
+_load_in_workers, tests/rlmm/test_rlmm_group_workers.py) are turned off here; the applier reads a group itself when
+its worker failed, or when a write of the node is pending.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from rlmm_testkit import (
 )
 from support import wait_until
 
-from rlmm import RemoteLogMetadataManager, codec, fresh_load
+from rlmm import RemoteLogMetadataManager, applier, codec, fresh_load
 from rlmm import view_format as vf
 from rlmm.applier import MetadataApplier
 from rlmm.events import MetadataEvent, RecordKey, key_of
@@ -125,6 +129,11 @@ def test_the_worker_exits_when_its_applier_goes_away_before_handing_it_anything(
 
 
 # --- a new node rebuilding from the topic ----------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def windows_read_by_the_applier(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(applier, "GROUP_WORKERS", 0)
+
 
 @pytest.fixture
 def worker_for_any_window(monkeypatch: pytest.MonkeyPatch) -> list[fresh_load.WorkerShare | None]:

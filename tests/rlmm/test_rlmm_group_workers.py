@@ -1,0 +1,175 @@
+"""A new node's large backlog is read by worker processes (MetadataApplier._load_in_workers): each reads a group of
+metadata partitions from Kafka itself, keeps the newest record of each key, folds them and writes their tables; the
+applier only ingests them. The view is the one a single process builds; a worker that dies, stalls, is another
+release, or cannot write its tables leaves its group to the applier; bad records behave as in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rlmm_testkit import (
+    WINDOWED,
+    append_garbage,
+    counting_commits,
+    rebuilt_past_garbage,
+    register,
+    written_history,
+)
+from support import wait_until
+from test_rlmm_disk_full import disk_filled, small_disk  # noqa: F401  (small_disk: a fixture, asked for by name)
+
+from rlmm import RemoteLogMetadataManager, applier, fresh_load
+from rlmm.applier import MetadataApplier
+from rlmm.snapshot import snapshot_entries
+
+MakeManager = Callable[..., RemoteLogMetadataManager]
+
+
+@pytest.fixture(autouse=True)
+def every_backlog_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fresh_load, "WORKER_MIN_KEPT", 1)
+    monkeypatch.setattr(applier, "GROUP_WORKERS", 2)
+
+
+@pytest.fixture
+def handed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[subprocess.Popen[bytes], list[int]]]]:
+    """Each worker process handed a group, and the group's metadata partitions."""
+    groups: list[tuple[subprocess.Popen[bytes], list[int]]] = []
+    submit = fresh_load.FoldWorker.submit_group
+
+    def recorded(self: fresh_load.FoldWorker, topic: str, config: Any, starts: dict[int, int], *args: Any) -> bool:
+        groups.append((self._process, sorted(starts)))
+        return submit(self, topic, config, starts, *args)
+
+    monkeypatch.setattr(fresh_load.FoldWorker, "submit_group", recorded)
+    yield groups
+
+
+def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records]
+
+
+def assert_rebuilt_like(rebuilt: RemoteLogMetadataManager, writer: RemoteLogMetadataManager, tps: Any) -> None:
+    rebuilt.wait_caught_up(60)
+    assert rebuilt.view_digest() == writer.view_digest()
+    assert rebuilt.applied_offsets() == writer.applied_offsets()
+    register(rebuilt, *tps)
+    for tp in tps:
+        wait_until(lambda tp=tp: rebuilt.is_ready(tp), timeout=30, description=f"{tp} ready")
+        assert rebuilt.list_remote_log_segments(tp) == writer.list_remote_log_segments(tp)
+
+
+def test_a_new_nodes_backlog_read_by_workers_loads_what_one_process_loads(
+    make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    handed: list[tuple[subprocess.Popen[bytes], list[int]]], tmp_path: Path,
+) -> None:
+    writer, tps = written_history(make_manager, 410)
+    commits = counting_commits(monkeypatch)
+    window = applier.MetadataApplier._fill
+    read_here: list[int] = []
+
+    def filled(self: MetadataApplier, *args: Any) -> bool:
+        read_here.append(1)
+        return bool(window(self, *args))
+
+    monkeypatch.setattr(MetadataApplier, "_fill", filled)
+    state_dir = tmp_path / "rebuilt"
+    with caplog.at_level(logging.INFO, logger="rlmm.applier"):
+        rebuilt = make_manager(broker_id=1, state_dir=state_dir, partitions=2, **WINDOWED)
+        assert_rebuilt_like(rebuilt, writer, tps)
+    assert sorted(partition for _, group in handed for partition in group) == [0, 1]
+    assert sum("read by a worker" in message and "loaded fresh" in message for message in messages(caplog)) == 2
+    assert commits == [] and read_here == []  # the applier read no record of the backlog, and committed none
+    assert all(process.poll() is not None for process, _ in handed)  # the workers exited with the backlog
+    assert sorted(path.name for path in state_dir.iterdir()) == ["view"]  # no worker's directory left
+    alone = make_manager(broker_id=2, partitions=2, **WINDOWED, **{"apply.rebuild.worker": False})
+    alone.wait_caught_up(60)
+    assert list(snapshot_entries(rebuilt.view)) == list(snapshot_entries(alone.view))  # bookkeeping rows too
+
+
+@pytest.mark.parametrize("fault", ["killed", "stalled", "another release", "disk full"])
+def test_a_group_no_worker_loaded_is_read_by_the_applier_and_the_view_is_the_same(
+    make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    handed: list[tuple[subprocess.Popen[bytes], list[int]]], tmp_path: Path, request: pytest.FixtureRequest,
+    fault: str,
+) -> None:
+    writer, tps = written_history(make_manager, 420)
+    submit = fresh_load.FoldWorker.submit_group
+
+    def faulty(self: fresh_load.FoldWorker, *args: Any) -> bool:
+        if fault == "stalled":
+            os.kill(self._process.pid, signal.SIGSTOP)  # it cannot answer
+        submitted = submit(self, *args)
+        if fault == "killed":
+            self._process.kill()
+        return submitted
+
+    monkeypatch.setattr(fresh_load.FoldWorker, "submit_group", faulty)
+    if fault == "stalled":
+        monkeypatch.setattr(fresh_load, "GROUP_ANSWER_S", 1.0)
+    elif fault == "another release":
+        monkeypatch.setattr(fresh_load, "_PROTOCOL", 0)  # the worker, started anew, says its own
+    state_dir = tmp_path / "rebuilt"
+    if fault == "disk full":
+        # The disk is full while the workers read and write their tables, and has room again once they are done.
+        state_dir = request.getfixturevalue("small_disk") / "state"
+        load_in_workers = MetadataApplier._load_in_workers
+
+        def on_a_full_disk(self: MetadataApplier) -> None:
+            with disk_filled(state_dir.parent):
+                load_in_workers(self)
+
+        monkeypatch.setattr(MetadataApplier, "_load_in_workers", on_a_full_disk)
+    with caplog.at_level(logging.INFO, logger="rlmm.applier"):
+        rebuilt = make_manager(broker_id=1, state_dir=state_dir, partitions=2, **WINDOWED)
+        assert_rebuilt_like(rebuilt, writer, tps)
+    why = {"killed": "it exited", "stalled": "did not load metadata partitions", "another release": "another tierlog",
+           "disk full": "No space left on device"}[fault]
+    assert any(why in message for message in messages(caplog)), messages(caplog)
+    assert rebuilt.metadata_errors() == {}
+    for process, _ in handed:
+        wait_until(lambda process=process: process.poll() is not None, timeout=10, description="the worker gone")
+
+
+def test_an_unreadable_record_in_a_workers_group_halts_only_its_partition(
+    make_manager: MakeManager, kafka_bootstrap: str, metadata_topic: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    writer, (broken, healthy) = written_history(make_manager, 430)
+    bad_offset = append_garbage(kafka_bootstrap, metadata_topic, broken)
+    commits = counting_commits(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="rlmm.applier"):
+        rebuilt = rebuilt_past_garbage(make_manager, writer, healthy, bad_offset)
+    assert commits == []  # halted by the worker's group, not read again here
+    assert sum("read by a worker" in message for message in messages(caplog)) == 2
+    assert set(rebuilt.view.segments(broken)) == set(writer.view.segments(broken))
+
+
+def test_a_record_that_fails_to_apply_in_a_worker_sends_its_group_through_the_applier(
+    make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path,
+) -> None:
+    # The fault, in the workers' processes only: a bug in their state machine (no record on a real topic makes a
+    # rule raise), planted through a sitecustomize module on their path.
+    writer, tps = written_history(make_manager, 440)
+    (tmp_path / "sitecustomize.py").write_text(
+        "from rlmm import state\n"
+        "def broken(*args, **kwargs):\n"
+        "    raise RuntimeError('a bug in the worker state machine')\n"
+        "state.apply_record = broken\n"
+        "from rlmm.view import FreshState\n"
+        "FreshState._append_finished = broken  # the rules' shortcut for finished segments\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    with caplog.at_level(logging.WARNING, logger="rlmm.applier"):
+        rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
+        assert_rebuilt_like(rebuilt, writer, tps)
+    assert any("a bug in the worker state machine" in message and "in this process" in message
+               for message in messages(caplog)), messages(caplog)
+    assert rebuilt.metadata_errors() == {}
