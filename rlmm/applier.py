@@ -61,7 +61,10 @@ WINDOW_MAX_KEPT = 100_000
 # grows once that one is read.
 GROUP_FILL = 0.8
 # Worker processes reading a new node's groups (MetadataApplier._load_in_workers): one per core of a 2-core broker.
+# A group is one window: a worker gives up on one keeping more than GROUP_WORKER_MAX_KEPT records (a metadata
+# partition of that many live segments; about 1 KiB each in the worker), which the applier then reads in windows.
 GROUP_WORKERS = 2
+GROUP_WORKER_MAX_KEPT = 3 * WINDOW_MAX_KEPT
 WINDOW_MAX_RECORDS = 5_000_000
 WINDOW_MAX_S = 20.0
 WINDOW_COMMIT_RECORDS = 5_000
@@ -492,10 +495,17 @@ class MetadataApplier:
             with _cyclic_gc_paused(), self._borrowing():
                 while workers and (busy or self._ungrouped) and not self._stop.is_set():
                     for worker in [w for w in workers if w not in busy and self._ungrouped]:
-                        group = self._take_into(set(), 0, kept / span if span else None)
-                        if worker.submit_group(self._settings.metadata_topic, self._consumer.client_config,
-                                               {p: self._next_offsets[p] for p in group},
-                                               {p: self._backlog_ends[p] for p in group}, shares):
+                        kept_share = kept / span if span else None
+                        group = self._take_into(set(), 0, kept_share)
+                        if kept_share is not None and \
+                                sum(self._backlog[p] for p in group) * kept_share > GROUP_WORKER_MAX_KEPT:
+                            left_here += group  # a partition too large for one window: read here, in windows
+                            continue
+                        request = fresh_load.GroupRequest(
+                            self._settings.metadata_topic, self._consumer.client_config,
+                            {p: self._next_offsets[p] for p in group}, {p: self._backlog_ends[p] for p in group},
+                            GROUP_WORKER_MAX_KEPT)
+                        if worker.submit_group(request, shares):
                             busy[worker] = (group, time.monotonic())
                         else:
                             workers.remove(worker)

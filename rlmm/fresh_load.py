@@ -23,6 +23,7 @@ the worker sends the window through the commits, as in the applier's own share.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -153,7 +154,10 @@ class GroupRequest:
     client_config: dict[str, Any]
     starts: dict[int, int]
     ends: dict[int, int]
-    directory: str
+    # The most records its window may keep (the memory a worker needs follows it); a group that keeps more is the
+    # applier's to read, in windows of its own bound.
+    max_kept: int
+    directory: str = ""  # where its tables go (FoldWorker.submit_group sets it)
 
 
 @dataclass
@@ -218,14 +222,13 @@ class FoldWorker:
             return False
         return True
 
-    def submit_group(self, topic: str, client_config: dict[str, Any], starts: dict[int, int],
-                     ends: dict[int, int], under: Path) -> bool:
-        """Hand the worker a group of metadata partitions to read and load itself (`read_group`); False, with the
-        worker closed, when that fails."""
+    def submit_group(self, request: GroupRequest, under: Path) -> bool:
+        """Hand the worker a group of metadata partitions to read and load itself (`read_group`), its tables to go
+        in a directory of its own under `under`; False, with the worker closed, when that fails."""
         try:
             directory = self._new_directory(under)
             assert self._process.stdin is not None
-            _send(self._process.stdin, GroupRequest(topic, client_config, starts, ends, str(directory)))
+            _send(self._process.stdin, dataclasses.replace(request, directory=str(directory)))
         except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:  # a setting pickle cannot carry
             log.info("cannot hand a group of metadata partitions to a worker (%s); reading it in this process", exc)
             self.close()
@@ -410,6 +413,8 @@ def read_group(request: GroupRequest) -> GroupShare | str:
                 window.keep(partition, offset, message.key() or b"", message.value(), None,
                             partition in after_cleaning)
                 window.records += 1
+            if window.kept() > request.max_kept:
+                return f"its window keeps more than {request.max_kept} records"
                 if offset + 1 >= ends[partition]:
                     left.discard(partition)
     except BaseException:

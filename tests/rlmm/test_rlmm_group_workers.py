@@ -45,9 +45,9 @@ def handed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[subprocess.Po
     groups: list[tuple[subprocess.Popen[bytes], list[int]]] = []
     submit = fresh_load.FoldWorker.submit_group
 
-    def recorded(self: fresh_load.FoldWorker, topic: str, config: Any, starts: dict[int, int], *args: Any) -> bool:
-        groups.append((self._process, sorted(starts)))
-        return submit(self, topic, config, starts, *args)
+    def recorded(self: fresh_load.FoldWorker, request: fresh_load.GroupRequest, under: Path) -> bool:
+        groups.append((self._process, sorted(request.starts)))
+        return submit(self, request, under)
 
     monkeypatch.setattr(fresh_load.FoldWorker, "submit_group", recorded)
     yield groups
@@ -95,7 +95,7 @@ def test_a_new_nodes_backlog_read_by_workers_loads_what_one_process_loads(
     assert list(snapshot_entries(rebuilt.view)) == list(snapshot_entries(alone.view))  # bookkeeping rows too
 
 
-@pytest.mark.parametrize("fault", ["killed", "stalled", "another release", "disk full"])
+@pytest.mark.parametrize("fault", ["killed", "stalled", "another release", "disk full", "too large"])
 def test_a_group_no_worker_loaded_is_read_by_the_applier_and_the_view_is_the_same(
     make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
     handed: list[tuple[subprocess.Popen[bytes], list[int]]], tmp_path: Path, request: pytest.FixtureRequest,
@@ -117,6 +117,8 @@ def test_a_group_no_worker_loaded_is_read_by_the_applier_and_the_view_is_the_sam
         monkeypatch.setattr(fresh_load, "GROUP_ANSWER_S", 1.0)
     elif fault == "another release":
         monkeypatch.setattr(fresh_load, "_PROTOCOL", 0)  # the worker, started anew, says its own
+    elif fault == "too large":
+        monkeypatch.setattr(applier, "GROUP_WORKER_MAX_KEPT", 3)  # each group's window keeps more
     state_dir = tmp_path / "rebuilt"
     if fault == "disk full":
         # The disk is full while the workers read and write their tables, and has room again once they are done.
@@ -132,7 +134,7 @@ def test_a_group_no_worker_loaded_is_read_by_the_applier_and_the_view_is_the_sam
         rebuilt = make_manager(broker_id=1, state_dir=state_dir, partitions=2, **WINDOWED)
         assert_rebuilt_like(rebuilt, writer, tps)
     why = {"killed": "it exited", "stalled": "did not load metadata partitions", "another release": "another tierlog",
-           "disk full": "No space left on device"}[fault]
+           "disk full": "No space left on device", "too large": "keeps more than 3 records"}[fault]
     assert any(why in message for message in messages(caplog)), messages(caplog)
     assert rebuilt.metadata_errors() == {}
     for process, _ in handed:
