@@ -851,9 +851,10 @@ def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[
     return None if partition.empty() else partition
 
 
-def prefixed(family: object, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """The entries of a column family (rocksdict, raw mode) whose keys start with `prefix`, in key order."""
-    for key, value in family.items(from_key=prefix):  # type: ignore[attr-defined]
+def prefixed(family: object, prefix: bytes, read_opt: object = None) -> Iterator[tuple[bytes, bytes]]:
+    """The entries of a column family (rocksdict, raw mode) whose keys start with `prefix`, in key order (`read_opt`:
+    rocksdict ReadOptions, else the defaults)."""
+    for key, value in family.items(from_key=prefix, read_opt=read_opt):  # type: ignore[attr-defined]
         if not key.startswith(prefix):
             return
         yield bytes(key), bytes(value)

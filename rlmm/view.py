@@ -30,6 +30,7 @@ from rocksdict import (
     IngestExternalFileOptions,
     Options,
     Rdict,
+    ReadOptions,
     SstFileWriter,
     WriteBatch,
     WriteOptions,
@@ -446,7 +447,12 @@ class MetadataView:
         partitions is removed first: none is held then)."""
         self.discard_unfinished_load()
         families = [self._cf[family] for family in (*vf.CONTENT_FAMILIES, vf.PARTITION_META)]
-        return any(next(prefixed(family, tp_key), None) is not None for tp_key in tp_keys for family in families)
+        # A rebuild asks this of every group's user partitions: the blocks it reads would fill the block cache with
+        # what nothing reads again.
+        uncached = ReadOptions()
+        uncached.fill_cache(False)  # type: ignore[call-arg]  # the stub lacks its argument
+        return any(next(prefixed(family, tp_key, uncached), None) is not None
+                   for tp_key in tp_keys for family in families)
 
     def discard_unfinished_load(self) -> None:
         """Remove what a fresh load cut short left (its user partitions' entries, part-written, without the offsets
