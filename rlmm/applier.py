@@ -18,18 +18,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message
 
 from rlmm import codec, events, fresh_load, state
 from rlmm import view_format as vf
+from rlmm.backlog_window import CompactedWindow, WindowRecord, holds_nothing, holds_segment, position
 from rlmm.errors import InvalidArgumentError, MetadataLogError, RemoteStorageError
 from rlmm.event_log import EventConsumer, OffsetReader
-from rlmm.events import SEGMENT_KEY_PREFIX, segment_key_ids
+from rlmm.events import SEGMENT_KEY_PREFIX
 from rlmm.types import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition
 from rlmm.view import ConsumedRecord, FreshState, FreshTables, MetadataView
 from rlmm.writer import Append, MetadataWriter, request_of
@@ -95,119 +95,6 @@ class _ApplyFailure(Exception):
 
 class _CommitFailure(Exception):
     """Writing the view failed (disk full, I/O error): transient, retried after reopening the view."""
-
-
-class WindowRecord(NamedTuple):
-    """One consumed record of a backlog window, undecoded."""
-
-    metadata_partition: int
-    offset: int
-    key: bytes
-    value: bytes | None
-    request: str | None
-    skipped_before: bool = False  # older records of its key may be missing (skipped by the window or the cleaner)
-
-    def decoded(self) -> ConsumedRecord:
-        """The record decoded (DecodeError or InvalidArgumentError for bytes no tierlog wrote)."""
-        key, event = codec.decode_record(self.key, self.value)
-        return ConsumedRecord(self.metadata_partition, self.offset, key, event, self.value, self.skipped_before)
-
-
-def holds_segment(view: MetadataView, raw_key: bytes) -> bool:
-    """Whether the committed view holds the segment a segment record key names (True for a key that does not
-    parse, so that its record is kept and halts its partition like any unreadable record)."""
-    try:
-        topic_id, number, segment_id = segment_key_ids(raw_key)
-    except (UnicodeDecodeError, ValueError):
-        return True
-    return view.holds_segment(topic_id, number, segment_id)
-
-
-def _holds_nothing(raw_key: bytes) -> bool:
-    return False
-
-
-class CompactedWindow:
-    """A window of a backlog as Kafka's log cleaner would leave it: the newest record of each key (by its raw bytes;
-    superseded records are never decoded), replayed in (metadata partition, offset) order. DESIGN.md "Compaction
-    invariance": a log that keeps the newest record of every key replays to the view every record replays to.
-
-    A key one of this node's pending writes touched keeps every record from that write on (and the newest before
-    it), so the writer sees its record applied with the outcome a full replay gives it. A segment tombstone for a
-    segment the view does not hold leaves nothing to replay of its key: applied, it would change nothing. A tombstone
-    a later record of its key supersedes (the id used again) is replayed too, before it: the later record then
-    applies to nothing, as in a full replay, not to the state the tombstone removed.
-    """
-
-    def __init__(self, is_own_pending: Callable[[str], bool], holds_segment: Callable[[bytes], bool]) -> None:
-        self._is_own_pending = is_own_pending
-        self._holds_segment = holds_segment
-        # Plain tuples (metadata partition, offset, key, value, request, skipped_before): most records are
-        # superseded, so adding one must cost little; only the records replayed become WindowRecords.
-        self._newest: dict[bytes, _Entry] = {}
-        self._every: dict[bytes, list[_Entry]] = {}
-        self._superseded_tombstones: list[_Entry] = []
-        self.ends: dict[int, int] = {}  # metadata partition -> the offset after its last record in the window
-        self.records = 0
-
-    def add(self, partition: int, offset: int, key: bytes, value: bytes | None, request: str | None,
-            after_cleaning: bool = False) -> None:
-        """Add a consumed record; `after_cleaning`: Kafka's log cleaner removed records before it since its partition
-        was last read to the end, so older records of its key may be missing too."""
-        self.records += 1
-        self.ends[partition] = offset + 1
-        self.keep(partition, offset, key, value, request, after_cleaning)
-
-    def keep(self, partition: int, offset: int, key: bytes, value: bytes | None, request: str | None,
-             after_cleaning: bool) -> None:
-        """`add`, for a reader that notes `records` and `ends` itself, a batch at a time (the applier)."""
-        every = self._every.get(key)
-        if every is not None:
-            every.append((partition, offset, key, value, request, False))
-        elif request is not None and self._is_own_pending(request):
-            before = self._newest.pop(key, None)
-            entry = (partition, offset, key, value, request, after_cleaning and before is None)
-            self._every[key] = [entry] if before is None else [before, entry]
-        elif value is None and key.startswith(SEGMENT_KEY_PREFIX) and not self._holds_segment(key):
-            self._newest.pop(key, None)
-        else:
-            before = self._newest.get(key)
-            if before is not None and before[3] is None:
-                self._superseded_tombstones.append(before)
-            self._newest[key] = (partition, offset, key, value, request, skipped_since(before, after_cleaning))
-
-    def plain_tables(self) -> tuple[dict[bytes, _Entry], list[_Entry], Callable[[bytes], bool]] | None:
-        """What `keep`'s plain path (no record of this node's writes) changes, for a reader that inlines it; None
-        once the window holds records of this node's writes, which every later record of their keys must join."""
-        return None if self._every else (self._newest, self._superseded_tombstones, self._holds_segment)
-
-    def kept(self) -> int:
-        """How many keys the window holds records of."""
-        return len(self._newest) + len(self._every) + len(self._superseded_tombstones)
-
-    def clear(self) -> None:
-        """Drop the records held (once replay_order has taken them)."""
-        self._newest, self._every, self._superseded_tombstones = {}, {}, []
-
-    def replay_order(self) -> list[WindowRecord]:
-        """The records to apply, in (metadata partition, offset) order."""
-        kept = [*self._newest.values(), *(entry for every in self._every.values() for entry in every),
-                *self._superseded_tombstones]
-        kept.sort()  # (partition, offset) come first and are unique
-        return [WindowRecord(*entry) for entry in kept]
-
-
-_Entry = tuple[int, int, bytes, bytes | None, str | None, bool]
-
-
-def skipped_since(before: _Entry | None, after_cleaning: bool) -> bool:
-    """Whether a record that supersedes `before` (the newest record of its key the window held, if any) may stand for
-    records of its key the window does not replay: `before` and whatever it stood for, unless `before` is a tombstone,
-    which is replayed (nothing of the key comes between the two); with nothing before it, whatever the log cleaner
-    removed."""
-    if before is None:
-        return after_cleaning
-    return before[3] is not None
 
 
 class MetadataApplier:
@@ -441,10 +328,11 @@ class MetadataApplier:
 
         A crash between windows resumes from the last one committed: every record it skipped is superseded by a
         record the resumed node reads again or has applied."""
-        with _cyclic_gc_paused(), self._borrowing():
+        deferred = self._compactions_deferred() if self._group is not None else nullcontext()
+        with _cyclic_gc_paused(), self._borrowing(), deferred:
             while True:
                 # A view without segments (a new node's first window) holds none a tombstone could name.
-                holds = partial(holds_segment, self._view) if self._view.holds_segments() else _holds_nothing
+                holds = partial(holds_segment, self._view) if self._view.holds_segments() else holds_nothing
                 window = CompactedWindow(self._writer.is_pending, holds)
                 started = time.monotonic()
                 caught_up = self._fill(window, messages)
@@ -492,7 +380,7 @@ class MetadataApplier:
                      "its partitions each at a time", self._settings.metadata_topic, len(workers))
         self._loading_in_workers = True
         try:
-            with _cyclic_gc_paused(), self._borrowing():
+            with _cyclic_gc_paused(), self._borrowing(), self._compactions_deferred():
                 while workers and (busy or self._ungrouped) and not self._stop.is_set():
                     for worker in [w for w in workers if w not in busy and self._ungrouped]:
                         kept_share = kept / span if span else None
@@ -585,6 +473,18 @@ class MetadataApplier:
         return True
 
     @contextmanager
+    def _compactions_deferred(self) -> Iterator[None]:
+        """A grouped read's groups ingested with the view's compactions deferred (MetadataView.defer_compactions)."""
+        self._view.defer_compactions()
+        try:
+            yield
+        finally:
+            try:
+                self._view.resume_compactions()
+            except Exception as exc:  # RocksDB could not record them (a full disk): a reopened view has them back
+                raise _CommitFailure(f"cannot set the view's compaction triggers back ({exc})") from None
+
+    @contextmanager
     def _borrowing(self) -> Iterator[None]:
         """While a backlog is read, its commits borrow the partitions they touch (ReadModel.borrow); then those are
         given back and the decoders' caches emptied: kept, their objects (spread over the allocator's arenas among the
@@ -642,7 +542,7 @@ class MetadataApplier:
                 return ended
             messages = self._consumer.consume(max_records, WINDOW_POLL_S)
 
-    def _note_position(self, partition: int, offset: int) -> bool:
+    def _noteposition(self, partition: int, offset: int) -> bool:
         """Note a record read at `offset`; whether its partition was read past records the log cleaner removed.
         (`_add` does the same inline, for every record of a backlog.)"""
         self._at_end.discard(partition)
@@ -667,7 +567,7 @@ class MetadataApplier:
         # keep's plain path runs inline too unless a write of this node is pending (a call per record was a tenth of
         # reading a backlog); keep itself takes the rest.
         plain = None if own_writes else window.plain_tables()
-        newest, superseded_tombstones, holds = plain or ({}, [], _holds_nothing)
+        newest, superseded_tombstones, holds = plain or ({}, [], holds_nothing)
         for message in messages:
             if message.error() is not None:
                 window.records -= 1
@@ -905,8 +805,8 @@ class MetadataApplier:
             if message.error() is not None:
                 self._consume_error(message)
                 continue
-            partition, offset = _position(message)
-            after_cleaning = self._note_position(partition, offset)
+            partition, offset = position(message)
+            after_cleaning = self._noteposition(partition, offset)
             if partition in self.halted:
                 continue
             try:
@@ -920,7 +820,7 @@ class MetadataApplier:
 
     @staticmethod
     def _read(message: Message, after_cleaning: bool) -> ConsumedRecord:
-        partition, offset = _position(message)
+        partition, offset = position(message)
         value = message.value()
         key, event = codec.decode_record(message.key() or b"", value)
         return ConsumedRecord(partition, offset, key, event, value, after_cleaning)
@@ -1088,9 +988,3 @@ def _release_free_memory(collect: bool = False) -> None:
     malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if malloc_trim is not None:
         malloc_trim(0)
-
-
-def _position(message: Message) -> tuple[int, int]:
-    partition, offset = message.partition(), message.offset()
-    assert partition is not None and offset is not None, "consumed records always have a position"
-    return partition, offset

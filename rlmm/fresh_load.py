@@ -45,6 +45,7 @@ from typing import IO, Any
 from confluent_kafka import KafkaError
 
 from rlmm import codec, state
+from rlmm.backlog_window import CompactedWindow, holds_nothing, position
 from rlmm.errors import InvalidArgumentError
 from rlmm.event_log import EventConsumer
 from rlmm.events import MetadataEvent, RecordKey
@@ -377,13 +378,11 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     """The worker's work for a group: read its metadata partitions from Kafka, keep the newest record of each key
     as the applier's window does (CompactedWindow; a record after a gap in its partition's offsets may stand for
     records the log cleaner removed), fold them and write their tables; its answer, or why it gave up."""
-    from rlmm.applier import CompactedWindow, _holds_nothing, _position  # the applier imports this module
-
     starts, ends = request.starts, request.ends
     consumer = _consumer_for(request)
     try:
         consumer.assign(starts, sorted(starts))
-        window = CompactedWindow(_no_own_write, _holds_nothing)  # a new node's view holds no segment yet
+        window = CompactedWindow(_no_own_write, holds_nothing)  # a new node's view holds no segment yet
         left = {partition for partition in starts if ends[partition] > starts[partition]}
         next_offsets, after_cleaning = dict(starts), set()
         heard = time.monotonic()
@@ -398,12 +397,12 @@ def read_group(request: GroupRequest) -> GroupShare | str:
                 if error is not None:
                     if error.code() != KafkaError._PARTITION_EOF:
                         return f"reading metadata partition {message.partition()} failed: {error.str()}"
-                    partition, offset = _position(message)
+                    partition, offset = position(message)
                     after_cleaning.discard(partition)
                     if offset >= ends[partition]:
                         left.discard(partition)
                     continue
-                partition, offset = _position(message)
+                partition, offset = position(message)
                 if offset >= ends[partition]:  # the applier's to read
                     left.discard(partition)
                     continue

@@ -121,13 +121,19 @@ def test_a_group_no_worker_loaded_is_read_by_the_applier_and_the_view_is_the_sam
         monkeypatch.setattr(applier, "GROUP_WORKER_MAX_KEPT", 3)  # each group's window keeps more
     state_dir = tmp_path / "rebuilt"
     if fault == "disk full":
-        # The disk is full while the workers read and write their tables, and has room again once they are done.
+        # The disk is full while the workers first read and write their tables, and has room again once they are done.
         state_dir = request.getfixturevalue("small_disk") / "state"
         load_in_workers = MetadataApplier._load_in_workers
 
         def on_a_full_disk(self: MetadataApplier) -> None:
+            if filled:
+                load_in_workers(self)
+                return
+            filled.append(True)
             with disk_filled(state_dir.parent):
                 load_in_workers(self)
+
+        filled: list[bool] = []
 
         monkeypatch.setattr(MetadataApplier, "_load_in_workers", on_a_full_disk)
     with caplog.at_level(logging.INFO, logger="rlmm.applier"):
