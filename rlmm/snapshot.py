@@ -157,10 +157,12 @@ def holds_everything_until(ends: Mapping[int, int], newest_ms: Mapping[int, int]
     say, since a new node trusts it only while the topic still keeps every tombstone written after that time
     (delete.retention.ms). A partition read to the end the topic had at `topic_ends_at_ms` holds everything written
     before then; one behind (its archive lags), only up to its newest record applied (`newest_ms`, by record
-    timestamp) or what the snapshot it was built on held (`base_ms`)."""
+    timestamp) or what the snapshot it was built on held (`base_ms`). A partition that held records then but none
+    of them reached the snapshot lags too."""
     def until(partition: int, end: int) -> int:
         if end >= topic_ends.get(partition, 0):
             return topic_ends_at_ms
         return max(newest_ms.get(partition, 0), base_ms)
 
-    return min((until(partition, end) for partition, end in ends.items()), default=topic_ends_at_ms)
+    reached = {**dict.fromkeys(topic_ends, 0), **ends}
+    return min((until(partition, end) for partition, end in reached.items()), default=topic_ends_at_ms)

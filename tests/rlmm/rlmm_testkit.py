@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import tempfile
 import time
@@ -470,6 +471,19 @@ def rebuilt_past_garbage(make_manager: Callable[..., RemoteLogMetadataManager], 
     assert rebuilt.applied_offsets()[0] == bad_offset
     assert rebuilt.list_remote_log_segments(healthy) == writer.list_remote_log_segments(healthy)
     return rebuilt
+
+
+def break_the_workers_rules(directory: Path, monkeypatch: Any) -> None:
+    """A bug in the state machine of the worker processes started from now on, not in this one's (no record on a real
+    topic makes a rule raise): planted through a sitecustomize module in `directory`, put on their path."""
+    (directory / "sitecustomize.py").write_text(
+        "from rlmm import state\n"
+        "def broken(*args, **kwargs):\n"
+        "    raise RuntimeError('a bug in the worker state machine')\n"
+        "state.apply_record = broken\n"
+        "from rlmm.view import FreshState\n"
+        "FreshState._append_finished = broken  # the rules' shortcut for finished segments\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")])))
 
 
 def counting_commits(monkeypatch: Any) -> list[int]:

@@ -26,6 +26,7 @@ from rlmm_strategies import PARTITIONS, PROPERTY_SETTINGS, RacingScenario, Scena
 from rlmm_testkit import (
     WINDOWED,
     append_garbage,
+    break_the_workers_rules,
     counting_commits,
     empty_view,
     make_tp,
@@ -268,14 +269,7 @@ def test_a_record_that_fails_to_apply_in_the_worker_sends_the_window_through_the
     # The fault, in the worker's process only: a bug in its state machine (no record on a real topic makes a rule
     # raise), planted through a sitecustomize module on the worker's path.
     writer, tps = written_history(make_manager, 150)
-    (tmp_path / "sitecustomize.py").write_text(
-        "from rlmm import state\n"
-        "def broken(*args, **kwargs):\n"
-        "    raise RuntimeError('a bug in the worker state machine')\n"
-        "state.apply_record = broken\n"
-        "from rlmm.view import FreshState\n"
-        "FreshState._append_finished = broken  # the rules' shortcut for finished segments\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    break_the_workers_rules(tmp_path, monkeypatch)
     commits = counting_commits(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="rlmm.applier"):
         rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)

@@ -18,6 +18,7 @@ import pytest
 from rlmm_testkit import (
     WINDOWED,
     append_garbage,
+    break_the_workers_rules,
     counting_commits,
     rebuilt_past_garbage,
     register,
@@ -167,14 +168,7 @@ def test_a_record_that_fails_to_apply_in_a_worker_sends_its_group_through_the_ap
     # The fault, in the workers' processes only: a bug in their state machine (no record on a real topic makes a
     # rule raise), planted through a sitecustomize module on their path.
     writer, tps = written_history(make_manager, 440)
-    (tmp_path / "sitecustomize.py").write_text(
-        "from rlmm import state\n"
-        "def broken(*args, **kwargs):\n"
-        "    raise RuntimeError('a bug in the worker state machine')\n"
-        "state.apply_record = broken\n"
-        "from rlmm.view import FreshState\n"
-        "FreshState._append_finished = broken  # the rules' shortcut for finished segments\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    break_the_workers_rules(tmp_path, monkeypatch)
     with caplog.at_level(logging.WARNING, logger="rlmm.applier"):
         rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
         assert_rebuilt_like(rebuilt, writer, tps)

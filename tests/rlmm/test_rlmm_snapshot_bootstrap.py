@@ -510,6 +510,11 @@ def test_a_snapshot_holds_every_record_until_now_only_where_its_archive_reached_
     # Partition 0 behind with only records older than the base snapshot: the base's time.
     assert holds_everything_until({0: 7, 1: 9}, newest, base, {0: 8, 1: 9}, now) == base
     assert holds_everything_until({0: 7}, {}, 0, {0: 8}, now) == 0
+    # Partition 1 had records on the topic, none of them in the snapshot: it lags as one behind does.
+    assert holds_everything_until({0: 7}, newest, base, {0: 7, 1: 3}, now) == 6_000
+    assert holds_everything_until({0: 7}, {0: 4_000}, base, {0: 7, 1: 3}, now) == base
+    # An empty partition holds nothing to lag behind.
+    assert holds_everything_until({0: 7}, newest, base, {0: 7, 1: 0}, now) == now
 
 
 def test_a_snapshot_of_an_archive_that_lags_the_topic_is_dated_by_its_newest_record_not_by_now(
