@@ -62,7 +62,7 @@ WORKER_MIN_KEPT = 20_000
 WORKER_ANSWER_S = 60.0
 # A worker reading a group of metadata partitions gives up when none of them sent a record for this long (a
 # partition without a leader), and the applier reads that group itself; the applier waits at most GROUP_ANSWER_S for
-# a group's answer (a group keeps at most about WINDOW_MAX_KEPT records: seconds of work).
+# a group's answer (a group keeps at most GroupRequest.max_kept records: seconds of work).
 GROUP_IDLE_S = 10.0
 GROUP_ANSWER_S = 300.0
 _GROUP_BATCH = 10_000
@@ -412,10 +412,10 @@ def read_group(request: GroupRequest) -> GroupShare | str:
                 window.keep(partition, offset, message.key() or b"", message.value(), None,
                             partition in after_cleaning)
                 window.records += 1
-            if window.kept() > request.max_kept:
-                return f"its window keeps more than {request.max_kept} records"
                 if offset + 1 >= ends[partition]:
                     left.discard(partition)
+            if window.kept() > request.max_kept:
+                return f"its window keeps more than {request.max_kept} records"
     except BaseException:
         _close_consumer()
         raise
