@@ -183,10 +183,6 @@ class FoldWorker:
         self._greeted = False  # its hello was read (the first answer)
         self._handed = 0  # requests handed to it, each with a directory of its own
 
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
     @classmethod
     def start(cls) -> FoldWorker | None:
         """Start a worker, or None where there is no second core or no interpreter to start."""
@@ -203,8 +199,8 @@ class FoldWorker:
             log.info("cannot start a worker to fold a rebuild's windows on a second core (%s); folding them in "
                      "this process", exc)
             return None
-        log.info("a large backlog to load: half of each window's metadata partitions go to a worker process "
-                 "(pid %d) on the second core", process.pid)
+        log.info("a large backlog to load: a worker process (pid %d) folds its metadata partitions on another core",
+                 process.pid)
         return cls(process)
 
     def submit(self, records: Sequence[Record], under: Path) -> bool:
