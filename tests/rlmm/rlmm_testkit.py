@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import tempfile
 import time
 import uuid
@@ -21,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from support import wait_until
 
-from rlmm import codec, state
+from rlmm import codec, fresh_load, state
 from rlmm.applier import MetadataApplier
 from rlmm.events import MetadataEvent, RecordKey, key_of, metadata_partition_for, segment_key
 from rlmm.manager import RemoteLogMetadataManager
@@ -484,6 +485,24 @@ def break_the_workers_rules(directory: Path, monkeypatch: Any) -> None:
         "from rlmm.view import FreshState\n"
         "FreshState._append_finished = broken  # the rules' shortcut for finished segments\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")])))
+
+
+def fault_on_handing(monkeypatch: Any, method: str, fault: str, started: list[Any] | None = None) -> None:
+    """Worker processes that fail around `FoldWorker.<method>` (submit or submit_group): "stalled", stopped (SIGSTOP)
+    before they are handed anything, or "killed" once handed their work; their processes noted in `started`."""
+    hand = getattr(fresh_load.FoldWorker, method)
+
+    def faulty(self: Any, *args: Any) -> bool:
+        if started is not None:
+            started.append(self._process)
+        if fault == "stalled":
+            os.kill(self._process.pid, signal.SIGSTOP)  # it cannot answer
+        handed = bool(hand(self, *args))
+        if fault == "killed":
+            self._process.kill()
+        return handed
+
+    monkeypatch.setattr(fresh_load.FoldWorker, method, faulty)
 
 
 def counting_commits(monkeypatch: Any) -> list[int]:

@@ -11,8 +11,6 @@ its worker failed, or when a write of the node is pending.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +27,7 @@ from rlmm_testkit import (
     break_the_workers_rules,
     counting_commits,
     empty_view,
+    fault_on_handing,
     make_tp,
     on_distinct_metadata_partitions,
     produce_to,
@@ -207,18 +206,7 @@ def test_a_worker_that_fails_leaves_its_share_to_the_applier_and_the_view_is_the
 ) -> None:
     writer, tps = written_history(make_manager, 130)  # on both metadata partitions: both shares hold some
     workers: list[subprocess.Popen[bytes]] = []
-    submit = fresh_load.FoldWorker.submit
-
-    def submitted(self: fresh_load.FoldWorker, records: Any, directory: Path) -> bool:
-        workers.append(self._process)
-        if fault == "stalled":
-            os.kill(self._process.pid, signal.SIGSTOP)  # before it is handed anything: it cannot answer
-        handed = submit(self, records, directory)
-        if fault == "killed":
-            self._process.kill()
-        return handed
-
-    monkeypatch.setattr(fresh_load.FoldWorker, "submit", submitted)
+    fault_on_handing(monkeypatch, "submit", fault, workers)
     if fault == "stalled":
         monkeypatch.setattr(fresh_load, "WORKER_ANSWER_S", 1.0)
     elif fault == "another release":

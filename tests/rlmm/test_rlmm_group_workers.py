@@ -7,8 +7,6 @@ release, or cannot write its tables leaves its group to the applier; bad records
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ from rlmm_testkit import (
     append_garbage,
     break_the_workers_rules,
     counting_commits,
+    fault_on_handing,
     rebuilt_past_garbage,
     register,
     written_history,
@@ -103,17 +102,7 @@ def test_a_group_no_worker_loaded_is_read_by_the_applier_and_the_view_is_the_sam
     fault: str,
 ) -> None:
     writer, tps = written_history(make_manager, 420)
-    submit = fresh_load.FoldWorker.submit_group
-
-    def faulty(self: fresh_load.FoldWorker, *args: Any) -> bool:
-        if fault == "stalled":
-            os.kill(self._process.pid, signal.SIGSTOP)  # it cannot answer
-        submitted = submit(self, *args)
-        if fault == "killed":
-            self._process.kill()
-        return submitted
-
-    monkeypatch.setattr(fresh_load.FoldWorker, "submit_group", faulty)
+    fault_on_handing(monkeypatch, "submit_group", fault)
     if fault == "stalled":
         monkeypatch.setattr(fresh_load, "GROUP_ANSWER_S", 1.0)
     elif fault == "another release":
