@@ -248,39 +248,44 @@ class FoldWorker:
     def take(self) -> tuple[bool, Any]:
         """Read what the worker sent so far (call when `fileno` is readable): (True, its answer) once the whole
         answer arrived, else (False, None). _WorkerError when it exited or is another tierlog."""
+        self._read_more()
+        return self._next_answer()
+
+    def _read_more(self) -> None:
         chunk = os.read(self.fileno(), 1 << 20)
         if not chunk:
             raise _WorkerError(f"it exited (status {self._process.wait(1)})")
         self._buffer += chunk
-        while (frame := self._frame()) is not None:
+
+    def _next_answer(self) -> tuple[bool, Any]:
+        """(True, the next whole answer in the buffer), past the worker's hello, which must be this tierlog's; else
+        (False, None)."""
+        while len(self._buffer) >= _FRAME.size:
+            (size,) = _FRAME.unpack_from(self._buffer)
+            if len(self._buffer) < _FRAME.size + size:
+                break
+            frame = pickle.loads(self._buffer[_FRAME.size:_FRAME.size + size])
+            self._buffer = self._buffer[_FRAME.size + size:]
             if self._greeted:
-                return True, frame[0]
-            if frame[0] != (_PROTOCOL, str(Path(__file__).resolve())):
-                raise _WorkerError(f"it is another tierlog ({frame[0]!r})")
+                return True, frame
+            if frame != (_PROTOCOL, str(Path(__file__).resolve())):
+                raise _WorkerError(f"it is another tierlog ({frame!r})")
             self._greeted = True
         return False, None
-
-    def _frame(self) -> tuple[Any] | None:
-        """The next whole message in the buffer (taken out of it), or None."""
-        if len(self._buffer) >= _FRAME.size:
-            (size,) = _FRAME.unpack_from(self._buffer)
-            if len(self._buffer) >= _FRAME.size + size:
-                frame = self._buffer[_FRAME.size:_FRAME.size + size]
-                self._buffer = self._buffer[_FRAME.size + size:]
-                return (pickle.loads(frame),)
-        return None
 
     def answer(self, stop: threading.Event) -> WorkerShare | None:
         """The worker's share, or None (logged) if it failed, spoke another version, or did not answer within
         WORKER_ANSWER_S."""
         deadline = time.monotonic() + WORKER_ANSWER_S
         try:
-            if not self._greeted:
-                hello = self._receive(deadline, stop)
-                if hello != (_PROTOCOL, str(Path(__file__).resolve())):
-                    raise _WorkerError(f"it is another tierlog ({hello!r})")
-                self._greeted = True
-            share = self._receive(deadline, stop)
+            while not (answered := self._next_answer())[0]:
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    raise _WorkerError("the applier stopped" if stop.is_set() else "it did not answer in time")
+                readable, _, _ = select.select([self], [], [], min(left, 0.1))
+                if readable:
+                    self._read_more()
+            share = answered[1]
             if isinstance(share, str):
                 raise _WorkerError(share)
             if not isinstance(share, WorkerShare):
@@ -291,23 +296,6 @@ class FoldWorker:
                         "this process", exc)
             self.close()
             return None
-
-    def _receive(self, deadline: float, stop: threading.Event) -> Any:
-        stdout = self._process.stdout
-        assert stdout is not None
-        while True:
-            frame = self._frame()
-            if frame is not None:
-                return frame[0]
-            left = deadline - time.monotonic()
-            if left <= 0 or stop.is_set():
-                raise _WorkerError("the applier stopped" if stop.is_set() else "it did not answer in time")
-            readable, _, _ = select.select([stdout], [], [], min(left, 0.1))
-            if readable:
-                chunk = os.read(stdout.fileno(), 1 << 20)
-                if not chunk:
-                    raise _WorkerError(f"it exited (status {self._process.wait(1)})")
-                self._buffer += chunk
 
     def tidy(self) -> None:
         """Remove what the worker was given and wrote for its last request (the applier ingested its tables)."""
