@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 # Prefetch tasks waiting for a thread at most; more are dropped (counted), so a burst of readers never queues
 # unbounded work and submitting never blocks a read.
 PREFETCH_QUEUE_BOUND = 64
+# Segments whose reader's read-ahead is remembered (ChunkReader._read_ahead), the least recently read dropped first.
+READ_AHEAD_SEGMENTS = 1024
 CHECKSUM_FAILURES = "chunk.checksum_failures"
 PREFETCHED_CHUNKS = "chunk_cache.prefetched_chunks"
 PREFETCH_DROPPED = "chunk_cache.prefetch_dropped"
@@ -111,6 +114,8 @@ class ChunkReader:
         self._wait_s = wait_s
         self._lock = threading.Lock()
         self._inflight: dict[ChunkKey, threading.Event] = {}
+        # Per segment: the chunk its reader was last at, and how many chunks it reads ahead from there.
+        self._read_aheads: dict[uuid.UUID, tuple[int, int]] = {}
         self._pool: ThreadPoolExecutor | None = None
         if cache is not None and prefetch_bytes > 0:
             self._pool = ThreadPoolExecutor(prefetch_threads, thread_name_prefix="rsm-prefetch")
@@ -313,27 +318,48 @@ class ChunkReader:
     # -- prefetch -------------------------------------------------------------------------------
 
     def prefetch_after(self, segment: ChunkedSegment, chunk: int, covered: int) -> None:
-        """A reader is at `chunk` and will get chunks up to `covered` on its own: fetch up to the prefetch size
-        beyond, into the next segment if the caller named one. Never blocks."""
+        """A reader is at `chunk` and will get chunks up to `covered` on its own: fetch ahead of it (_read_ahead),
+        into the next segment if the caller named one. Never blocks."""
         if self._pool is None:
             return
         index = segment.index
-        ahead = max(1, self._prefetch_bytes // index.chunk_size)
+        ahead = self._read_ahead(segment, chunk)
         target = chunk + ahead
         first = covered + 1
         last = min(target, index.count - 1)
-        if first <= last and not self._all_present(segment, first, last):
+        if first <= last and self._worth_fetching(segment, first, last):
             self._submit(self._prefetch, segment, first, last)
         beyond = target - (index.count - 1)
         if beyond > 0 and covered < target:
             self._submit(self._prefetch_next, segment, beyond)
 
-    def _all_present(self, segment: ChunkedSegment, first: int, last: int) -> bool:
+    def _read_ahead(self, segment: ChunkedSegment, chunk: int) -> int:
+        """How many chunks past `chunk` to have fetched: half the prefetch size for a reader new to the segment or
+        one that jumped, the whole of it once the reader moved on within what was read ahead for it. So a reader
+        that reads a little costs a smaller prefetch, and one catching up sequentially gets the largest GETs (fewer
+        requests, and on S3 more bytes for each request's wait)."""
+        most = max(1, self._prefetch_bytes // segment.index.chunk_size)
+        with self._lock:
+            before = self._read_aheads.pop(segment.segment_id.id, None)
+            if before is None or not before[0] <= chunk <= before[0] + before[1]:
+                ahead = max(1, most // 2)
+            else:
+                ahead = most if chunk > before[0] else before[1]
+            self._read_aheads[segment.segment_id.id] = (chunk, ahead)
+            if len(self._read_aheads) > READ_AHEAD_SEGMENTS:
+                del self._read_aheads[next(iter(self._read_aheads))]
+        return ahead
+
+    def _worth_fetching(self, segment: ChunkedSegment, first: int, last: int) -> bool:
+        """Whether to prefetch chunks first..last now: when the first is missing (neither cached nor being fetched),
+        or at least half of them are. Otherwise the reader still has half of its read-ahead, and waiting lets the
+        next GET bring a larger run."""
         assert self.cache is not None
         with self._lock:
             inflight = set(self._inflight)
-        keys = [segment.cache_key(n) for n in range(first, last + 1)]
-        return all(key in inflight or self.cache.contains(key) for key in keys)
+        missing = [n for n in range(first, last + 1)
+                   if segment.cache_key(n) not in inflight and not self.cache.contains(segment.cache_key(n))]
+        return bool(missing) and (missing[0] == first or 2 * len(missing) >= last - first + 1)
 
     def _submit(self, task: Callable[..., None], *args: Any) -> None:
         assert self._pool is not None
@@ -383,7 +409,9 @@ class ChunkReader:
     def _prefetch_next(self, segment: ChunkedSegment, count: int) -> None:
         following = self._next_segment(segment)
         if following is not None and following.index.count:
-            self._prefetch(following, 0, min(count, following.index.count) - 1)
+            last = min(count, following.index.count) - 1
+            if self._worth_fetching(following, 0, last):
+                self._prefetch(following, 0, last)
 
     # -- in-flight chunks -----------------------------------------------------------------------
 

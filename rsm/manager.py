@@ -110,9 +110,11 @@ CORE_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("fetch.chunk.cache.path", parse_str, default=""),
     ConfigKey("fetch.chunk.cache.size", parse_int, 1 << 30, check=lambda v: v > 0, requirement="> 0"),
-    # Two of the adapter's 8 MiB windows: the GET of the window after next goes out while the next one's still runs.
+    # How far a sequential reader is read ahead (half of it for a reader new to a segment, ChunkReader._read_ahead);
+    # prefetching waits until half of it is missing, so its GETs are large. Eight of the adapter's 8 MiB windows:
+    # on S3 a GET's wait for its first byte then falls on 32-64 MiB, not on every window.
     ConfigKey(
-        "fetch.chunk.cache.prefetch.max.size", parse_int, 4 * chunk_index.DEFAULT_CHUNK_SIZE,
+        "fetch.chunk.cache.prefetch.max.size", parse_int, 16 * chunk_index.DEFAULT_CHUNK_SIZE,
         check=_non_negative, requirement=">= 0",
     ),
     ConfigKey("fetch.chunk.cache.prefetch.threads", parse_int, 2, check=lambda v: v > 0, requirement="> 0"),
