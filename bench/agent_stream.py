@@ -42,6 +42,7 @@ import grpc  # noqa: E402
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition  # noqa: E402
 from rsm import IndexType, LogSegmentData, RemoteStorageManager  # noqa: E402
 from rsm.keys import keys_for  # noqa: E402
+from rsm.manager import CORE_CONFIG_KEYS  # noqa: E402
 from tierlog.agent import messages  # noqa: E402
 from tierlog.agent.components import ComponentName  # noqa: E402
 from tierlog.agent.proto import agent_pb2 as pb  # noqa: E402
@@ -71,6 +72,14 @@ def _backend_config(backend: str, base: Path, direct: bool) -> dict[str, Any]:
     from rsm_common import rsm_s3_config, services_env
 
     return rsm_s3_config(services_env(), f"bench/agent-stream/{uuid.uuid4().hex[:8]}")
+
+
+def _remove_objects(backend: dict[str, Any]) -> None:
+    """Delete what the run stored on S3 (the filesystem backend's objects go with the run's temporary directory)."""
+    if backend.get("storage.backend") == "s3":
+        from rsm_common import CountingClient, remove_prefix, services_env
+
+        remove_prefix(CountingClient(services_env()), backend["s3.prefix"])
 
 
 def _raw_ranged_gets(config: dict[str, Any], stored: RemoteLogSegmentMetadata, size: int, window: int) -> Callable[
@@ -341,10 +350,12 @@ def main() -> None:
         with (tempfile.TemporaryDirectory(prefix="tlb-") as tmp,
               tempfile.TemporaryDirectory(prefix="tlb-caches-", dir=args.cache_dir) as curve_caches):
             (Path(tmp) / "meta.properties").write_text("version=1\n")
-            print(json.dumps(_curve(
-                args, Path(tmp), Path(curve_caches), _backend_config(args.backend, Path(tmp), not args.no_direct),
-                [int(n) for n in args.curve.split(",")]
-            ), indent=2))
+            backend = _backend_config(args.backend, Path(tmp), not args.no_direct)
+            try:
+                print(json.dumps(_curve(args, Path(tmp), Path(curve_caches), backend,
+                                        [int(n) for n in args.curve.split(",")]), indent=2))
+            finally:
+                _remove_objects(backend)
         return
     size = args.segment_mib * MIB
     window = args.window_mib * MIB
@@ -487,6 +498,7 @@ def main() -> None:
         finally:
             channel.close()
             server.stop(grace=1)
+            _remove_objects(backend)
 
     def rate(name: str) -> float:
         return round(size / MIB / statistics.median(results[name]), 1)
@@ -501,7 +513,9 @@ def main() -> None:
                 "segment_mib": args.segment_mib,
                 "chunk_mib": 4,
                 "files_window_mib": args.window_mib,
-                "prefetch_mib": args.prefetch_mib if args.prefetch_mib is not None else "rsm default (8)",
+                "prefetch_mib": args.prefetch_mib if args.prefetch_mib is not None else next(
+                    key.default for key in CORE_CONFIG_KEYS if key.name == "fetch.chunk.cache.prefetch.max.size"
+                ) // MIB,
                 "repeat": args.repeat,
                 "whole_segment_read_mib_per_s_median": rates,
                 "whole_segment_read_mib_per_s_each": {

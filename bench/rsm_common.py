@@ -75,6 +75,14 @@ class CountingClient:
             return sum(self.requests.values())
 
 
+def remove_prefix(raw: CountingClient, prefix: str) -> None:
+    """Delete every object under `prefix` (a bench's own), so that runs do not fill the dev services' S3."""
+    keys = [o["Key"] for page in raw.client.get_paginator("list_objects_v2").paginate(
+        Bucket=raw.bucket, Prefix=prefix) for o in page.get("Contents", [])]
+    for start in range(0, len(keys), 1000):
+        raw.client.delete_objects(Bucket=raw.bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]})
+
+
 def wire_requests(metrics: dict[str, Any]) -> int:
     """HTTP requests an RSM sent, from its `s3.http_attempts.*` counters."""
     return sum(v for k, v in metrics["counters"].items() if k.startswith("s3.http_attempts."))

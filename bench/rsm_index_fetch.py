@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rsm_common import CountingClient, emit, rsm_s3_config, services_env, summary_ms, wire_requests
+from rsm_common import CountingClient, emit, remove_prefix, rsm_s3_config, services_env, summary_ms, wire_requests
 
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 from rsm import IndexType, LogSegmentData, RemoteStorageManager
@@ -150,10 +150,7 @@ def run(profile: str, segments: int, env: dict[str, str]) -> dict[str, Any]:
                 for name in layouts:
                     results[scenario][name]["p50_vs_packed"] = round(results[scenario][name]["p50_ms"] / packed_p50, 2)
         finally:
-            keys = [o["Key"] for page in raw.client.get_paginator("list_objects_v2").paginate(
-                Bucket=raw.bucket, Prefix=prefix) for o in page.get("Contents", [])]
-            for i in range(0, len(keys), 1000):
-                raw.client.delete_objects(Bucket=raw.bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+            remove_prefix(raw, prefix)
     return {"index_bytes": {t.name: n for t, n in PROFILES[profile].items()}, **results}
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from boto3.s3.transfer import TransferConfig
-from rsm_common import CountingClient, emit, rsm_s3_config, services_env
+from rsm_common import CountingClient, emit, remove_prefix, rsm_s3_config, services_env
 
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 from rsm import LogSegmentData, RemoteStorageManager
@@ -85,10 +85,7 @@ def run(size: int, repeats: int, env: dict[str, str], workdir: Path) -> dict[str
                     if got != size:
                         raise AssertionError(f"{who} fetched {got} bytes of {size}")
         finally:
-            keys = [o["Key"] for page in raw.client.get_paginator("list_objects_v2").paginate(
-                Bucket=raw.bucket, Prefix=prefix) for o in page.get("Contents", [])]
-            if keys:
-                raw.client.delete_objects(Bucket=raw.bucket, Delete={"Objects": [{"Key": k} for k in keys]})
+            remove_prefix(raw, prefix)
     # The machine is shared: the best run shows each side's capability, the median its typical speed.
     result: dict[str, Any] = {}
     for op in ("upload", "fetch"):

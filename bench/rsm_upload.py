@@ -20,7 +20,7 @@ from typing import Any
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from rsm_common import CountingClient, emit, rsm_s3_config, services_env
+from rsm_common import CountingClient, emit, remove_prefix, rsm_s3_config, services_env
 
 from rlmm.types import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 from rsm import LogSegmentData, RemoteStorageManager, chunk_index
@@ -101,12 +101,7 @@ def run(size: int, repeats: int, limit: int, env: dict[str, str], workdir: Path)
             limited_s = _timed(limited.copy_log_segment_data, _metadata(size), data)
             throttled_ms = limited.metrics()["counters"].get("upload.throttled_ms", 0)
     finally:
-        keys = [o["Key"] for page in raw.client.get_paginator("list_objects_v2").paginate(
-            Bucket=raw.bucket, Prefix=prefix) for o in page.get("Contents", [])]
-        for start in range(0, len(keys), 1000):
-            raw.client.delete_objects(
-                Bucket=raw.bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]}
-            )
+        remove_prefix(raw, prefix)
     return {
         "size_mib": size // MIB,
         "median_mib_s": {who: _mib_s(size, statistics.median(t)) for who, t in times.items()},
