@@ -98,6 +98,8 @@ HARNESS_BUILD = REPO / ".dev" / "bench-tbrlmm"
 HARNESS_MAIN = "dev.tierlog.bench.TbrlmmHarness"
 TBRLMM_TOPIC = "__remote_log_metadata"
 UNCOMPACTED_TOPIC = "bench-tierlog-history"
+# A metadata topic with no record: a node on it shows the manager's RSS that no segment accounts for.
+EMPTY_TOPIC = "bench-tierlog-empty"
 COMPACTED_TOPIC = "bench-tierlog-compacted"
 SNAPSHOT_LOCATION = "snapshots"
 # The compacted copy rolls and cleans quickly so that it reaches its compacted size within the run.
@@ -557,7 +559,8 @@ def topic_bytes(cluster: KafkaCluster, topic: str) -> int:
 def create_tierlog_topics(bootstrap: str, partitions: int, compacted: bool) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     # The project's defaults (seven days of uncompacted history), and a copy that compacts at once.
-    topics = [TopicSettings(UNCOMPACTED_TOPIC, partitions, 1, 1, 7 * 24 * 3600 * 1000, {})]
+    topics = [TopicSettings(name, partitions, 1, 1, 7 * 24 * 3600 * 1000, {}) for name in (UNCOMPACTED_TOPIC,
+                                                                                           EMPTY_TOPIC)]
     if compacted:
         topics.append(TopicSettings(COMPACTED_TOPIC, partitions, 1, 1, 0,
                                     {"min.cleanable.dirty.ratio": "0.01", "segment.bytes": str(1 << 20)},
@@ -613,9 +616,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="logical events appended at --paced-rate while lookups are timed (0: no such step)")
     parser.add_argument("--paced-rate", type=float, default=2_000.0,
                         help="events/s of the paced step: the same for both systems (TBRLMM applies ~8k/s at most)")
-    parser.add_argument("--unhosted-cold", action="store_true",
-                        help="also rebuild a node hosting nothing from the compacted topic (RSS per non-hosted "
-                             "segment; without it, derived from the cold rebuilds of two hosted fractions)")
     parser.add_argument("--snapshot-from", choices=("view", "archive"), default="view",
                         help="write the snapshot from a tierlog node's view, or archive the topic and fold it")
     parser.add_argument("--tbrlmm-heap", default="4g", help="the harness JVM's -Xmx (TBRLMM holds ~600 MiB at 1M)")
@@ -757,12 +757,13 @@ def _run(args: argparse.Namespace, fractions: list[float], classpath: str, work:
                     if args.tierlog_only:
                         steps, kafka_steps = [step for step in steps if step[0] != "tierlog_cold_compacted"], []
                     if fraction == fractions[0] and r == 0:
-                        # Nothing hosted: what the view costs in RAM for partitions the node does not host.
+                        # Nothing hosted: what the view costs in RAM for partitions the node does not host, and
+                        # what a manager costs with no segment at all.
                         steps.append(("tierlog_restart_unhosted", partial(
                             tierlog, UNCOMPACTED_TOPIC, work / f"tierlog-{d}", 0.0)))
-                        if compacted and args.unhosted_cold:
-                            steps.append(("tierlog_cold_compacted_unhosted", partial(
-                                tierlog, COMPACTED_TOPIC, work / "tierlog-c-unhosted", 0.0)))
+                        steps.append(("tierlog_cold_unhosted", partial(
+                            tierlog, UNCOMPACTED_TOPIC, work / "tierlog-unhosted", 0.0)))
+                        steps.append(("tierlog_empty", partial(tierlog, EMPTY_TOPIC, work / "tierlog-empty", 0.0)))
                     # Alternate the systems step by step, and which goes first from round to round, so that load
                     # from the rest of the machine falls on both alike.
                     first, second = (steps, kafka_steps) if r % 2 == 0 else (kafka_steps, steps)
@@ -839,33 +840,28 @@ def medians(runs: list[dict[str, Any]], events: int) -> dict[str, dict[str, floa
 
 
 def derive_per_segment(result: dict[str, Any]) -> None:
-    """RSS per hosted and per non-hosted live segment (bytes). A node's RSS less its RSS before the manager started
-    is taken as hosted * h + (live - hosted) * n. n comes from a node on the same topic that hosts nothing (a
-    restart; a cold rebuild of the compacted topic with --unhosted-cold), else, for cold rebuilds, from the
-    uncompacted rebuilds of the smallest and the largest hosted fraction of the run (two equations). TBRLMM holds
-    only what it hosts: its figure is (RSS - RSS before) / hosted. The view's bytes on disk per live segment: the
-    cold node's state dir."""
+    """RSS per hosted and per non-hosted live segment (bytes). A node's RSS less its RSS before the manager started,
+    less what a manager on a topic with no record grew by (`tierlog_empty`: its clients, threads and empty view,
+    which no segment accounts for), is taken as hosted * h + (live - hosted) * n. n comes from a node on the same
+    topic that hosts nothing, restarted and rebuilt cold. TBRLMM holds only what it hosts: its figure is (RSS - RSS
+    before) / hosted. The view's bytes on disk per live segment: the cold node's state dir."""
     live = result["live_segments"] + result["newcomer_segments"]
     by_fraction = result["by_fraction"]
     first = by_fraction[f"{result['hosted_fractions'][0]:g}"]["median"]
 
-    def grown(step: dict[str, float], after_reads: bool = True) -> float:
+    def growth(step: dict[str, float], after_reads: bool) -> float:
         return (step["rss_after_reads_mib" if after_reads else "rss_mib"] - step["rss_before_mib"]) * 2**20
+
+    fixed = growth(first["tierlog_empty"], False) if "tierlog_empty" in first else 0.0
+
+    def grown(step: dict[str, float], after_reads: bool = True) -> float:
+        return growth(step, after_reads) - fixed
 
     # kind -> (the hosted step, RSS growth per non-hosted segment)
     per_other: dict[str, tuple[str, float]] = {}
-    if "tierlog_restart_unhosted" in first:
-        per_other["restart"] = ("tierlog_restart", grown(first["tierlog_restart_unhosted"], False) / live)
-    if "tierlog_cold_compacted_unhosted" in first:
-        per_other["cold"] = ("tierlog_cold_compacted", grown(first["tierlog_cold_compacted_unhosted"], False) / live)
-    elif len(by_fraction) > 1:
-        low, high = (by_fraction[f"{f:g}"]["median"]["tierlog_cold"] for f in (min(result["hosted_fractions"]),
-                                                                               max(result["hosted_fractions"])))
-        h1, h2 = low["hosted_live_segments"], high["hosted_live_segments"]
-        # grown = h * hosted + n * (live - hosted), for both: solve for n.
-        own = (grown(high) - grown(low)) / (h2 - h1) if h2 != h1 else float("nan")  # h - n
-        n = (grown(low) - own * h1) / live
-        per_other["cold"] = ("tierlog_cold", n)
+    for kind in ("restart", "cold"):
+        if f"tierlog_{kind}_unhosted" in first:
+            per_other[kind] = (f"tierlog_{kind}", grown(first[f"tierlog_{kind}_unhosted"], False) / live)
     for entry in by_fraction.values():
         m = entry["median"]
         derived: dict[str, float] = {}
@@ -880,10 +876,11 @@ def derive_per_segment(result: dict[str, Any]) -> None:
             step = m.get(f"tbrlmm_{kind}")
             if step and step["hosted_live_segments"]:
                 derived[f"tbrlmm_{kind}_rss_per_hosted_segment_b"] = round(
-                    grown(step, False) / step["hosted_live_segments"], 1)
+                    growth(step, False) / step["hosted_live_segments"], 1)
                 derived[f"tbrlmm_{kind}_heap_per_hosted_segment_b"] = round(
                     step["heap_used_mib"] * 2**20 / step["hosted_live_segments"], 1)
         derived["tierlog_view_bytes_per_live_segment"] = round(m["tierlog_cold"]["state_dir_bytes"] / live, 1)
+        derived["tierlog_fixed_rss_mib"] = round(fixed / 2**20, 1)
         entry["derived"] = derived
 
 
@@ -945,6 +942,9 @@ def ratio_table(result: dict[str, Any], fraction: str) -> str:
         if f"tierlog_{kind}_rss_per_nonhosted_segment_b" in derived:
             row(f"RSS per non-hosted live segment after {label} (bytes; TBRLMM holds none)",
                 derived[f"tierlog_{kind}_rss_per_nonhosted_segment_b"], None, "lower", "{:,.1f}")
+    if derived.get("tierlog_fixed_rss_mib"):
+        row("RSS a manager on a topic with no record grew by (MiB; left out of the per-segment figures)",
+            derived["tierlog_fixed_rss_mib"], None, "lower", "{:.1f}")
     if "tbrlmm_cold_heap_per_hosted_segment_b" in derived:
         row("TBRLMM heap after GC per hosted live segment (bytes)", derived["tbrlmm_cold_heap_per_hosted_segment_b"],
             None, "-", "{:,.0f}")
