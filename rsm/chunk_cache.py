@@ -77,6 +77,11 @@ class ChunkCache(abc.ABC):
         self._pinned: Counter[ChunkKey] = Counter()
         self._write_failures = RepeatedFailureLog(log, "writing to the chunk cache (reads go uncached meanwhile)")
 
+    @property
+    def max_bytes(self) -> int:
+        """The cache's bound in bytes."""
+        return self._max_bytes
+
     # -- storage, per kind ----------------------------------------------------------------------
 
     @abc.abstractmethod

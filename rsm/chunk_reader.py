@@ -109,7 +109,9 @@ class ChunkReader:
         self._backend = backend
         self.cache = cache
         self._metrics = metrics
-        self._prefetch_bytes = prefetch_bytes
+        # A reader's read-ahead stays within a quarter of the cache, so that one reader cannot evict what it fetched
+        # ahead, or what others are reading, before it is read.
+        self._prefetch_bytes = prefetch_bytes if cache is None else min(prefetch_bytes, cache.max_bytes // 4)
         self._next_segment = next_segment
         self._wait_s = wait_s
         self._lock = threading.Lock()

@@ -178,3 +178,21 @@ def test_a_reader_that_jumps_is_read_ahead_as_a_new_one(
         assert stream.read() == segment.log_bytes[position : position + 100]
     assert wide_rsm.prefetch_idle(WAIT_S)
     assert _counter(wide_rsm, "chunk_cache.prefetched_chunks") - prefetched == WIDE // 2
+
+
+def test_the_read_ahead_stays_within_a_quarter_of_the_cache(
+    backend_config: dict[str, Any], tmp_path: Path, make_segment: SegmentFactory
+) -> None:
+    config = {
+        **backend_config, "chunk.size": CHUNK, "fetch.chunk.cache.class": "disk",
+        "fetch.chunk.cache.path": str(tmp_path / "cache"), "fetch.chunk.cache.size": 16 * CHUNK,
+        "fetch.chunk.cache.prefetch.max.size": WIDE * CHUNK,
+    }
+    with RemoteStorageManager(config) as rsm:
+        segment = make_segment(log_size=LONG)
+        metadata = _copy(rsm, segment)
+        _read_as_the_broker(rsm, metadata, segment.log_bytes, 8 * CHUNK, CHUNK // 4)
+        assert rsm.prefetch_idle(WAIT_S)
+        # Read ahead 4 chunks (16 / 4), not WIDE (8): the last step, in chunk 7, has chunks 8 to 11 fetched, no more.
+        assert _counter(rsm, "chunk_cache.prefetched_chunks") == 11
+        assert _counter(rsm, "chunk_cache.misses") == 1
