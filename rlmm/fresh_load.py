@@ -49,6 +49,7 @@ from rlmm.backlog_window import CompactedWindow, holds_nothing, position
 from rlmm.errors import InvalidArgumentError
 from rlmm.event_log import EventConsumer
 from rlmm.events import MetadataEvent, RecordKey
+from rlmm.lean_fold import LeanFold
 from rlmm.types import RemotePartitionDeleteMetadata
 from rlmm.view import FreshState, write_tables
 
@@ -97,30 +98,48 @@ class WorkerShare:
     partitions: list[bytes]
 
 
-def fold(fresh: FreshState, records: Sequence[Record], skip: Container[int]) -> Folded:
+def fold(fresh: FreshState, records: Sequence[Record], skip: Container[int], lean: LeanFold | None = None) -> Folded:
     """Decode and fold `records` (in replay order) into `fresh`, passing over the metadata partitions in `skip`
-    (halted). A partition's first unreadable record ends its share; a record whose rule raises ends the fold."""
+    (halted). A partition's first unreadable record ends its share; a record whose rule raises ends the fold. With
+    `lean` (a worker's, over `fresh`), the records of its plain forms are folded there, without their events."""
     folded = Folded()
     unreadable, noted, touch = folded.unreadable, folded.noted, folded.touched.add
     for index, (partition, offset, raw_key, value, request, skipped_before) in enumerate(records):
         if partition in skip or partition in unreadable:
             continue
+        if lean is not None and request is None:
+            try:
+                taken = lean.fold_record(offset, raw_key, value, skipped_before)
+            except Exception:
+                folded.failed = _failure(partition, offset)
+                return folded
+            if taken is not None:
+                touch(taken)
+                folded.applied += 1
+                continue
         try:
             key, event = codec.decode_record(raw_key, value)
         except (codec.DecodeError, InvalidArgumentError) as exc:
             unreadable[partition] = (offset, str(exc))
             continue
         touch((key.topic_id.int, key.partition))  # an int's hash is C code, a UUID's is not
+        if lean is not None:
+            lean.before_rules(key.topic_id, key.partition)
         try:
             outcome = fresh.fold(key, event, offset, skipped_before, value)
         except Exception:
-            folded.failed = f"metadata partition {partition} offset {offset}: {traceback.format_exc()}"
+            folded.failed = _failure(partition, offset)
             return folded
         if outcome.applied and request is None and not isinstance(event, RemotePartitionDeleteMetadata):
             folded.applied += 1
         else:
             noted.append((index, key, event, outcome))
     return folded
+
+
+def _failure(partition: int, offset: int) -> str:
+    """What `Folded.failed` says of the record whose fold is raising now."""
+    return f"metadata partition {partition} offset {offset}: {traceback.format_exc()}"
 
 
 def split(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
@@ -345,17 +364,17 @@ def fold_share(records: Sequence[Record], directory: Path) -> WorkerShare | str:
     """The worker's work: fold its share into a FreshState of its own and write it as table files in `directory`;
     its answer, or why writing failed."""
     fresh = FreshState()
-    folded = fold(fresh, records, ())
+    lean = LeanFold(fresh)  # no event of the share is wanted after its fold: the node reads its tables
+    folded = fold(fresh, records, (), lean)
     # The applier decodes its few noted records again: keys and events need not travel.
     folded.noted = [(index, None, None, outcome) for index, _, _, outcome in folded.noted]
     if folded.failed is not None:
         return WorkerShare(folded, {}, [])
-    partitions = fresh.partitions()
     try:
-        tables = write_tables(fresh.runs(partitions), directory, directory)
+        tables = write_tables(lean.runs(), directory, directory)
     except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors (a full disk)
         return f"writing its tables failed: {exc}"
-    return WorkerShare(folded, tables, list(partitions))
+    return WorkerShare(folded, tables, lean.partition_keys())
 
 
 def read_group(request: GroupRequest) -> GroupShare | str:

@@ -1109,6 +1109,20 @@ class FreshState(state.InMemoryState):
     def set_checkpointed_lineage(self, tp: TopicIdPartition, owed: bytes | None) -> None:
         self._get(tp).checkpointed = owed
 
+    def take_over(self, tp: TopicIdPartition, segments: Iterable[tuple[RemoteLogSegmentMetadata, bytes]],
+                  index: dict[int, tuple[list[int], dict[int, uuid.UUID]]], lineages: dict[int, EpochLineage],
+                  checkpointed: bytes | None, lineage_position: int | None) -> None:
+        """Hold a partition another fold built (rlmm.lean_fold) as the rules would have left it: its segments with
+        the bytes of the records they were stored from, its epochs' index entries (ascending starts, and the segment
+        of each) and lineages, and its bookkeeping."""
+        held = self._get(tp)
+        for md, raw in segments:
+            held.segments[md.remote_log_segment_id.id] = md
+            self._keep_raw(md.remote_log_segment_id.id, raw)
+        held.index.update(index)
+        held.lineages.update(lineages)
+        held.checkpointed, held.lineage_position = checkpointed, lineage_position
+
     def _tidy(self, tp: TopicIdPartition) -> None:
         """Partitions stay until forgotten, as the view's bookkeeping does."""
 

@@ -483,7 +483,9 @@ def break_the_workers_rules(directory: Path, monkeypatch: Any) -> None:
         "    raise RuntimeError('a bug in the worker state machine')\n"
         "state.apply_record = broken\n"
         "from rlmm.view import FreshState\n"
-        "FreshState._append_finished = broken  # the rules' shortcut for finished segments\n")
+        "FreshState._append_finished = broken  # the rules' shortcut for finished segments\n"
+        "from rlmm.lean_fold import LeanFold\n"
+        "LeanFold.fold_record = broken  # the worker's fold of plain records\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")])))
 
 
