@@ -34,7 +34,7 @@ from rlmm import codec
 from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError
 from rlmm.events import EpochLineage
-from rlmm.types import INT32_MAX, INT64_MAX, RemoteLogSegmentState, TopicIdPartition, values_plainly_in_range
+from rlmm.types import INT32_MAX, INT64_MAX, RemoteLogSegmentState, TopicIdPartition
 from rlmm.view import FreshState
 
 try:
@@ -48,6 +48,7 @@ _DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED.name
 _HELD_AS_CARRIED = frozenset({RemoteLogSegmentState.COPY_SEGMENT_STARTED.name,
                               RemoteLogSegmentState.DELETE_SEGMENT_STARTED.name})
 _DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED.name
+_UNNAMED: Any = object()
 
 
 @dataclass(slots=True)
@@ -71,25 +72,32 @@ class LeanFold:
         self.fresh = fresh
         self._lean: dict[tuple[int, int], _Partition] = {}
         self._ruled: set[tuple[int, int]] = set()  # partitions the FreshState folds
+        # (topic id text, topic, partition) -> the partition as the rules name it and its key; None: not valid
+        self._named: dict[tuple[str, str, int], tuple[TopicIdPartition, tuple[int, int]] | None] = {}
         registry = codec.registry()
         segment = registry.current["segment_record"]
         checkpoint = registry.version("epoch_checkpoint_record", codec.PLAIN_CHECKPOINT_VERSION)
-        self._segment = (codec.MAGIC + segment.fingerprint[::-1], segment.program)
-        self._checkpoint = (codec.MAGIC + checkpoint.fingerprint[::-1], checkpoint.program)
+        reader = _avro_reader is not None
+        # The records' headers (marker and schema fingerprint) and the C reader's programs of their schemas.
+        self._segment_header = codec.MAGIC + segment.fingerprint[::-1] if reader and segment.program else None
+        self._segment_program = segment.program
+        self._checkpoint_header = codec.MAGIC + checkpoint.fingerprint[::-1] if reader and checkpoint.program \
+            else None
+        self._checkpoint_program = checkpoint.program
 
     def fold_record(self, offset: int, raw_key: bytes, value: bytes | None,
                     skipped_before: bool | None) -> tuple[int, int] | None:
         """Fold one record of a plain form (see the module) and return its user partition (topic id as an int,
         partition); None, having changed nothing, for any other record, which the rules must fold."""
-        if value is None or _avro_reader is None:
+        if value is None:
             return None
-        header = value[:codec._HEADER]
         try:
-            if header == self._segment[0] and self._segment[1] is not None:
-                return self._segment_record(offset, raw_key, _avro_reader.read(self._segment[1], value,
+            if self._segment_header is not None and value.startswith(self._segment_header):
+                return self._segment_record(offset, raw_key, _avro_reader.read(self._segment_program, value,
                                                                                  codec._HEADER), value, skipped_before)
-            if header == self._checkpoint[0] and self._checkpoint[1] is not None:
-                return self._checkpoint_record(raw_key, _avro_reader.read(self._checkpoint[1], value, codec._HEADER))
+            if self._checkpoint_header is not None and value.startswith(self._checkpoint_header):
+                return self._checkpoint_record(raw_key, _avro_reader.read(self._checkpoint_program, value,
+                                                                          codec._HEADER))
         except ValueError:  # bytes the C reader does not read exactly: the rules' decoder judges them
             return None
         return None
@@ -99,29 +107,56 @@ class LeanFold:
         topic_text, number, segment_text = datum["topic_id"], datum["partition"], datum["segment_id"]
         if raw_key != f"segment:{topic_text}:{number}:{segment_text}".encode():
             return None
-        located = self._locate(topic_text, datum["topic"], number)
-        segment = _id_bytes(segment_text)
-        if located is None or segment is None:
+        named = self._named.get((topic_text, datum["topic"], number), _UNNAMED)
+        if named is _UNNAMED:
+            named = self._name(topic_text, datum["topic"], number)
+        # The canonical text of an id (what uuid.UUID reads as these 16 bytes), else the rules judge it.
+        if named is None or len(segment_text) != 36 or \
+                not segment_text[8] == segment_text[13] == segment_text[18] == segment_text[23] == "-":
             return None
-        tp, key, held = located
+        try:
+            segment = bytes.fromhex(segment_text.replace("-", ""))
+        except ValueError:
+            return None
+        tp, key = named
+        if key in self._ruled:
+            return None
+        held = self._lean.get(key)
         if held is not None and segment in held.segments:
             return None
         start, end = datum["start_offset"], datum["end_offset"]
-        if not values_plainly_in_range(start, end, datum["max_timestamp_ms"], datum["broker_id"],
-                                       datum["event_timestamp_ms"], datum["segment_size_in_bytes"]):
+        # values_plainly_in_range, inline: this runs for most records of a rebuild.
+        if not (0 <= start <= end <= INT64_MAX and -1 <= datum["max_timestamp_ms"] <= INT64_MAX
+                and 0 <= datum["broker_id"] <= INT32_MAX and 0 <= datum["event_timestamp_ms"] <= INT64_MAX
+                and 0 <= datum["segment_size_in_bytes"] <= INT32_MAX):
             return None
-        listed = datum["segment_leader_epochs"]
+        listed, target = datum["segment_leader_epochs"], datum["state"]
         if len(listed) == 1:  # most segments: one leader epoch, checked without a loop
             only = listed[0]
-            epochs = [(only["epoch"], only["start_offset"])]
-            if not (0 <= epochs[0][0] <= INT32_MAX and start <= epochs[0][1] <= end):
+            epoch, epoch_start = only["epoch"], only["start_offset"]
+            if not (0 <= epoch <= INT32_MAX and start <= epoch_start <= end):
                 return None
+            if target == _FINISHED and skipped_before is not False:
+                if held is None:
+                    held = self._lean[key] = _Partition(tp)
+                else:
+                    entries = held.index.get(epoch)
+                    if entries and entries[-1][0] >= epoch_start:
+                        return None  # it displaces or overwrites: the rules
+                held.segments[segment] = value
+                held.index.setdefault(epoch, []).append((epoch_start, segment))
+                highest = held.highest.get(epoch)
+                if highest is None or highest < end:
+                    held.highest[epoch] = end
+                    held.owed.add(epoch)
+                held.position = offset
+                return key
+            epochs = [(epoch, epoch_start)]
         else:
             epochs = sorted({e["epoch"]: e["start_offset"] for e in listed}.items())
             if not epochs or not all(0 <= epoch <= INT32_MAX and start <= epoch_start <= end
                                      for epoch, epoch_start in epochs):
                 return None
-        target = datum["state"]
         if target == _DELETE_FINISHED:  # of a segment not held: the rules change nothing
             return key
         if target in _HELD_AS_CARRIED:
@@ -166,10 +201,11 @@ class LeanFold:
                 not (0 <= datum["event_timestamp_ms"] <= INT64_MAX and 0 <= datum["broker_id"] <= INT32_MAX) or \
                 raw_key != f"epochs:{topic_text}:{number}:{epoch}".encode():
             return None
-        located = self._locate(topic_text, datum["topic"], number)
-        if located is None:
+        named = self._name(topic_text, datum["topic"], number)
+        if named is None or named[1] in self._ruled:
             return None
-        tp, key, held = located
+        tp, key = named
+        held = self._lean.get(key)
         # rlmm.lineage.apply_checkpoint over an epoch that displaces nothing: the highest offset never goes down;
         # a stale checkpoint (its writer had not seen what this fold applied) leaves the epoch owing one.
         old = held.highest.get(epoch) if held is not None else None
@@ -184,18 +220,18 @@ class LeanFold:
                 held.owed.discard(epoch)
         return key
 
-    def _locate(self, topic_text: str, topic: str, number: int
-                ) -> tuple[TopicIdPartition, tuple[int, int], _Partition | None] | None:
-        """The record's user partition as the rules name it, its key, and its lean state (None: none yet); None
-        when the rules fold it, or its values are not a user partition's."""
-        try:
-            tp = codec._topic_id_partition(topic_text, topic, number)
-        except (InvalidArgumentError, ValueError, TypeError):  # the rules' decoder words what is wrong with it
-            return None
-        key = (tp.topic_id.int, number)
-        if key in self._ruled:
-            return None
-        return tp, key, self._lean.get(key)
+    def _name(self, topic_text: str, topic: str, number: int) -> tuple[TopicIdPartition, tuple[int, int]] | None:
+        """The user partition a record names, as the rules name it, and its key (topic id as an int, partition);
+        None when its values are not a user partition's (the rules' decoder words what is wrong)."""
+        named = self._named.get((topic_text, topic, number), _UNNAMED)
+        if named is _UNNAMED:
+            try:
+                tp = codec._topic_id_partition(topic_text, topic, number)
+                named = (tp, (tp.topic_id.int, number))
+            except (InvalidArgumentError, ValueError, TypeError):
+                named = None
+            self._named[(topic_text, topic, number)] = named
+        return named  # type: ignore[return-value]
 
     def _new(self, key: tuple[int, int], tp: TopicIdPartition) -> _Partition:
         held = self._lean[key] = _Partition(tp)
@@ -226,36 +262,37 @@ class LeanFold:
     def runs(self) -> Iterator[tuple[str, list[bytes], list[bytes]]]:
         """The table entries of every partition folded, as FreshState.runs gives them: each family's in key
         order, the content families by name, then the partitions' bookkeeping."""
-        entries: dict[str, list[tuple[bytes, bytes]]] = {family: [] for family in (*vf.CONTENT_FAMILIES,
-                                                                                    vf.PARTITION_META)}
-        segments, lineages, index, metas = (entries[vf.SEGMENTS], entries[vf.EPOCH_STATE], entries[vf.EPOCH_INDEX],
-                                            entries[vf.PARTITION_META])
+        families = (*sorted(vf.CONTENT_FAMILIES), vf.PARTITION_META)
+        # Each family's entries by user partition (every key starts with its partition's), each in key order.
+        by_partition: dict[str, dict[bytes, tuple[list[bytes], list[bytes]]]] = {family: {} for family in families}
+        for family, keys, values in self.fresh.runs(self.fresh.partitions()):
+            for key, value in zip(keys, values, strict=True):
+                held_keys, held_values = by_partition[family].setdefault(key[:vf.TP_KEY_LEN], ([], []))
+                held_keys.append(key)
+                held_values.append(value)
         pack_epoch, pack_offset = vf.EPOCH.pack, vf.OFFSET.pack
+        segments, lineages = by_partition[vf.SEGMENTS], by_partition[vf.EPOCH_STATE]
+        index = by_partition[vf.EPOCH_INDEX]
         for held in self._lean.values():
             key = vf.tp_key(held.tp.topic_id, held.tp.partition)
-            metas.append((key, vf.encode_partition_meta(vf.PartitionMeta(held.tp.topic, vf.encode_owed(held.owed),
-                                                                          held.position))))
-            segments += [(key + segment, raw) for segment, raw in held.segments.items()]
-            lineages += [(key + pack_epoch(epoch), vf.encode_lineage(EpochLineage.derived(epoch, highest)))
-                         for epoch, highest in held.highest.items()]
-            for epoch, epoch_entries in held.index.items():
-                prefix = key + pack_epoch(epoch)
-                index += [(prefix + pack_offset(start), segment) for start, segment in epoch_entries]
-        ruled = self.fresh.partitions()
-        for family, keys, values in self.fresh.runs(ruled):
-            entries[family] += zip(keys, values, strict=True)
-        for family in (*sorted(vf.CONTENT_FAMILIES), vf.PARTITION_META):
-            run = entries.pop(family)
-            run.sort()
-            yield family, [key for key, _ in run], [value for _, value in run]
-
-
-def _id_bytes(text: str) -> bytes | None:
-    """The 16 bytes of an id in its canonical 36-character text (what uuid.UUID reads it as), else None."""
-    if len(text) != 36 or not text[8] == text[13] == text[18] == text[23] == "-":
-        return None
-    try:
-        raw = bytes.fromhex(text.replace("-", ""))
-    except ValueError:
-        return None
-    return raw if len(raw) == 16 else None
+            by_partition[vf.PARTITION_META][key] = ([key], [vf.encode_partition_meta(vf.PartitionMeta(
+                held.tp.topic, vf.encode_owed(held.owed), held.position))])
+            ordered = sorted(held.segments)
+            segments[key] = ([key + segment for segment in ordered], [held.segments[segment] for segment in ordered])
+            epochs = sorted(held.highest)  # a non-negative epoch's and offset's packing sorts as the number does
+            lineages[key] = ([key + pack_epoch(epoch) for epoch in epochs],
+                             [vf.encode_lineage(EpochLineage.derived(epoch, held.highest[epoch])) for epoch in epochs])
+            index_keys: list[bytes] = []
+            index_values: list[bytes] = []
+            for epoch in sorted(held.index):  # each epoch's entries ascend by start
+                prefix, entries = key + pack_epoch(epoch), held.index[epoch]
+                index_keys += [prefix + pack_offset(start) for start, _ in entries]
+                index_values += [segment for _, segment in entries]
+            index[key] = (index_keys, index_values)
+        for family in families:
+            chunks = by_partition.pop(family)
+            keys, values = [], []
+            for partition in sorted(chunks):
+                keys += chunks[partition][0]
+                values += chunks[partition][1]
+            yield family, keys, values
