@@ -231,7 +231,7 @@ class LeanFold:
             except (InvalidArgumentError, ValueError, TypeError):
                 named = None
             self._named[(topic_text, topic, number)] = named
-        return named  # type: ignore[return-value]
+        return named
 
     def _new(self, key: tuple[int, int], tp: TopicIdPartition) -> _Partition:
         held = self._lean[key] = _Partition(tp)
