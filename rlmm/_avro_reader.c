@@ -9,6 +9,8 @@
  *   (OP_UNION, (program, ...))          the branch's value
  *   (OP_ARRAY, program)                 a list
  *   (OP_RECORD, ((name, program), ...)) a dict, fields in order
+ *   (OP_TUPLE, (program, ...))          a record as a tuple of its fields' values, in order (for a reader that
+ *                                       takes them by position: no dict to build, nor names to look up)
  *
  * and gives what fastavro's schemaless_reader gives for the same bytes (tests/rlmm/test_rlmm_avro_reader.py holds
  * the two equal on random data of every schema, and on garbage). Anything it does not read exactly (truncated
@@ -25,7 +27,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-enum { OP_NULL, OP_BOOLEAN, OP_INT, OP_LONG, OP_STRING, OP_BYTES, OP_ENUM, OP_UNION, OP_ARRAY, OP_RECORD };
+enum { OP_NULL, OP_BOOLEAN, OP_INT, OP_LONG, OP_STRING, OP_BYTES, OP_ENUM, OP_UNION, OP_ARRAY, OP_RECORD, OP_TUPLE };
 
 #define MAX_DEPTH 32
 
@@ -80,7 +82,7 @@ take(Cursor *cursor, long long length)
 }
 
 /* The op of a program node, and its argument (NULL for a primitive: an enum's symbols, a union's branches, an
- * array's item program, a record's fields); -1 with TypeError set for a node not of a shape above. */
+ * array's item program, a record's fields, a tuple's field programs); -1 with TypeError set for a node not of a shape above. */
 static long
 node_op(PyObject *program, PyObject **argument)
 {
@@ -93,7 +95,7 @@ node_op(PyObject *program, PyObject **argument)
             *argument = NULL;
             return op;
         }
-        if (op >= OP_ENUM && op <= OP_RECORD && size == 2) {
+        if (op >= OP_ENUM && op <= OP_TUPLE && size == 2) {
             *argument = PyTuple_GET_ITEM(program, 1);
             if (op == OP_ARRAY || PyTuple_CheckExact(*argument)) {
                 return op;
@@ -206,6 +208,26 @@ read_record(PyObject *fields, Cursor *cursor, int depth)
     return record;
 }
 
+/* A record read as a tuple of its fields' values (`programs`: each field's program, in order). */
+static PyObject *
+read_tuple(PyObject *programs, Cursor *cursor, int depth)
+{
+    Py_ssize_t count = PyTuple_GET_SIZE(programs);
+    PyObject *record = PyTuple_New(count);
+    if (record == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *value = read_datum(PyTuple_GET_ITEM(programs, i), cursor, depth + 1);
+        if (value == NULL) {
+            Py_DECREF(record); /* the items set so far go with it; the rest are NULL, which tuples allow */
+            return NULL;
+        }
+        PyTuple_SET_ITEM(record, i, value);
+    }
+    return record;
+}
+
 static PyObject *
 read_datum(PyObject *program, Cursor *cursor, int depth)
 {
@@ -259,6 +281,8 @@ read_datum(PyObject *program, Cursor *cursor, int depth)
         return read_array(argument, cursor, depth);
     case OP_RECORD:
         return read_record(argument, cursor, depth);
+    case OP_TUPLE:
+        return read_tuple(argument, cursor, depth);
     default: /* node_op refused the node */
         return NULL;
     }
@@ -280,7 +304,7 @@ check_program(PyObject *program, int depth)
     for (Py_ssize_t i = 0; good && i < count; i++) {
         PyObject *item = PyTuple_GET_ITEM(argument, i);
         good = op == OP_ENUM ? is_symbol(item)
-               : op == OP_UNION ? check_program(item, depth + 1)
+               : op == OP_UNION || op == OP_TUPLE ? check_program(item, depth + 1)
                : is_field(item) && check_program(PyTuple_GET_ITEM(item, 1), depth + 1);
     }
     if (good && op == OP_ARRAY) {
@@ -343,7 +367,7 @@ PyInit__avro_reader(void)
     static const struct { const char *name; long value; } ops[] = {
         {"OP_NULL", OP_NULL}, {"OP_BOOLEAN", OP_BOOLEAN}, {"OP_INT", OP_INT}, {"OP_LONG", OP_LONG},
         {"OP_STRING", OP_STRING}, {"OP_BYTES", OP_BYTES}, {"OP_ENUM", OP_ENUM}, {"OP_UNION", OP_UNION},
-        {"OP_ARRAY", OP_ARRAY}, {"OP_RECORD", OP_RECORD},
+        {"OP_ARRAY", OP_ARRAY}, {"OP_RECORD", OP_RECORD}, {"OP_TUPLE", OP_TUPLE},
     };
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         if (PyModule_AddIntConstant(module, ops[i].name, ops[i].value) < 0) {

@@ -12,6 +12,7 @@ OP_ENUM: int
 OP_UNION: int
 OP_ARRAY: int
 OP_RECORD: int
+OP_TUPLE: int
 
 def check(program: Any) -> bool: ...
 def read(program: Any, data: bytes, start: int) -> Any: ...

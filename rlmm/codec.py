@@ -78,6 +78,9 @@ class SchemaVersion:
     # `plain` as rlmm._avro_reader runs it (None without the extension): a rebuild's records read in C, several
     # times faster than fastavro, which still reads whatever the C reader does not read exactly.
     program: Any = None
+    # `plain` read with its records as tuples of their fields' values (None without the extension): for a reader
+    # that takes a record's values by position (rlmm.lean_fold).
+    tuples: Any = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ class SchemaRegistry:
             fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
             plain = _without_uuid_types(raw)
             version = SchemaVersion(match["name"], int(match["version"]), parsed, fp, fastavro.parse_schema(plain),
-                                    reader_program(plain))
+                                    reader_program(plain), reader_program(plain, records_as_tuples=True))
             by_fp[fp] = version
             if version.name not in current or current[version.name].version < version.version:
                 current[version.name] = version
@@ -134,9 +137,10 @@ _PRIMITIVE_OPS = {"null": "OP_NULL", "boolean": "OP_BOOLEAN", "int": "OP_INT", "
                   "string": "OP_STRING", "bytes": "OP_BYTES"}
 
 
-def reader_program(schema: Any) -> Any:
+def reader_program(schema: Any, records_as_tuples: bool = False) -> Any:
     """A schema (JSON, without logical types) as rlmm._avro_reader runs it, or None: without the extension, or for
-    a schema holding a type it does not read (float, double, map, fixed), which fastavro then reads."""
+    a schema holding a type it does not read (float, double, map, fixed), which fastavro then reads. With
+    `records_as_tuples`, a record reads as the tuple of its fields' values, in the schema's order."""
     if _avro_reader is None:
         return None
     reader = _avro_reader
@@ -158,6 +162,8 @@ def reader_program(schema: Any) -> Any:
             full = name if "." in name else f"{namespace}.{name}" if namespace else name
             if kind == "enum":
                 named[full] = (reader.OP_ENUM, tuple(node["symbols"]))
+            elif records_as_tuples:
+                named[full] = (reader.OP_TUPLE, tuple(compile_(field["type"], namespace) for field in node["fields"]))
             else:
                 named[full] = (reader.OP_RECORD, tuple(
                     (field["name"], compile_(field["type"], namespace)) for field in node["fields"]))

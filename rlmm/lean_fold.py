@@ -49,6 +49,13 @@ _HELD_AS_CARRIED = frozenset({RemoteLogSegmentState.COPY_SEGMENT_STARTED.name,
                               RemoteLogSegmentState.DELETE_SEGMENT_STARTED.name})
 _DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED.name
 _UNNAMED: Any = object()
+# The fields of the records folded here, as their schemas order them (nested records' fields after their own).
+_SEGMENT_FIELDS = ("topic_id", "topic", "partition", "segment_id", "start_offset", "end_offset", "max_timestamp_ms",
+                   "broker_id", "event_timestamp_ms", "segment_size_in_bytes",
+                   ("segment_leader_epochs", ("epoch", "start_offset")), "custom_metadata", "state", "txn_idx_empty")
+_CHECKPOINT_FIELDS = ("topic_id", "topic", "partition",
+                      ("epochs", ("epoch", "highest_log_offset", "displaced_segment_ids")), "event_timestamp_ms",
+                      "broker_id", "reflects_offset", "whole_partition")
 
 
 @dataclass(slots=True)
@@ -77,13 +84,13 @@ class LeanFold:
         registry = codec.registry()
         segment = registry.current["segment_record"]
         checkpoint = registry.version("epoch_checkpoint_record", codec.PLAIN_CHECKPOINT_VERSION)
-        reader = _avro_reader is not None
-        # The records' headers (marker and schema fingerprint) and the C reader's programs of their schemas.
-        self._segment_header = codec.MAGIC + segment.fingerprint[::-1] if reader and segment.program else None
-        self._segment_program = segment.program
-        self._checkpoint_header = codec.MAGIC + checkpoint.fingerprint[::-1] if reader and checkpoint.program \
-            else None
-        self._checkpoint_program = checkpoint.program
+        # The records' headers (marker and schema fingerprint), and the C reader's programs of their schemas, which
+        # read their records as tuples: None (the rules fold them) without the reader, or for a schema whose
+        # fields are not those this fold takes by position.
+        self._segment_header = _header(segment, _SEGMENT_FIELDS)
+        self._segment_program = segment.tuples
+        self._checkpoint_header = _header(checkpoint, _CHECKPOINT_FIELDS)
+        self._checkpoint_program = checkpoint.tuples
 
     def fold_record(self, offset: int, raw_key: bytes, value: bytes | None,
                     skipped_before: bool | None) -> tuple[int, int] | None:
@@ -102,14 +109,15 @@ class LeanFold:
             return None
         return None
 
-    def _segment_record(self, offset: int, raw_key: bytes, datum: dict[str, Any], value: bytes,
+    def _segment_record(self, offset: int, raw_key: bytes, datum: tuple[Any, ...], value: bytes,
                         skipped_before: bool | None) -> tuple[int, int] | None:
-        topic_text, number, segment_text = datum["topic_id"], datum["partition"], datum["segment_id"]
+        (topic_text, topic, number, segment_text, start, end, max_timestamp, broker, event_timestamp, size, listed, _,
+         target, _) = datum
         if raw_key != f"segment:{topic_text}:{number}:{segment_text}".encode():
             return None
-        named = self._named.get((topic_text, datum["topic"], number), _UNNAMED)
+        named = self._named.get((topic_text, topic, number), _UNNAMED)
         if named is _UNNAMED:
-            named = self._name(topic_text, datum["topic"], number)
+            named = self._name(topic_text, topic, number)
         # The canonical text of an id (what uuid.UUID reads as these 16 bytes), else the rules judge it.
         if named is None or len(segment_text) != 36 or \
                 not segment_text[8] == segment_text[13] == segment_text[18] == segment_text[23] == "-":
@@ -124,16 +132,12 @@ class LeanFold:
         held = self._lean.get(key)
         if held is not None and segment in held.segments:
             return None
-        start, end = datum["start_offset"], datum["end_offset"]
         # values_plainly_in_range, inline: this runs for most records of a rebuild.
-        if not (0 <= start <= end <= INT64_MAX and -1 <= datum["max_timestamp_ms"] <= INT64_MAX
-                and 0 <= datum["broker_id"] <= INT32_MAX and 0 <= datum["event_timestamp_ms"] <= INT64_MAX
-                and 0 <= datum["segment_size_in_bytes"] <= INT32_MAX):
+        if not (0 <= start <= end <= INT64_MAX and -1 <= max_timestamp <= INT64_MAX and 0 <= broker <= INT32_MAX
+                and 0 <= event_timestamp <= INT64_MAX and 0 <= size <= INT32_MAX):
             return None
-        listed, target = datum["segment_leader_epochs"], datum["state"]
         if len(listed) == 1:  # most segments: one leader epoch, checked without a loop
-            only = listed[0]
-            epoch, epoch_start = only["epoch"], only["start_offset"]
+            ((epoch, epoch_start),) = listed
             if not (0 <= epoch <= INT32_MAX and start <= epoch_start <= end):
                 return None
             if target == _FINISHED and skipped_before is not False:
@@ -153,7 +157,7 @@ class LeanFold:
                 return key
             epochs = [(epoch, epoch_start)]
         else:
-            epochs = sorted({e["epoch"]: e["start_offset"] for e in listed}.items())
+            epochs = sorted(dict(listed).items())  # a later entry of an epoch wins, as in the rules' decoder
             if not epochs or not all(0 <= epoch <= INT32_MAX and start <= epoch_start <= end
                                      for epoch, epoch_start in epochs):
                 return None
@@ -188,20 +192,17 @@ class LeanFold:
         held.position = offset
         return key
 
-    def _checkpoint_record(self, raw_key: bytes, datum: dict[str, Any]) -> tuple[int, int] | None:
-        topic_text, number, lineages = datum["topic_id"], datum["partition"], datum["epochs"]
-        if datum["whole_partition"] or len(lineages) != 1:
+    def _checkpoint_record(self, raw_key: bytes, datum: tuple[Any, ...]) -> tuple[int, int] | None:
+        topic_text, topic, number, lineages, event_timestamp, broker, reflects, whole_partition = datum
+        if whole_partition or len(lineages) != 1:
             return None
-        (lineage,) = lineages
-        epoch, highest = lineage["epoch"], lineage["highest_log_offset"]
-        reflects = datum["reflects_offset"]
-        if lineage["displaced_segment_ids"] or not 0 <= epoch <= INT32_MAX or \
-                not (highest is None or 0 <= highest <= INT64_MAX) or \
+        ((epoch, highest, displaced),) = lineages
+        if displaced or not 0 <= epoch <= INT32_MAX or not (highest is None or 0 <= highest <= INT64_MAX) or \
                 not (reflects is None or 0 <= reflects <= INT64_MAX) or \
-                not (0 <= datum["event_timestamp_ms"] <= INT64_MAX and 0 <= datum["broker_id"] <= INT32_MAX) or \
+                not (0 <= event_timestamp <= INT64_MAX and 0 <= broker <= INT32_MAX) or \
                 raw_key != f"epochs:{topic_text}:{number}:{epoch}".encode():
             return None
-        named = self._name(topic_text, datum["topic"], number)
+        named = self._name(topic_text, topic, number)
         if named is None or named[1] in self._ruled:
             return None
         tp, key = named
@@ -296,3 +297,17 @@ class LeanFold:
                 keys += chunks[partition][0]
                 values += chunks[partition][1]
             yield family, keys, values
+
+
+def _header(version: codec.SchemaVersion, fields: tuple[Any, ...]) -> bytes | None:
+    """The header of records of `version` (marker and fingerprint) when the C reader reads them as tuples of
+    `fields` (a field of an array of records: (name, its records' fields)); else None."""
+    def names(record: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple((field["name"], names(field["type"]["items"])) if isinstance(field["type"], dict)
+                     and field["type"].get("type") == "array" and isinstance(field["type"]["items"], dict)
+                     and field["type"]["items"].get("type") == "record" else field["name"]
+                     for field in record["fields"])
+
+    if _avro_reader is None or version.tuples is None or names(version.plain) != fields:
+        return None
+    return codec.MAGIC + version.fingerprint[::-1]

@@ -1,8 +1,9 @@
 """Fuzz target of rlmm/_avro_reader.c (run by run_fuzz.py).
 
-Differential: for a random schema (records, enums, arrays, unions, primitives) and bytes that are a random datum's
-encoding, cut or changed, or random, what the C reader reads is what fastavro reads (the reader rlmm.codec falls
-back to); it may only refuse with ValueError. Misuse: any other program (random nested tuples, lists, ints, text)
+Differential: for a random schema (records, enums, arrays, unions, primitives), compiled with its records read as
+dicts or as tuples, and bytes that are a random datum's encoding, cut or changed, or random, what the C reader reads
+is what fastavro reads (the reader rlmm.codec falls back to; its records turned into tuples for a tuple program); it
+may only refuse with ValueError. Misuse: any other program (random nested tuples, lists, ints, text)
 and arguments are refused with TypeError or ValueError; a program check() took never gives TypeError.
 """
 
@@ -82,7 +83,8 @@ def _differential(data: atheris.FuzzedDataProvider) -> None:
         parsed = fastavro.parse_schema(schema)
     except Exception:  # a union the generator got wrong: not the reader's business
         return
-    program = codec.reader_program(schema)
+    as_tuples = data.ConsumeBool()  # its records read as tuples of their fields' values
+    program = codec.reader_program(schema, records_as_tuples=as_tuples)
     assert program is not None and _avro_reader.check(program), schema
     how = data.ConsumeIntInRange(0, 3)
     if how == 3:
@@ -104,7 +106,22 @@ def _differential(data: atheris.FuzzedDataProvider) -> None:
         assert how != 0, (schema, value)  # a datum fastavro wrote is read
         return
     expected = fastavro.schemaless_reader(io.BytesIO(value[start:]), parsed, None)
+    if as_tuples:
+        expected = _tuples(schema, expected, {})
     assert read == expected, (schema, value, read, expected)
+
+
+def _tuples(schema: Any, datum: Any, named: dict[str, Any]) -> Any:
+    """fastavro's datum of `schema` with its records as tuples of their fields' values. A union holds at most one
+    record branch (Avro's rule, and _Schemas draws no record reference), so a dict in one is of that branch."""
+    if isinstance(schema, list):
+        records = [branch for branch in schema if isinstance(branch, dict) and branch["type"] == "record"]
+        return _tuples(records[0], datum, named) if records and isinstance(datum, dict) else datum
+    if isinstance(schema, str) or schema["type"] == "enum":
+        return datum
+    if schema["type"] == "array":
+        return [_tuples(schema["items"], item, named) for item in datum]
+    return tuple(_tuples(field["type"], datum[field["name"]], named) for field in schema["fields"])
 
 
 def _program(data: atheris.FuzzedDataProvider, depth: int) -> Any:
@@ -115,9 +132,9 @@ def _program(data: atheris.FuzzedDataProvider, depth: int) -> Any:
     items = [data.ConsumeIntInRange(-2, 12) if data.ConsumeBool() else _program(data, depth + 1)
              for _ in range(data.ConsumeIntInRange(0, 3))]
     if kind <= 6 and items:
-        items[0] = data.ConsumeIntInRange(-1, 11)
+        items[0] = data.ConsumeIntInRange(-1, 12)
     if kind == 7:
-        items = [data.ConsumeIntInRange(0, 9), tuple(
+        items = [data.ConsumeIntInRange(0, 10), tuple(
             (data.ConsumeUnicodeNoSurrogates(2), _program(data, depth + 1)) if data.ConsumeBool()
             else _program(data, depth + 1) for _ in range(data.ConsumeIntInRange(0, 3)))]
     return items if kind == 8 else tuple(items)

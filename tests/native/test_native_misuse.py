@@ -141,7 +141,8 @@ def test_the_avro_reader_refuses_a_program_check_would_refuse() -> None:
             (), (a.OP_ENUM,), (a.OP_UNION,), (a.OP_RECORD,), (a.OP_ARRAY,), [a.OP_LONG], ("long",), (99,), (-1,),
             (1 << 70,), (a.OP_LONG, 1), (a.OP_RECORD, (("name",),)), (a.OP_RECORD, ((1, (a.OP_LONG,)),)),
             (a.OP_RECORD, ("field",)), (a.OP_ENUM, (1,)), (a.OP_ENUM, ["A"]), (a.OP_UNION, ((),)),
-            (a.OP_UNION, ([a.OP_LONG],)), (a.OP_ARRAY, (a.OP_RECORD,)), (a.OP_ARRAY, "long"),
+            (a.OP_UNION, ([a.OP_LONG],)), (a.OP_ARRAY, (a.OP_RECORD,)), (a.OP_ARRAY, "long"), (a.OP_TUPLE,),
+            (a.OP_TUPLE, ("long",)), (a.OP_TUPLE, [(a.OP_LONG,)]), (a.OP_TUPLE, (("name", (a.OP_LONG,)),)),
         ]
         for program in programs:  # the bytes: index 0 of an enum or a union, an array of one item
             try:
@@ -156,9 +157,9 @@ def test_the_avro_reader_refuses_a_program_check_would_refuse() -> None:
             except ValueError as error:
                 print("ValueError", error)
     """)
-    refused = [line for line in lines[:20] if line.startswith("False TypeError not an Avro reader program")]
-    assert len(lines) == 24 and refused == lines[:20], lines
-    assert lines[20:] == ["ValueError read: start out of range of the data"] * 4
+    refused = [line for line in lines[:24] if line.startswith("False TypeError not an Avro reader program")]
+    assert len(lines) == 28 and refused == lines[:24], lines
+    assert lines[24:] == ["ValueError read: start out of range of the data"] * 4
 
 
 def test_a_maker_refuses_classes_whose_new_does_more_than_object_new() -> None:

@@ -62,8 +62,26 @@ def _fastavro(version: codec.SchemaVersion, value: bytes) -> Any:
     return fastavro.schemaless_reader(io.BytesIO(value[codec._HEADER:]), version.plain, None)
 
 
+def as_tuples(schema: Any, datum: Any, named: dict[str, Any] | None = None) -> Any:
+    """A datum of a (plain) schema with its records as tuples of their fields' values (what a program compiled
+    with records_as_tuples reads)."""
+    named = {} if named is None else named
+    if isinstance(schema, list):  # a union: the branch the datum is of (only one record branch in our schemas)
+        records = [b for b in schema if isinstance(b, dict) and b["type"] == "record" or b in named]
+        return as_tuples(records[0], datum, named) if isinstance(datum, dict) and records else datum
+    if isinstance(schema, str):
+        return as_tuples(named[schema], datum, named) if schema in named else datum
+    if schema["type"] == "record":
+        named[schema["name"]] = schema
+        return tuple(as_tuples(field["type"], datum[field["name"]], named) for field in schema["fields"])
+    if schema["type"] == "array":
+        return [as_tuples(schema["items"], item, named) for item in datum]
+    return datum
+
+
 def test_every_schema_version_is_read_in_c() -> None:
     assert all(version.program is not None for version in VERSIONS), [v for v in VERSIONS if v.program is None]
+    assert all(version.tuples is not None for version in VERSIONS), [v for v in VERSIONS if v.tuples is None]
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=lambda v: f"{v.name}.v{v.version}")
@@ -75,6 +93,8 @@ def test_it_reads_what_fastavro_reads(version: codec.SchemaVersion, data: st.Dat
     read = _avro_reader.read(version.program, value, codec._HEADER)
     assert read == _fastavro(version, value) == datum
     assert _avro_reader.read(version.program, value + b"trailing", codec._HEADER) == read  # as fastavro: ignored
+    # Read as tuples: the same values, by position.
+    assert _avro_reader.read(version.tuples, value, codec._HEADER) == as_tuples(_plain_json(version), datum)
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=lambda v: f"{v.name}.v{v.version}")
@@ -96,8 +116,11 @@ def test_bytes_it_reads_from_garbage_are_what_fastavro_reads_or_it_refuses_them(
     try:
         read = _avro_reader.read(version.program, value, codec._HEADER)
     except ValueError:
+        with pytest.raises(ValueError):  # refused alike as tuples
+            _avro_reader.read(version.tuples, value, codec._HEADER)
         return  # left to fastavro
     assert read == _fastavro(version, value)
+    assert _avro_reader.read(version.tuples, value, codec._HEADER) == as_tuples(_plain_json(version), read)
 
 
 def test_a_truncated_record_is_refused_with_fastavros_words() -> None:
@@ -134,7 +157,8 @@ def test_garbage_is_refused_at_once(op: str, garbage: bytes) -> None:
 
 @pytest.mark.parametrize("program", [
     (), (99,), (_avro_reader.OP_LONG, 1), (_avro_reader.OP_RECORD, (("name",),)), (_avro_reader.OP_ENUM, (1,)),
-    (_avro_reader.OP_ARRAY, "long"), [_avro_reader.OP_LONG],
+    (_avro_reader.OP_ARRAY, "long"), [_avro_reader.OP_LONG], (_avro_reader.OP_TUPLE, ("name",)),
+    (_avro_reader.OP_TUPLE, [(_avro_reader.OP_LONG,)]), (_avro_reader.OP_TUPLE, (("name", (_avro_reader.OP_LONG,)),)),
 ])
 def test_a_malformed_program_is_not_taken(program: Any) -> None:
     assert not _avro_reader.check(program)
@@ -148,3 +172,5 @@ def test_a_schema_with_types_it_does_not_read_gets_no_program() -> None:
         {"name": "again", "type": "E"}, {"name": "full", "type": "n.E"}]}
     program = codec.reader_program(named)
     assert _avro_reader.read(program, b"\x00\x02\x00", 0) == {"e": "A", "again": "B", "full": "A"}
+    assert _avro_reader.read(codec.reader_program(named, records_as_tuples=True), b"\x00\x02\x00", 0) == \
+        ("A", "B", "A")
