@@ -67,7 +67,8 @@ def as_tuples(schema: Any, datum: Any, named: dict[str, Any] | None = None) -> A
     with records_as_tuples reads)."""
     named = {} if named is None else named
     if isinstance(schema, list):  # a union: the branch the datum is of (only one record branch in our schemas)
-        records = [b for b in schema if isinstance(b, dict) and b["type"] == "record" or b in named]
+        records = [b for b in schema if (isinstance(b, dict) and b["type"] == "record")
+                   or (isinstance(b, str) and b in named)]
         return as_tuples(records[0], datum, named) if isinstance(datum, dict) and records else datum
     if isinstance(schema, str):
         return as_tuples(named[schema], datum, named) if schema in named else datum
