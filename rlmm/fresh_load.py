@@ -13,7 +13,8 @@ A new node's large backlog of metadata partitions never applied goes further (Me
 two workers each read groups of metadata partitions from Kafka themselves (`read_group`: the newest record of each
 key, as a window keeps them, up to the topic's end offsets when the backlog began), fold them and write their
 tables; the applier only ingests them. So both cores read and fold, and the node's own process never holds the
-backlog's records: after a rebuild it holds what a restarted node holds.
+backlog's records: after a rebuild it holds what a restarted node holds. A worker folds the plain records of its
+share without building their events (rlmm.lean_fold), into the tables a FreshState would write.
 
 The worker is an optimisation only. If it cannot start, fails, answers late, speaks another version, or its records
 name a user partition the applier's records name too (records on the wrong metadata partition), the applier folds
