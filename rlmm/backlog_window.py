@@ -110,10 +110,14 @@ class CompactedWindow:
 
     def replay_order(self) -> list[WindowRecord]:
         """The records to apply, in (metadata partition, offset) order."""
+        return [WindowRecord(*entry) for entry in self.replay_entries()]
+
+    def replay_entries(self) -> list[_Entry]:
+        """`replay_order`'s records as plain tuples of a WindowRecord's fields (a fold worker's records)."""
         kept = [*self._newest.values(), *(entry for every in self._every.values() for entry in every),
                 *self._superseded_tombstones]
         kept.sort()  # (partition, offset) come first and are unique
-        return [WindowRecord(*entry) for entry in kept]
+        return kept
 
 
 _Entry = tuple[int, int, bytes, bytes | None, str | None, bool]

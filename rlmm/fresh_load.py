@@ -396,6 +396,7 @@ def read_group(request: GroupRequest) -> GroupShare | str:
         next_offsets, after_cleaning = dict(starts), set()
         partition: int
         offset: int
+        read = 0
         heard = time.monotonic()
         while left:
             messages = consumer.consume(_GROUP_BATCH, 0.1)
@@ -420,7 +421,7 @@ def read_group(request: GroupRequest) -> GroupShare | str:
                 if next_offsets[partition] != offset:
                     after_cleaning.add(partition)
                 next_offsets[partition] = offset + 1
-                window.records += 1
+                read += 1
                 if offset + 1 >= end:
                     left.discard(partition)
                 key, value = message.key() or b"", message.value()
@@ -438,15 +439,15 @@ def read_group(request: GroupRequest) -> GroupShare | str:
         _close_consumer()
         raise
     consumer.assign({}, [])
-    replay = window.replay_order()
+    replay = window.replay_entries()
     window.clear()
     answer = fold_share(replay, Path(request.directory))
     if isinstance(answer, str):
         return answer
-    noted = [tuple(replay[index]) for index, _, _, _ in answer.folded.noted]
+    noted = [replay[index] for index, _, _, _ in answer.folded.noted]
     answer.folded.noted = [(number, None, None, outcome) for number, (_, _, _, outcome) in
                            enumerate(answer.folded.noted)]
-    return GroupShare(answer, window.records, len(replay), noted)  # type: ignore[arg-type]
+    return GroupShare(answer, read, len(replay), noted)
 
 
 # The worker's consumer, kept for the groups it is handed next (a new one connects and fetches metadata first): the
