@@ -34,7 +34,7 @@ from rlmm import codec
 from rlmm import view_format as vf
 from rlmm.errors import InvalidArgumentError
 from rlmm.events import EpochLineage
-from rlmm.types import INT32_MAX, INT64_MAX, RemoteLogSegmentState, TopicIdPartition
+from rlmm.types import INT32_MAX, INT64_MAX, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from rlmm.view import FreshState
 
 try:
@@ -142,7 +142,7 @@ class LeanFold:
                 return None
             if target == _FINISHED and skipped_before is not False:
                 if held is None:
-                    held = self._lean[key] = _Partition(tp)
+                    held = self._new(key, tp)
                 else:
                     entries = held.index.get(epoch)
                     if entries and entries[-1][0] >= epoch_start:
@@ -246,10 +246,14 @@ class LeanFold:
         held = self._lean.pop(key, None)
         if held is None:
             return
-        stored = {segment: codec.decode(raw) for segment, raw in held.segments.items()}
-        ids = {segment: md.remote_log_segment_id.id for segment, md in stored.items()}  # type: ignore[union-attr]
+        stored: dict[bytes, RemoteLogSegmentMetadata] = {}
+        for segment, raw in held.segments.items():
+            md = codec.decode(raw)
+            assert isinstance(md, RemoteLogSegmentMetadata), "held from a segment record"
+            stored[segment] = md
+        ids = {segment: md.remote_log_segment_id.id for segment, md in stored.items()}
         self.fresh.take_over(
-            held.tp, [(md, held.segments[segment]) for segment, md in stored.items()],  # type: ignore[misc]
+            held.tp, [(md, held.segments[segment]) for segment, md in stored.items()],
             {epoch: ([start for start, _ in entries], {start: ids[segment] for start, segment in entries})
              for epoch, entries in held.index.items()},
             {epoch: EpochLineage.derived(epoch, highest) for epoch, highest in held.highest.items()},
@@ -257,8 +261,8 @@ class LeanFold:
 
     def partition_keys(self) -> list[bytes]:
         """The view's keys of every partition folded (leanly or by the rules)."""
-        return [*(vf.tp_key(held.tp.topic_id, held.tp.partition) for held in self._lean.values()),
-                *self.fresh.partitions()]
+        return [vf.tp_key_of(held.tp) for held in self._lean.values()] + \
+            [vf.tp_key_of(tp) for tp in self.fresh.user_partitions()]
 
     def runs(self) -> Iterator[tuple[str, list[bytes], list[bytes]]]:
         """The table entries of every partition folded, as FreshState.runs gives them: each family's in key
@@ -275,7 +279,7 @@ class LeanFold:
         segments, lineages = by_partition[vf.SEGMENTS], by_partition[vf.EPOCH_STATE]
         index = by_partition[vf.EPOCH_INDEX]
         for held in self._lean.values():
-            key = vf.tp_key(held.tp.topic_id, held.tp.partition)
+            key = vf.tp_key_of(held.tp)
             by_partition[vf.PARTITION_META][key] = ([key], [vf.encode_partition_meta(vf.PartitionMeta(
                 held.tp.topic, vf.encode_owed(held.owed), held.position))])
             ordered = sorted(held.segments)
