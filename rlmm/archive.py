@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -333,6 +333,24 @@ def _encode_ends(end_offsets: Mapping[int, int]) -> str:
     return json.dumps({str(k): v for k, v in end_offsets.items()})
 
 
+def _header_of(meta: Mapping[str, str]) -> SnapshotHeader:
+    """The header a snapshot file's metadata states; KeyError or ValueError when it states none."""
+    ends = {int(k): int(v) for k, v in json.loads(meta[END_OFFSETS_META]).items()}
+    version = int(meta.get(SNAPSHOT_FORMAT_META, RECORDS_FORMAT))
+    topic_id = meta.get(TOPIC_ID_META)
+    created = None if topic_id is None else int(meta[CREATED_META])
+    if version in (VIEW_FORMAT, TABLES_FORMAT):
+        return SnapshotHeader(meta[META_TOPIC], ends, version, int(meta[VIEW_FORMAT_META]), meta[VIEW_DIGEST_META],
+                              topic_id, created)
+    if version == RECORDS_FORMAT:
+        return SnapshotHeader(meta[META_TOPIC], ends, topic_id=topic_id, created_ms=created)
+    raise ValueError(f"snapshot format {version}, this tierlog reads {RECORDS_FORMAT} to {TABLES_FORMAT}")
+
+
+def _not_a_snapshot(name: str, why: Exception) -> SnapshotError:
+    return SnapshotError(f"{name} is not a tierlog snapshot ({why}); build one with `tierlog` snapshot")
+
+
 def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[SnapshotHeader, Iterator[dict[str, Any]]]:
     """A snapshot's header and its datums: archive records (format 1), view chunks (format 2) or parts of the view's
     tables (format 3), read lazily, from a file or a stream (one that cannot seek, such as an object as it is
@@ -344,21 +362,10 @@ def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[Sna
     try:
         # fastavro's block reader seeks; its datum reader does not.
         reader: Any = fastavro.block_reader(handle) if seekable else fastavro.reader(handle)
-        meta = reader.metadata
-        ends = {int(k): int(v) for k, v in json.loads(meta[END_OFFSETS_META]).items()}
-        version = int(meta.get(SNAPSHOT_FORMAT_META, RECORDS_FORMAT))
-        topic_id = meta.get(TOPIC_ID_META)
-        created = None if topic_id is None else int(meta[CREATED_META])
-        if version in (VIEW_FORMAT, TABLES_FORMAT):
-            header = SnapshotHeader(meta[META_TOPIC], ends, version, int(meta[VIEW_FORMAT_META]),
-                                    meta[VIEW_DIGEST_META], topic_id, created)
-        elif version == RECORDS_FORMAT:
-            header = SnapshotHeader(meta[META_TOPIC], ends, topic_id=topic_id, created_ms=created)
-        else:
-            raise ValueError(f"snapshot format {version}, this tierlog reads {RECORDS_FORMAT} to {TABLES_FORMAT}")
+        header = _header_of(reader.metadata)
     except (KeyError, ValueError, OSError) as exc:
         handle.close()
-        raise SnapshotError(f"{name} is not a tierlog snapshot ({exc}); build one with `tierlog` snapshot") from exc
+        raise _not_a_snapshot(name, exc) from exc
 
     # The C reader reads only what its program's schema wrote (this tierlog's chunks), a block of one datum at a time.
     chunks_in_c = _CHUNK_PROGRAM is not None and header.format == VIEW_FORMAT and seekable and \
@@ -384,3 +391,159 @@ def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[Sna
                     yield datum
 
     return header, datums()
+
+
+# --- a snapshot read as its bytes arrive ------------------------------------------------------------------------
+
+_TABLE_FORM = to_parsing_canonical_form(view_table_schema())
+_MAGIC = b"Obj\x01"
+_SYNC_BYTES = 16
+
+
+def stream_snapshot(read_chunk: Callable[[], bytes | memoryview], name: str
+                    ) -> tuple[SnapshotHeader, Iterator[dict[str, Any]]]:
+    """`read_snapshot` of bytes that arrive in chunks (`read_chunk` gives the next, empty at the end; a download).
+
+    A format 3 snapshot's table parts come as slices of the chunks their bytes arrived in: each datum is
+    {"family", "part"} with `part` a stretch of one part (consecutive stretches of one family make its table), so a
+    table's bytes are not copied on their way to its file. The Avro container around them is read here (Avro's object
+    container format: a header, then blocks of a datum count, a byte size, the datums and the file's sync marker),
+    and anything it does not frame exactly is a SnapshotError. Any other snapshot (another format, a compressed one)
+    is read by fastavro, from the same bytes."""
+    cursor = _ChunkCursor(read_chunk, name)
+    try:
+        meta, sync = cursor.container_header()
+        header = _header_of({key: value.decode() for key, value in meta.items() if key.startswith("tierlog.")})
+        schema = to_parsing_canonical_form(fastavro.parse_schema(json.loads(meta["avro.schema"])))
+    except (KeyError, ValueError, SnapshotError, fastavro.schema.SchemaParseException) as exc:
+        raise _not_a_snapshot(name, exc) from exc
+    if header.format != TABLES_FORMAT or meta.get("avro.codec", b"null") != b"null" or schema != _TABLE_FORM:
+        return read_snapshot(io.BufferedReader(_Replay(cursor.replay(), read_chunk)), name)
+    return header, _table_parts_of(cursor, sync)
+
+
+def _table_parts_of(cursor: _ChunkCursor, sync: bytes) -> Iterator[dict[str, Any]]:
+    while not cursor.at_end():
+        count, size = cursor.long(), cursor.long()
+        if count <= 0 or size < 0:
+            raise cursor.corrupt(f"a block of {count} datums in {size} bytes")
+        start = cursor.position
+        for _ in range(count):
+            family = cursor.text()
+            for piece in cursor.pieces(cursor.length()):
+                yield {"family": family, "part": piece}
+        if cursor.position - start != size:
+            raise cursor.corrupt(f"a block says it holds {size} bytes, its datums hold {cursor.position - start}")
+        if cursor.take(_SYNC_BYTES) != sync:
+            raise cursor.corrupt("a block does not end with the file's sync marker")
+
+
+class _ChunkCursor:
+    """Reads Avro's encodings from chunks as they arrive; what the container header took is kept for a replay."""
+
+    def __init__(self, read_chunk: Callable[[], bytes | memoryview], name: str) -> None:
+        self._read_chunk = read_chunk
+        self._name = name
+        self._chunk = memoryview(b"")
+        self._taken: bytearray | None = bytearray()  # what the header took, while it is read
+        self._header = b""
+        self.position = 0
+
+    def corrupt(self, what: str) -> SnapshotError:
+        return SnapshotError(f"{self._name} is corrupt at byte {self.position}: {what}")
+
+    def _fill(self) -> bool:
+        while not self._chunk:
+            chunk = self._read_chunk()
+            if not chunk:
+                return False
+            self._chunk = memoryview(chunk).cast("B")
+        return True
+
+    def at_end(self) -> bool:
+        return not self._fill()
+
+    def pieces(self, size: int) -> Iterator[memoryview]:
+        """The next `size` bytes, as slices of the chunks they arrived in."""
+        while size:
+            if not self._fill():
+                raise self.corrupt(f"it ends {size} bytes short of the datum it is in")
+            piece, self._chunk = self._chunk[:size], self._chunk[size:]
+            self.position += len(piece)
+            size -= len(piece)
+            if self._taken is not None:
+                self._taken += piece
+            yield piece
+
+    def take(self, size: int) -> bytes:
+        return b"".join(self.pieces(size))
+
+    def long(self) -> int:
+        """A zig-zag varint."""
+        value = shift = 0
+        for _ in range(10):
+            byte = self.take(1)[0]
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return (value >> 1) ^ -(value & 1)
+            shift += 7
+        raise self.corrupt("a number runs past ten bytes")
+
+    def length(self) -> int:
+        size = self.long()
+        if size < 0:
+            raise self.corrupt(f"a length of {size}")
+        return size
+
+    def text(self) -> str:
+        try:
+            return self.take(self.length()).decode()
+        except UnicodeDecodeError as exc:
+            raise self.corrupt(f"a string that is not UTF-8 ({exc})") from exc
+
+    def container_header(self) -> tuple[dict[str, bytes], bytes]:
+        """The file's metadata and sync marker."""
+        if self.take(len(_MAGIC)) != _MAGIC:
+            raise ValueError("it does not start as an Avro container file")
+        meta: dict[str, bytes] = {}
+        while count := self.long():
+            if count < 0:  # a block of -count entries, its byte size next
+                count = -count
+                self.long()
+            for _ in range(count):
+                key = self.text()
+                meta[key] = self.take(self.length())
+        sync = self.take(_SYNC_BYTES)
+        assert self._taken is not None
+        self._header, self._taken = bytes(self._taken), None
+        return meta, sync
+
+    def replay(self) -> bytes:
+        """What the header took and what is left of the chunk it ended in: the bytes a reader from the start has
+        not got from `read_chunk`."""
+        rest, self._chunk = bytes(self._chunk), memoryview(b"")
+        return self._header + rest
+
+
+class _Replay(io.RawIOBase):
+    """`first`, then the chunks `read_chunk` gives: a stream from the start of the object again."""
+
+    def __init__(self, first: bytes, read_chunk: Callable[[], bytes | memoryview]) -> None:
+        super().__init__()
+        self._current = memoryview(first)
+        self._read_chunk = read_chunk
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._current:
+            chunk = self._read_chunk()
+            if not chunk:
+                return 0
+            self._current = memoryview(chunk).cast("B")
+        view = memoryview(buffer).cast("B")
+        taken = min(len(view), len(self._current))
+        view[:taken] = self._current[:taken]
+        self._current = self._current[taken:]
+        return taken

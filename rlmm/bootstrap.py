@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlmm.archive import RECORDS_FORMAT, SnapshotHeader, read_snapshot
+from rlmm.archive import RECORDS_FORMAT, SnapshotHeader, read_snapshot, stream_snapshot
 from rlmm.config import ConfigKey, parse_int, parse_str
 from rlmm.errors import SnapshotError
 from rlmm.event_log import OffsetReader, TopicInfo
@@ -183,6 +183,14 @@ class VerifiedStream(io.RawIOBase):
         self._current = self._current[taken:]
         return taken
 
+    def read_chunk(self) -> memoryview:
+        """The next bytes as they arrived (what a `readinto` left of them first), without copying them; empty at
+        the end."""
+        if not self._current and not self._next():
+            return memoryview(b"")
+        chunk, self._current = self._current, memoryview(b"")
+        return chunk
+
     def verify(self) -> None:
         while self._next():  # the rest, hashed as it arrives
             pass
@@ -210,7 +218,6 @@ READ_AHEAD_BYTES = 16 << 20
 READ_STALL_S = 120.0
 _HAND_OVER_POLL_S = 0.1
 _CLOSE_WAIT_S = 5.0
-_STREAM_BUFFER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +300,7 @@ def _load(ref: SnapshotRef, source: SnapshotSource, view: MetadataView, metadata
     # replayed record by record into the view, so it is read and verified whole first.
     with contextlib.closing(source.open(ref.key)) as body, contextlib.closing(VerifiedStream(body, ref)) as raw:
         try:
-            header, datums = read_snapshot(io.BufferedReader(raw, _STREAM_BUFFER_BYTES), ref.key)
+            header, datums = stream_snapshot(raw.read_chunk, ref.key)
         except Exception:
             raw.verify()  # a header that does not read is blamed on a corrupt object when it is one
             raise
