@@ -146,6 +146,11 @@ class MetadataApplier:
         # whether they are being loaded so now.
         self._in_workers = False
         self._loading_in_workers = False
+        # While groups load in workers into a view that held no user partition's entries when they began: the keys of
+        # the user partitions loaded since, so that a group's are checked against them in memory (asking RocksDB
+        # took a second of a rebuild at 1M live segments: a seek per partition and column family, over every table
+        # a group ingested). None: the view is asked (MetadataView.holds_any).
+        self._loaded_keys: set[bytes] | None = None
         # A new node's fold worker for its backlog's windows (rlmm.fresh_load), started before it reads a large one
         # (its interpreter then boots while the backlog is read; started once the first window holds enough records,
         # it was often still booting when the window ended).
@@ -380,6 +385,7 @@ class MetadataApplier:
             log.info("metadata topic %s: a large backlog to load: %d worker processes read and load it, a group of "
                      "its partitions each at a time", self._settings.metadata_topic, len(workers))
         self._loading_in_workers = True
+        self._loaded_keys = None if self._view.holds_user_entries() else set()
         try:
             with _cyclic_gc_paused(), self._borrowing(), self._compactions_deferred():
                 while workers and (busy or self._ungrouped) and not self._stop.is_set():
@@ -432,6 +438,7 @@ class MetadataApplier:
                             left_here += group
         finally:
             self._loading_in_workers = False
+            self._loaded_keys = None
             for worker in workers:
                 worker.close()
             shutil.rmtree(shares, ignore_errors=True)
@@ -449,7 +456,9 @@ class MetadataApplier:
             log.warning("metadata topic %s: a record failed to apply (%s); reading metadata partitions %s in this "
                         "process", topic, folded.failed, group)
             return False
-        if self._view.holds_any(vf.tp_key(uuid.UUID(int=topic_id), number) for topic_id, number in folded.touched):
+        touched = [vf.tp_key(uuid.UUID(int=topic_id), number) for topic_id, number in folded.touched]
+        loaded = self._loaded_keys
+        if self._view.holds_any(touched) if loaded is None else not loaded.isdisjoint(touched):
             log.warning("metadata topic %s: user partitions of metadata partitions %s have records on metadata "
                         "partitions loaded before; reading them in this process", topic, group)
             return False
@@ -465,6 +474,8 @@ class MetadataApplier:
                                   answer.share.partitions)
         except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
             raise _CommitFailure(str(exc)) from None
+        if loaded is not None:
+            loaded.update(answer.share.partitions)
         self._next_offsets.update(next_offsets)
         self._stamp()
         self._after_commit(noted, requests, outcomes, next_offsets, folded.applied)

@@ -480,6 +480,12 @@ class MetadataView:
         return any(next(prefixed(family, tp_key, uncached), None) is not None
                    for tp_key in tp_keys for family in families)
 
+    def holds_user_entries(self) -> bool:
+        """Whether the view holds an entry of any user partition (what a fresh load cut short left is removed
+        first)."""
+        self.discard_unfinished_load()
+        return any(map(self._holds, (*vf.CONTENT_FAMILIES, vf.PARTITION_META)))
+
     def discard_unfinished_load(self) -> None:
         """Remove what a fresh load cut short left (its user partitions' entries, part-written, without the offsets
         that would make a node resume from them)."""

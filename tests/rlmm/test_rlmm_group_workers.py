@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+from dataclasses import replace
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,16 +20,20 @@ from rlmm_testkit import (
     break_the_workers_rules,
     counting_commits,
     fault_on_handing,
+    produce_to,
     rebuilt_past_garbage,
     register,
+    segment,
     written_history,
 )
 from support import wait_until
 from test_rlmm_disk_full import disk_filled, small_disk  # noqa: F401  (small_disk: a fixture, asked for by name)
 
-from rlmm import RemoteLogMetadataManager, applier, fresh_load
+from rlmm import RemoteLogMetadataManager, applier, codec, fresh_load
 from rlmm.applier import MetadataApplier
+from rlmm.events import key_of
 from rlmm.snapshot import snapshot_entries
+from rlmm.types import RemoteLogSegmentState
 
 MakeManager = Callable[..., RemoteLogMetadataManager]
 
@@ -164,3 +169,28 @@ def test_a_record_that_fails_to_apply_in_a_worker_sends_its_group_through_the_ap
     assert any("a bug in the worker state machine" in message and "in this process" in message
                for message in messages(caplog)), messages(caplog)
     assert rebuilt.metadata_errors() == {}
+
+
+def test_a_group_with_records_of_a_user_partition_loaded_before_is_read_by_the_applier(
+    make_manager: MakeManager, kafka_bootstrap: str, metadata_topic: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, handed: list[tuple[subprocess.Popen[bytes], list[int]]],
+) -> None:
+    # One worker: the groups load one after the other, metadata partition 0's first.
+    monkeypatch.setattr(applier, "GROUP_WORKERS", 1)
+    writer, (first, second) = written_history(make_manager, 450)
+    # A segment of `first` (whose records go to metadata partition 0) on metadata partition 1, as a foreign or broken
+    # writer would put it: the worker folding partition 1 would fold it without the segments before it.
+    started = segment(first, 10**6, 10**6 + 9, {0: 10**6})
+    strayed = replace(started, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+    produce_to(kafka_bootstrap, metadata_topic, 1, [(key_of(md).encode(), codec.encode(md)) for md in (started, strayed)])
+    writer.wait_caught_up(60)
+    assert strayed in writer.list_remote_log_segments(first)
+    commits = counting_commits(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="rlmm.applier"):
+        rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
+        assert_rebuilt_like(rebuilt, writer, (first, second))
+    assert [group for _, group in handed] == [[0], [1]]
+    assert sum("read by a worker" in message for message in messages(caplog)) == 1
+    assert any("metadata partitions [1] have records on metadata partitions loaded before" in message
+               for message in messages(caplog)), messages(caplog)
+    assert commits  # partition 1 was read and applied here
