@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +182,8 @@ def test_a_group_with_records_of_a_user_partition_loaded_before_is_read_by_the_a
     # writer would put it: the worker folding partition 1 would fold it without the segments before it.
     started = segment(first, 10**6, 10**6 + 9, {0: 10**6})
     strayed = replace(started, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
-    produce_to(kafka_bootstrap, metadata_topic, 1, [(key_of(md).encode(), codec.encode(md)) for md in (started, strayed)])
+    produce_to(kafka_bootstrap, metadata_topic, 1,
+               [(key_of(md).encode(), codec.encode(md)) for md in (started, strayed)])
     writer.wait_caught_up(60)
     assert strayed in writer.list_remote_log_segments(first)
     commits = counting_commits(monkeypatch)
