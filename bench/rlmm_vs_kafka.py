@@ -250,8 +250,8 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, pl
         manager.on_partition_leadership_changes(hosted, set())
         manager.wait_caught_up(NODE_TIMEOUT_S)
         deadline = time.monotonic() + NODE_TIMEOUT_S
-        # One partition at a time, as the harness waits for TBRLMM: asking again for every partition found ready
-        # already took a core's tenth of a cold rebuild here (the node and its workers share two cores).
+        # One partition at a time, as the harness waits for TBRLMM (not every partition found ready again at each
+        # poll: work on the node's cores that the harness does not do).
         for tp in hosted:
             while not manager.is_ready(tp):
                 if time.monotonic() > deadline:
