@@ -923,7 +923,7 @@ def ratio_table(result: dict[str, Any], fraction: str) -> str:
                     row(f"lookup {q} while {theirs[f'{p}_records']:,} events of other partitions are applied{how} (µs)",
                         ours[f"{p}_lookup_{q}_us"], theirs[f"{p}_lookup_{q}_us"], "lower", "{:.1f}")
     if "newcomer_ready_p99_ms" in tr:
-        row(f"newly hosted partition ({result['newcomer_segments'] // max(1, tr['newcomers']):,} segments) "
+        row(f"newly hosted partition ({int(result['newcomer_segments'] // max(1, tr['newcomers'])):,} segments) "
             "to ready, p99 (ms)", tr["newcomer_ready_p99_ms"], kr.get("newcomer_ready_p99_ms"), "lower", "{:.1f}")
         row("newly hosted partition to its first answer, p50 (ms)", tr["newcomer_answer_p50_ms"],
             kr.get("newcomer_answer_p50_ms"), "lower", "{:.1f}")
@@ -961,7 +961,7 @@ def ratio_table(result: dict[str, Any], fraction: str) -> str:
         row("metadata topic bytes, compacted (MB)", sizes["tierlog_compacted"] / 1e6, sizes["tbrlmm"] / 1e6, "lower",
             "{:.1f}")
     machine = result["machine"]
-    hosted = t["hosted_partitions"]
+    hosted = int(t["hosted_partitions"])  # a median of rounds is a float
     lines = [f"{result['live_segments']:,} live segments ({result['segments_created']:,} created, "
              f"{result['segments_deleted']:,} deleted: {result['logical_events']:,} logical events, "
              f"{result['tierlog_records']:,} tierlog records) over {result['user_partitions']:,} user partitions "
