@@ -63,6 +63,21 @@ def test_the_reader_gets_the_objects_bytes_exactly_and_its_hash_verifies(size: i
         stream.close()
 
 
+def test_chunks_as_they_arrived_after_a_read_give_the_rest_of_the_object_exactly() -> None:
+    stream = VerifiedStream(_Source(DATA), _ref(DATA))
+    try:
+        first = bytearray(1000)
+        taken = stream.readinto(first)  # part of the first chunk: read_chunk gives what it left, then the others
+        chunks = [bytes(first[:taken])]
+        while chunk := stream.read_chunk():
+            chunks.append(bytes(chunk))
+        assert b"".join(chunks) == DATA and len(chunks) > 2
+        assert stream.read_chunk() == b""
+        stream.verify()
+    finally:
+        stream.close()
+
+
 def test_a_partly_read_object_is_verified_whole_and_a_changed_byte_is_corruption() -> None:
     changed = bytearray(DATA)
     changed[len(DATA) // 2] ^= 1
