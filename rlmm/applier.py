@@ -146,11 +146,6 @@ class MetadataApplier:
         # whether they are being loaded so now.
         self._in_workers = False
         self._loading_in_workers = False
-        # While groups load in workers into a view that held no user partition's entries when they began: the keys of
-        # the user partitions loaded since, so that a group's are checked against them in memory (asking RocksDB
-        # took a second of a rebuild at 1M live segments: a seek per partition and column family, over every table
-        # a group ingested). None: the view is asked (MetadataView.holds_any).
-        self._loaded_keys: set[bytes] | None = None
         # A new node's fold worker for its backlog's windows (rlmm.fresh_load), started before it reads a large one
         # (its interpreter then boots while the backlog is read; started once the first window holds enough records,
         # it was often still booting when the window ended).
@@ -385,7 +380,11 @@ class MetadataApplier:
             log.info("metadata topic %s: a large backlog to load: %d worker processes read and load it, a group of "
                      "its partitions each at a time", self._settings.metadata_topic, len(workers))
         self._loading_in_workers = True
-        self._loaded_keys = None if self._view.holds_user_entries() else set()
+        # Into a view that held no user partition's entries when the load began: the keys of the user partitions the
+        # groups loaded since, so that a group's are checked against them in memory (asking RocksDB took a third of
+        # the node's CPU in a rebuild at 1M live segments: a seek per partition and column family, over every table
+        # ingested). None: the view is asked (MetadataView.holds_any).
+        loaded: set[bytes] | None = None if self._view.holds_user_entries() else set()
         try:
             with _cyclic_gc_paused(), self._borrowing(), self._compactions_deferred():
                 while workers and (busy or self._ungrouped) and not self._stop.is_set():
@@ -414,7 +413,7 @@ class MetadataApplier:
                         if not done:
                             continue
                         group, began = busy.pop(worker)
-                        if isinstance(answer, fresh_load.GroupShare) and self._load_group(group, answer, began):
+                        if isinstance(answer, fresh_load.GroupShare) and self._load_group(group, answer, began, loaded):
                             kept += answer.kept
                             span += sum(self._backlog[partition] for partition in group)
                             worker.tidy()
@@ -438,7 +437,6 @@ class MetadataApplier:
                             left_here += group
         finally:
             self._loading_in_workers = False
-            self._loaded_keys = None
             for worker in workers:
                 worker.close()
             shutil.rmtree(shares, ignore_errors=True)
@@ -446,10 +444,12 @@ class MetadataApplier:
         if not self._stop.is_set():
             self._next_group(kept / span if span else None)
 
-    def _load_group(self, group: list[int], answer: fresh_load.GroupShare, began: float) -> bool:
+    def _load_group(self, group: list[int], answer: fresh_load.GroupShare, began: float,
+                    loaded: set[bytes] | None) -> bool:
         """Ingest a group a worker loaded, with the offsets it reached; False, with nothing written, when its records
         must be applied here instead: a record's rule raised in the worker, or its user partitions have records on
-        metadata partitions loaded before."""
+        metadata partitions loaded before (`loaded`: the keys of those the groups before it loaded, added to here;
+        None: the view is asked)."""
         topic = self._settings.metadata_topic
         folded = answer.share.folded
         if folded.failed:
@@ -457,7 +457,6 @@ class MetadataApplier:
                         "process", topic, folded.failed, group)
             return False
         touched = [vf.tp_key(uuid.UUID(int=topic_id), number) for topic_id, number in folded.touched]
-        loaded = self._loaded_keys
         if self._view.holds_any(touched) if loaded is None else not loaded.isdisjoint(touched):
             log.warning("metadata topic %s: user partitions of metadata partitions %s have records on metadata "
                         "partitions loaded before; reading them in this process", topic, group)
