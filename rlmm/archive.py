@@ -348,7 +348,11 @@ def _header_of(meta: Mapping[str, str]) -> SnapshotHeader:
 
 
 def _not_a_snapshot(name: str, why: Exception) -> SnapshotError:
-    return SnapshotError(f"{name} is not a tierlog snapshot ({why}); build one with `tierlog` snapshot")
+    return SnapshotError(f"{name} is not a tierlog snapshot ({why}); build one with `tierlog snapshot`")
+
+
+def _corrupt(name: str, why: Exception) -> SnapshotError:
+    return SnapshotError(f"{name} is corrupt: its bytes do not decode ({type(why).__name__}: {why})")
 
 
 def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[SnapshotHeader, Iterator[dict[str, Any]]]:
@@ -363,7 +367,10 @@ def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[Sna
         # fastavro's block reader seeks; its datum reader does not.
         reader: Any = fastavro.block_reader(handle) if seekable else fastavro.reader(handle)
         header = _header_of(reader.metadata)
-    except (KeyError, ValueError, OSError) as exc:
+    except SnapshotError:
+        handle.close()
+        raise
+    except Exception as exc:  # fastavro raises what its parsers meet (a bad schema, a short or garbled header)
         handle.close()
         raise _not_a_snapshot(name, exc) from exc
 
@@ -372,6 +379,17 @@ def read_snapshot(source: Path | BinaryIO, name: str | None = None) -> tuple[Sna
         to_parsing_canonical_form(reader.writer_schema) == _CHUNK_FORM
 
     def datums() -> Iterator[dict[str, Any]]:
+        # What fastavro meets in garbled bytes (a bad codec name or compressed block, a union branch or a length out
+        # of range, an id or text that does not decode) is a SnapshotError naming the snapshot; a failed read of the
+        # file (OSError) is raised as it is.
+        try:
+            yield from decoded()
+        except (OSError, SnapshotError):
+            raise
+        except Exception as exc:
+            raise _corrupt(name, exc) from exc
+
+    def decoded() -> Iterator[dict[str, Any]]:
         with handle:
             if not seekable:
                 yield from reader

@@ -12,6 +12,7 @@ records to a view and lists the entries a view snapshot holds.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -64,8 +65,13 @@ def load_snapshot(
         load_into(view, header, datums, progress)
         if header.topic_id is not None and header.created_ms is not None:
             view.set_source(header.metadata_topic, header.topic_id, header.created_ms)
-    finally:
+    except BaseException:
+        # A load that failed part way (a record that does not read, a full disk, ^C) leaves the state dir as it
+        # found it, so that the operator can load another snapshot, or rebuild from the topic, into it at once.
         view.close()
+        shutil.rmtree(view_dir, ignore_errors=True)
+        raise
+    view.close()
     return header.metadata_topic, dict(header.end_offsets)
 
 
@@ -129,7 +135,12 @@ def apply_archived(view: MetadataView, metadata_topic: str, datums: Iterable[dic
         partition, offset = datum["metadata_partition"], datum["offset"]
         if offset < reached.get(partition, 0):
             continue
-        batch.append(ConsumedRecord(partition, offset, RecordKey.decode(datum["key"].encode()), from_archived(datum)))
+        try:
+            record = ConsumedRecord(partition, offset, RecordKey.decode(datum["key"].encode()), from_archived(datum))
+        except (ValueError, UnicodeError) as exc:  # a node reading this record from the topic halts at it
+            raise SnapshotError(f"record at offset {offset} of {metadata_topic} partition {partition} does not read: "
+                                f"{exc}") from exc
+        batch.append(record)
         reached[partition] = offset + 1
         if len(batch) >= _BATCH:
             apply_records(view, metadata_topic, batch, dict(reached))

@@ -14,6 +14,7 @@ import fastavro
 import pytest
 from rlmm_testkit import LogWriter, make_tp, workload
 
+import rlmm.snapshot
 from rlmm import archive, codec, state
 from rlmm import view_format as vf
 from rlmm.archive import (
@@ -22,6 +23,7 @@ from rlmm.archive import (
     VIEW_FORMAT,
     SnapshotHeader,
     read_snapshot,
+    stream_snapshot,
     to_archived,
     view_chunk_schema,
     view_entries,
@@ -500,3 +502,73 @@ def test_a_snapshot_damaged_anywhere_is_refused_as_corrupt_while_streamed_and_le
         assert view.applied_offsets(TOPIC) == ends
     finally:
         view.close()
+
+
+def _garbled(data: bytes, rng: random.Random) -> bytes:
+    """`data` with one to three of its bytes replaced by random ones."""
+    garbled = bytearray(data)
+    for _ in range(rng.randint(1, 3)):
+        garbled[rng.randrange(len(garbled))] = rng.randrange(256)
+    return bytes(garbled)
+
+
+def _snapshots_of_every_format(tmp_path: Path) -> dict[str, bytes]:
+    datums = _archived_log(12, partitions=2)
+    records = io.BytesIO()
+    write_snapshot(records, TOPIC, datums, {0: len(datums)})
+    replayed = _replayed(tmp_path / "replayed", datums)
+    try:
+        chunks = io.BytesIO()
+        write_chunked_view_snapshot(chunks, TOPIC, snapshot_entries(replayed), replayed.applied_offsets(TOPIC),
+                                    replayed.digest())
+        tables = _view_snapshot(replayed)
+    finally:
+        replayed.close()
+    return {"format 1": records.getvalue(), "format 2": chunks.getvalue(), "format 3": tables}
+
+
+def test_garbled_bytes_in_a_snapshot_of_any_format_are_a_snapshot_error_or_read(tmp_path: Path) -> None:
+    # Whatever fastavro or the chunk reader meets in them (a codec, a compressed block, a union branch, a length, an
+    # id or a text that does not decode) names the snapshot as corrupt; nothing else escapes. Bytes that still decode
+    # (inside a table part, a digest) are left to the object's sha256 and the view digest.
+    rng = random.Random(13)
+    refused = 0
+    for kind, data in _snapshots_of_every_format(tmp_path).items():
+        for _ in range(150):
+            garbled = _garbled(data, rng)
+            for read in ("file", "download"):
+                try:
+                    if read == "file":
+                        _header, datums = read_snapshot(io.BytesIO(garbled), "snap")
+                    else:
+                        chunks = iter([garbled[at:at + 97] for at in range(0, len(garbled), 97)])
+                        _header, datums = stream_snapshot(lambda: next(chunks, b""), "snap")  # noqa: B023
+                    for _datum in datums:
+                        pass
+                except SnapshotError as exc:
+                    assert "snap " in str(exc), (kind, str(exc))
+                    refused += 1
+    assert refused > 300  # most garbled files do not read
+
+
+def test_a_snapshot_that_fails_to_load_leaves_the_state_dir_as_it_found_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rlmm.snapshot, "_BATCH", 10)  # batches were committed before the bad record
+    datums = _archived_log(14)
+    good = tmp_path / "good.avro"
+    with good.open("wb") as out:
+        write_snapshot(out, TOPIC, datums, {0: len(datums)})
+    # A record Avro reads whose values no event holds: a node reading it from the topic halts there.
+    bad_at = next(i for i, datum in enumerate(datums) if datum["segment"] is not None and i > 25)
+    bad_datums = [*datums]
+    bad_datums[bad_at] = {**datums[bad_at], "segment": {**datums[bad_at]["segment"], "start_offset": -4}}
+    bad = tmp_path / "bad.avro"
+    with bad.open("wb") as out:
+        write_snapshot(out, TOPIC, bad_datums, {0: len(datums)})
+    node = tmp_path / "node"
+
+    with pytest.raises(SnapshotError, match=f"record at offset {bad_at} of {TOPIC} partition 0 does not read"):
+        load_snapshot(bad, node)
+    assert not (node / "view").exists()
+    assert load_snapshot(good, node) == (TOPIC, {0: len(datums)})  # the same state dir takes the good one at once
