@@ -45,7 +45,7 @@ from typing import IO, Any
 
 from confluent_kafka import KafkaError
 
-from rlmm import codec, state
+from rlmm import codec, raw_fetch, state
 from rlmm.backlog_window import CompactedWindow, holds_nothing
 from rlmm.errors import InvalidArgumentError
 from rlmm.event_log import EventConsumer
@@ -381,17 +381,86 @@ def fold_share(records: Sequence[Record], directory: Path) -> WorkerShare | str:
 def read_group(request: GroupRequest) -> GroupShare | str:
     """The worker's work for a group: read its metadata partitions from Kafka, keep the newest record of each key
     as the applier's window does (CompactedWindow; a record after a gap in its partition's offsets may stand for
-    records the log cleaner removed), fold them and write their tables; its answer, or why it gave up."""
+    records the log cleaner removed), fold them and write their tables; its answer, or why it gave up. The records
+    come as raw batches (rlmm.raw_fetch) where that reader gives what the consumer would, else from the consumer."""
+    window = CompactedWindow(_no_own_write, holds_nothing)  # a new node's view holds no segment yet
+    read: int | str | None = None
+    if _raw_reader_for(request) is not None:
+        try:
+            read = _read_raw(request, window)
+        except raw_fetch.RawFetchUnusable as exc:
+            log.info("metadata partitions %s: read with the consumer instead of as raw batches: %s",
+                     sorted(request.starts), exc)
+            window = CompactedWindow(_no_own_write, holds_nothing)
+    if read is None:
+        read = _read_consumed(request, window)
+    if isinstance(read, str):
+        return read
+    replay = window.replay_entries()
+    window.clear()
+    answer = fold_share(replay, Path(request.directory))
+    if isinstance(answer, str):
+        return answer
+    noted = [replay[index] for index, _, _, _ in answer.folded.noted]
+    answer.folded.noted = [(number, None, None, outcome) for number, (_, _, _, outcome) in
+                           enumerate(answer.folded.noted)]
+    return GroupShare(answer, read, len(replay), noted)
+
+
+def _plain_tables(window: CompactedWindow) -> tuple[dict[bytes, Any], list[Any]]:
+    """The window's `keep`, inline in the loops below (a call per record was a tenth of a worker's read): no record is
+    one of this node's writes, and a segment tombstone names a segment the new node's view does not hold."""
+    plain = window.plain_tables()
+    assert plain is not None, "a new window holds no record of this node's writes"
+    newest, superseded_tombstones, _ = plain
+    return newest, superseded_tombstones
+
+
+def _read_raw(request: GroupRequest, window: CompactedWindow) -> int | str:
+    """The group's records as raw batches into `window`: how many were read, or why the group was given up.
+    RawFetchUnusable, with the window part filled, when the consumer must read the group instead."""
+    reader = _raw_reader_for(request)
+    assert reader is not None
+    newest, superseded_tombstones = _plain_tables(window)
+    next_offsets = dict(request.starts)
+    after_cleaning: set[int] = set()
+    read = 0
+    try:
+        for partition, records in reader.read(request.starts, request.ends, GROUP_IDLE_S):
+            expected = next_offsets[partition]
+            cleaned = partition in after_cleaning
+            for offset, key, value in records:
+                if offset != expected:
+                    cleaned = True
+                expected = offset + 1
+                if key is None:
+                    key = b""
+                if value is None and key.startswith(SEGMENT_KEY_PREFIX):
+                    newest.pop(key, None)
+                    continue
+                before = newest.get(key)
+                if before is not None and before[3] is None:
+                    superseded_tombstones.append(before)
+                newest[key] = (partition, offset, key, value, None, cleaned if before is None else before[3] is not None)
+            if cleaned:
+                after_cleaning.add(partition)
+            next_offsets[partition] = expected
+            read += len(records)
+            if window.kept() > request.max_kept:
+                return f"its window keeps more than {request.max_kept} records"
+    except raw_fetch.RawFetchUnusable:
+        _close_raw_reader()
+        raise
+    return read
+
+
+def _read_consumed(request: GroupRequest, window: CompactedWindow) -> int | str:
+    """The group's records from the consumer into `window`: how many were read, or why the group was given up."""
     starts, ends = request.starts, request.ends
     consumer = _consumer_for(request)
     try:
         consumer.assign(starts, sorted(starts))
-        window = CompactedWindow(_no_own_write, holds_nothing)  # a new node's view holds no segment yet
-        # The window's `keep`, inline (a call per record was a tenth of a worker's read): no record is one of this
-        # node's writes, and a segment tombstone names a segment the new node's view does not hold.
-        plain = window.plain_tables()
-        assert plain is not None, "a new window holds no record of this node's writes"
-        newest, superseded_tombstones, _ = plain
+        newest, superseded_tombstones = _plain_tables(window)
         left = {partition for partition in starts if ends[partition] > starts[partition]}
         next_offsets, after_cleaning = dict(starts), set()
         partition: int
@@ -439,15 +508,7 @@ def read_group(request: GroupRequest) -> GroupShare | str:
         _close_consumer()
         raise
     consumer.assign({}, [])
-    replay = window.replay_entries()
-    window.clear()
-    answer = fold_share(replay, Path(request.directory))
-    if isinstance(answer, str):
-        return answer
-    noted = [replay[index] for index, _, _, _ in answer.folded.noted]
-    answer.folded.noted = [(number, None, None, outcome) for number, (_, _, _, outcome) in
-                           enumerate(answer.folded.noted)]
-    return GroupShare(answer, read, len(replay), noted)
+    return read
 
 
 # The worker's consumer, kept for the groups it is handed next (a new one connects and fetches metadata first): the
@@ -469,6 +530,33 @@ def _close_consumer() -> None:
     if _consumer is not None:
         consumer, _consumer = _consumer[1], None
         consumer.close()
+
+
+# The worker's raw reader, kept for the groups it is handed next like its consumer: the (topic, settings) it was
+# opened with, and it; None for settings it cannot honour (their groups go to the consumer).
+_raw_reader: tuple[tuple[str, str], raw_fetch.RawReader | None] | None = None
+
+
+def _raw_reader_for(request: GroupRequest) -> raw_fetch.RawReader | None:
+    global _raw_reader
+    wanted = (request.topic, repr(sorted(request.client_config.items())))
+    if _raw_reader is None or _raw_reader[0] != wanted:
+        _close_raw_reader()
+        reader = None
+        try:
+            reader = raw_fetch.RawReader(request.topic, request.client_config, GROUP_IDLE_S)
+        except raw_fetch.RawFetchUnusable as exc:
+            log.info("metadata topic %s: its groups are read with the consumer: %s", request.topic, exc)
+        _raw_reader = (wanted, reader)
+    return _raw_reader[1]
+
+
+def _close_raw_reader() -> None:
+    global _raw_reader
+    if _raw_reader is not None:
+        reader, _raw_reader = _raw_reader[1], None
+        if reader is not None:
+            reader.close()
 
 
 def _no_own_write(request: str) -> bool:
@@ -506,6 +594,7 @@ def main() -> int:
         pass
     finally:
         _close_consumer()
+        _close_raw_reader()
     return 0
 
 

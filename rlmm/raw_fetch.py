@@ -1,0 +1,205 @@
+"""A worker's read of metadata partitions as raw record batches (rlmm.fresh_load): kafka-python's client fetches them
+and rlmm/_record_batches.c reads them into (offset, key, value) tuples, about a third of what librdkafka's consumer
+costs per record (one Message object each). Only what the consumer would give is read this way; anything else is
+RawFetchUnusable, and the worker reads the group with the consumer instead:
+
+- a client setting other than the broker list and the client id (security, a proxy: kafka-python is configured
+  apart from librdkafka, and the consumer keeps every setting an operator gave);
+- a transactional or control batch (the consumer, reading committed records only, skips aborted transactions);
+- an offset no longer on the log, a batch of an older format, a partition error that a fresh look at the cluster's
+  leaders does not cure, or no bytes for `idle_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from types import ModuleType
+from typing import Any
+
+from rlmm import record_batches
+
+log = logging.getLogger(__name__)
+
+_batches: ModuleType | None
+try:  # built by setup.py where a C compiler is (optional): see rlmm/_record_batches.c
+    from rlmm import _record_batches as _batches
+except ImportError:  # pragma: no cover - depends on the build
+    _batches = None
+
+# The client settings this reader honours; any other makes it unusable (the consumer reads the group instead).
+_HONOURED = frozenset({"bootstrap.servers", "client.id", "security.protocol"})
+_FETCH_VERSION = 10  # Kafka 2.1 and later; Kafka 4 serves 4 to 17
+_FETCH_MAX_BYTES = 64 << 20  # per fetch, over the partitions asked
+_PARTITION_MAX_BYTES = 16 << 20
+_FETCH_WAIT_MS = 100
+_READ_COMMITTED = 1
+_REQUEST_TIMEOUT_MS = 30_000
+# Partition errors a fresh look at the leaders cures (the partition moved, or its leader is being elected).
+_RETRIABLE = frozenset({
+    3,   # UNKNOWN_TOPIC_OR_PARTITION
+    5,   # LEADER_NOT_AVAILABLE
+    6,   # NOT_LEADER_OR_FOLLOWER
+    7,   # REQUEST_TIMED_OUT
+    56,  # KAFKA_STORAGE_ERROR
+    74,  # FENCED_LEADER_EPOCH
+    75,  # UNKNOWN_LEADER_EPOCH
+})
+_OFFSET_OUT_OF_RANGE = 1
+_RETRY_BACKOFF_S = 0.1
+
+Records = list[tuple[int, bytes | None, bytes | None]]
+
+
+class RawFetchUnusable(Exception):
+    """This read cannot give what the consumer would: the message says why."""
+
+
+def unusable_for(client_config: Mapping[str, Any]) -> str | None:
+    """Why these client settings (librdkafka's names) keep this reader from being used, or None."""
+    if _batches is None:
+        return "rlmm._record_batches is not built (no C compiler at install)"
+    other = sorted(set(client_config) - _HONOURED)
+    if other:
+        return f"client settings it does not honour: {', '.join(other)}"
+    protocol = str(client_config.get("security.protocol", "plaintext")).lower()
+    if protocol != "plaintext":
+        return f"security.protocol {protocol}"
+    if not client_config.get("bootstrap.servers"):
+        return "no bootstrap.servers"
+    return None
+
+
+class RawReader:
+    """Fetches metadata partitions of `topic` whole, as raw batches, from their leaders."""
+
+    def __init__(self, topic: str, client_config: Mapping[str, Any], timeout_s: float) -> None:
+        why = unusable_for(client_config)
+        if why is not None:
+            raise RawFetchUnusable(why)
+        from kafka.client_async import KafkaClient
+        from kafka.errors import KafkaError
+
+        self.topic = topic
+        self._kafka_error = KafkaError
+        try:
+            self._client = KafkaClient(
+                bootstrap_servers=str(client_config["bootstrap.servers"]).split(","),
+                client_id=str(client_config.get("client.id", "tierlog-fold-worker")),
+                request_timeout_ms=_REQUEST_TIMEOUT_MS, api_version_auto_timeout_ms=int(timeout_s * 1000))
+        except KafkaError as exc:
+            raise RawFetchUnusable(f"kafka-python's client did not start: {exc!r}") from exc
+        try:
+            from kafka.protocol.fetch import FetchRequest
+
+            self._request = FetchRequest[_FETCH_VERSION]
+            if self._client.api_version(FetchRequest, max_version=_FETCH_VERSION) < _FETCH_VERSION:
+                raise RawFetchUnusable(f"the broker serves Fetch below version {_FETCH_VERSION}")
+            self._client.set_topics([topic])  # metadata of this topic only
+        except KafkaError as exc:
+            self.close()
+            raise RawFetchUnusable(f"the broker's Fetch versions: {exc!r}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._client.close()
+
+    def read(self, starts: Mapping[int, int], ends: Mapping[int, int], idle_s: float
+             ) -> Iterator[tuple[int, Records]]:
+        """Each partition's records from its start to its end, in order within a partition, as they come: (partition,
+        records), records with offsets in [start, end). RawFetchUnusable for anything the consumer would read
+        differently, or no bytes for `idle_s`."""
+        next_offsets = {p: starts[p] for p in starts if ends[p] > starts[p]}
+        heard = time.monotonic()
+        leaders = self._leaders(next_offsets, heard + idle_s)
+        turn = 0
+        while next_offsets:
+            # A fetch fills its byte limit partition by partition, in the order asked: each fetch begins with the next
+            # partition, so that none waits behind the others.
+            order = sorted(next_offsets)
+            turn += 1
+            by_leader: dict[int, list[int]] = {}
+            for partition in order[turn % len(order):] + order[:turn % len(order)]:
+                by_leader.setdefault(leaders[partition], []).append(partition)
+            stale = False
+            for node, partitions in by_leader.items():
+                for partition, error, high_watermark, data in self._fetch(node, partitions, next_offsets,
+                                                                          heard + idle_s):
+                    if error in _RETRIABLE:
+                        stale = True
+                        continue
+                    if error == _OFFSET_OUT_OF_RANGE:
+                        raise RawFetchUnusable(f"offset {next_offsets[partition]} of metadata partition {partition} "
+                                               "is no longer on the log")
+                    if error:
+                        raise RawFetchUnusable(f"metadata partition {partition}: error code {error}")
+                    start, end = next_offsets[partition], ends[partition]
+                    try:
+                        records, after, transactional = _batches.read(  # type: ignore[union-attr]
+                            data, start, end, record_batches.decompress)
+                    except ValueError as exc:
+                        raise RawFetchUnusable(f"metadata partition {partition} at offset {start}: {exc}") from exc
+                    if transactional:
+                        raise RawFetchUnusable(f"metadata partition {partition} holds a transaction's batches near "
+                                               f"offset {start}")
+                    if after > start:
+                        heard = time.monotonic()
+                        if after >= end:
+                            del next_offsets[partition]
+                        else:
+                            next_offsets[partition] = after
+                    if records:
+                        yield partition, records
+            if stale:
+                time.sleep(_RETRY_BACKOFF_S)
+                leaders = self._leaders(next_offsets, heard + idle_s)
+            elif time.monotonic() - heard > idle_s:
+                raise RawFetchUnusable(f"no record came from metadata partitions {sorted(next_offsets)} for "
+                                       f"{idle_s:g} s")
+
+    def _leaders(self, partitions: Mapping[int, int], deadline: float) -> dict[int, int]:
+        """The leader of each partition, from metadata asked for now."""
+        from kafka.structs import TopicPartition
+
+        client = self._client
+        while True:
+            future = client.cluster.request_update()
+            client.poll(timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)), future=future)
+            leaders = {p: client.cluster.leader_for_partition(TopicPartition(self.topic, p)) for p in partitions}
+            if all(leader is not None and leader >= 0 for leader in leaders.values()):
+                return leaders
+            if time.monotonic() > deadline:
+                raise RawFetchUnusable(f"no leader known for metadata partitions "
+                                       f"{sorted(p for p, leader in leaders.items() if leader is None or leader < 0)}")
+            time.sleep(_RETRY_BACKOFF_S)
+
+    def _fetch(self, node: int, partitions: list[int], offsets: Mapping[int, int], deadline: float
+               ) -> list[tuple[int, int, int, bytes]]:
+        """One Fetch of `partitions` from `node`: (partition, error code, high watermark, bytes) each."""
+        client = self._client
+        request = self._request(
+            -1, _FETCH_WAIT_MS, 1, _FETCH_MAX_BYTES, _READ_COMMITTED, 0, -1,
+            [(self.topic, [(p, -1, offsets[p], -1, _PARTITION_MAX_BYTES) for p in partitions])], [])
+        while not client.ready(node):
+            if time.monotonic() > deadline:
+                raise RawFetchUnusable(f"no connection to broker {node}")
+            client.poll(timeout_ms=100)
+        future = client.send(node, request)
+        client.poll(timeout_ms=_REQUEST_TIMEOUT_MS + 1000, future=future)
+        if not future.is_done:
+            raise RawFetchUnusable(f"a fetch from broker {node} got no answer")
+        if future.failed():
+            raise RawFetchUnusable(f"a fetch from broker {node} failed: {future.exception!r}")
+        response = future.value
+        if response.error_code:
+            raise RawFetchUnusable(f"a fetch from broker {node} failed: error code {response.error_code}")
+        found = []
+        for topic, answers in response.topics:
+            if topic != self.topic:
+                continue
+            for partition, error, high_watermark, *rest in answers:
+                found.append((partition, error, high_watermark, rest[-1] or b""))
+        return found
