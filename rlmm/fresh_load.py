@@ -441,7 +441,8 @@ def _read_raw(request: GroupRequest, window: CompactedWindow) -> int | str:
                 before = newest.get(key)
                 if before is not None and before[3] is None:
                     superseded_tombstones.append(before)
-                newest[key] = (partition, offset, key, value, None, cleaned if before is None else before[3] is not None)
+                newest[key] = (partition, offset, key, value, None,
+                               cleaned if before is None else before[3] is not None)
             if cleaned:
                 after_cleaning.add(partition)
             next_offsets[partition] = expected

@@ -22,11 +22,11 @@ from rlmm import record_batches
 
 log = logging.getLogger(__name__)
 
-_batches: ModuleType | None
+_record_batches: ModuleType | None
 try:  # built by setup.py where a C compiler is (optional): see rlmm/_record_batches.c
-    from rlmm import _record_batches as _batches
-except ImportError:  # pragma: no cover - depends on the build
-    _batches = None
+    from rlmm import _record_batches
+except ImportError:  # a build without the compiler: the consumer reads every group
+    _record_batches = None
 
 # The client settings this reader honours; any other makes it unusable (the consumer reads the group instead).
 _HONOURED = frozenset({"bootstrap.servers", "client.id", "security.protocol"})
@@ -58,7 +58,7 @@ class RawFetchUnusable(Exception):
 
 def unusable_for(client_config: Mapping[str, Any]) -> str | None:
     """Why these client settings (librdkafka's names) keep this reader from being used, or None."""
-    if _batches is None:
+    if _record_batches is None:
         return "rlmm._record_batches is not built (no C compiler at install)"
     other = sorted(set(client_config) - _HONOURED)
     if other:
@@ -76,8 +76,9 @@ class RawReader:
 
     def __init__(self, topic: str, client_config: Mapping[str, Any], timeout_s: float) -> None:
         why = unusable_for(client_config)
-        if why is not None:
-            raise RawFetchUnusable(why)
+        if why is not None or _record_batches is None:
+            raise RawFetchUnusable(why or "rlmm._record_batches is not built")
+        self._read_batches = _record_batches.read
         from kafka.client_async import KafkaClient
         from kafka.errors import KafkaError
 
@@ -126,8 +127,7 @@ class RawReader:
                 by_leader.setdefault(leaders[partition], []).append(partition)
             stale = False
             for node, partitions in by_leader.items():
-                for partition, error, high_watermark, data in self._fetch(node, partitions, next_offsets,
-                                                                          heard + idle_s):
+                for partition, error, data in self._fetch(node, partitions, next_offsets, heard + idle_s):
                     if error in _RETRIABLE:
                         stale = True
                         continue
@@ -138,7 +138,7 @@ class RawReader:
                         raise RawFetchUnusable(f"metadata partition {partition}: error code {error}")
                     start, end = next_offsets[partition], ends[partition]
                     try:
-                        records, after, transactional = _batches.read(  # type: ignore[union-attr]
+                        records, after, transactional = self._read_batches(
                             data, start, end, record_batches.decompress)
                     except ValueError as exc:
                         raise RawFetchUnusable(f"metadata partition {partition} at offset {start}: {exc}") from exc
@@ -177,8 +177,8 @@ class RawReader:
             time.sleep(_RETRY_BACKOFF_S)
 
     def _fetch(self, node: int, partitions: list[int], offsets: Mapping[int, int], deadline: float
-               ) -> list[tuple[int, int, int, bytes]]:
-        """One Fetch of `partitions` from `node`: (partition, error code, high watermark, bytes) each."""
+               ) -> list[tuple[int, int, bytes]]:
+        """One Fetch of `partitions` from `node`: (partition, error code, its batches' bytes) each."""
         client = self._client
         request = self._request(
             -1, _FETCH_WAIT_MS, 1, _FETCH_MAX_BYTES, _READ_COMMITTED, 0, -1,
@@ -200,6 +200,6 @@ class RawReader:
         for topic, answers in response.topics:
             if topic != self.topic:
                 continue
-            for partition, error, high_watermark, *rest in answers:
-                found.append((partition, error, high_watermark, rest[-1] or b""))
+            for partition, error, *rest in answers:
+                found.append((partition, error, rest[-1] or b""))
         return found
