@@ -1,0 +1,116 @@
+"""Fuzz target of rlmm/_record_batches.c (run by run_fuzz.py): read() gives what rlmm.record_batches.read gives for any
+bytes (the same records, next offset and transactional flag, or a ValueError with the same message, or the same
+exception the decompressor raised), and refuses arguments of other types with TypeError.
+
+Inputs are batches encoded here from the fuzzer's choices (so that most reach the records), then garbled, cut short or
+joined to raw bytes; a decompressor drawn per input gives records uncompressed, decompresses for real, returns what
+is not bytes, or raises."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import atheris
+
+from rlmm import _record_batches, record_batches
+
+
+def _varint(value: int) -> bytes:
+    raw = (value << 1) ^ (value >> 63)
+    raw &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte = raw & 0x7F
+        raw >>= 7
+        if raw:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _part(data: atheris.FuzzedDataProvider, nullable: bool = True) -> bytes:
+    if nullable and data.ConsumeIntInRange(0, 5) == 0:
+        return _varint(-1)
+    content = data.ConsumeBytes(data.ConsumeIntInRange(0, 24))
+    return _varint(len(content)) + content
+
+
+def _record(data: atheris.FuzzedDataProvider) -> bytes:
+    body = bytes([data.ConsumeIntInRange(0, 255)]) + _varint(data.ConsumeIntInRange(-(1 << 40), 1 << 40))
+    body += _varint(data.ConsumeIntInRange(-3, 40)) + _part(data) + _part(data)
+    headers = data.ConsumeIntInRange(0, 3)
+    body += _varint(headers) + b"".join(_part(data, nullable=data.ConsumeIntInRange(0, 9) == 0) + _part(data)
+                                          for _ in range(headers))
+    return _varint(len(body)) + body
+
+
+def _batch(data: atheris.FuzzedDataProvider) -> bytes:
+    count = data.ConsumeIntInRange(0, 6)
+    body = b"".join(_record(data) for _ in range(count))
+    attributes = data.PickValueInList([0, 0, 0, 1, 2, 3, 4, 5, 0x10, 0x20, 0x30, 7])
+    base = data.PickValueInList([0, 0, 5, 5, 1 << 40, -1, record_batches.MAX_BASE_OFFSET,
+                                 record_batches.MAX_BASE_OFFSET + 1])
+    head = struct.pack(">ibIhiqqqhii", 0, data.PickValueInList([2, 2, 2, 1, 0]), 0, attributes,
+                       data.ConsumeIntInRange(-1, 8), 0, 0, -1, -1, -1,
+                       count if data.ConsumeIntInRange(0, 6) else data.ConsumeIntInRange(-2, 9))
+    length = len(head) + len(body)
+    if data.ConsumeIntInRange(0, 9) == 0:
+        length = data.ConsumeIntInRange(-5, length + 5)
+    return struct.pack(">qi", base, length) + head + body
+
+
+def _decompressor(kind: int) -> Any:
+    def identity(codec: int, payload: bytes) -> bytes:
+        return payload
+
+    def not_bytes(codec: int, payload: bytes) -> Any:
+        return bytearray(payload) if codec % 2 else None
+
+    def raising(codec: int, payload: bytes) -> bytes:
+        raise KeyError(f"codec {codec}")
+
+    return [identity, record_batches.decompress, not_bytes, raising][kind]
+
+
+def _outcome(read: Any, *args: Any) -> tuple[Any, ...]:
+    try:
+        return ("read", read(*args))
+    except (ValueError, KeyError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def one_input(raw: bytes) -> None:
+    data = atheris.FuzzedDataProvider(raw)
+    misuse = data.ConsumeIntInRange(0, 7)
+    parts = [_batch(data) for _ in range(data.ConsumeIntInRange(0, 4))]
+    encoded = bytearray(b"".join(parts))
+    for _ in range(data.PickValueInList([0, 0, 0, 1, 2, 3])):
+        if encoded:
+            encoded[data.ConsumeIntInRange(0, len(encoded) - 1)] = data.ConsumeIntInRange(0, 255)
+    if encoded and data.ConsumeIntInRange(0, 3) == 0:
+        del encoded[data.ConsumeIntInRange(0, len(encoded) - 1):]
+    encoded += data.ConsumeBytes(data.PickValueInList([0, 0, 0, 12, 64]))
+    start = data.PickValueInList([0, 0, 0, 3, 1 << 40, -1])
+    end = data.PickValueInList([1 << 62, 1 << 62, 1 << 62, 10, 0, (1 << 63) - 1])
+    decompress = _decompressor(data.PickValueInList([0, 0, 0, 1, 2, 3]))
+    args: list[Any] = [bytes(encoded), start, end, decompress]
+    if misuse < 4:  # well-formed arguments: the same outcome either way
+        expected = _outcome(record_batches.read, *args)
+        got = _outcome(_record_batches.read, *args)
+        assert got == expected, (args, got, expected)
+        return
+    if misuse == 4:  # data of another type
+        args[0] = [bytearray(encoded), memoryview(encoded), encoded.decode("latin-1"), None][data.ConsumeIntInRange(0, 3)]
+    elif misuse == 5:  # an offset of another type, or out of int64
+        args[data.ConsumeIntInRange(1, 2)] = data.PickValueInList([1.0, "1", None, True, 1 << 63, -(1 << 63) - 1])
+    elif misuse == 6:  # a decompressor that cannot be called
+        args[3] = data.PickValueInList([None, 3, b"x"])
+    else:  # another number of arguments
+        args = args[:data.ConsumeIntInRange(0, 3)] if data.ConsumeBool() else [*args, None]
+    try:
+        _record_batches.read(*args)
+    except (TypeError, ValueError):
+        return
+    raise AssertionError(f"read accepted misuse {misuse}: {args!r}")
