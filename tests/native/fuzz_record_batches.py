@@ -102,7 +102,7 @@ def one_input(raw: bytes) -> None:
         assert got == expected, (args, got, expected)
         return
     if misuse == 4:  # data of another type
-        args[0] = [bytearray(encoded), memoryview(encoded), encoded.decode("latin-1"), None][data.ConsumeIntInRange(0, 3)]
+        args[0] = data.PickValueInList([bytearray(encoded), memoryview(encoded), encoded.decode("latin-1"), None])
     elif misuse == 5:  # an offset of another type, or out of int64
         args[data.ConsumeIntInRange(1, 2)] = data.PickValueInList([1.0, "1", None, True, 1 << 63, -(1 << 63) - 1])
     elif misuse == 6:  # a decompressor that cannot be called
