@@ -23,8 +23,8 @@ Records = list[tuple[int, bytes | None, bytes | None]]
 
 def _consumed(bootstrap: str, topic: str, partition: int, start: int, end: int) -> Records:
     """What the consumer reads of [start, end), as a worker's consumer is set up (read committed)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tierlog-test-unused", "enable.partition.eof": True,
-                         "enable.auto.commit": False, "auto.offset.reset": "error"})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tierlog-test-unused",
+                         "enable.partition.eof": True, "enable.auto.commit": False, "auto.offset.reset": "error"})
     consumer.assign([TopicPartition(topic, partition, start)])
     got: Records = []
     deadline = time.monotonic() + 30
