@@ -52,13 +52,16 @@ def _raw(bootstrap: str, topic: str, starts: dict[int, int], ends: dict[int, int
         reader.close()
 
 
-def _history(rng: random.Random, count: int) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
+Headers = list[tuple[str, str | bytes | None]]
+
+
+def _history(rng: random.Random, count: int) -> list[tuple[bytes | None, bytes | None, Headers]]:
     """Records of every shape a metadata partition may hold: repeated keys, tombstones, a null key, headers."""
-    shapes: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+    shapes: list[tuple[bytes | None, bytes | None, Headers]] = []
     for number in range(count):
         key = None if number % 97 == 5 else f"segment:{rng.randrange(40)}".encode()
         value = None if number % 7 == 3 else rng.randbytes(rng.randrange(0, 300))
-        headers = [("h", rng.randbytes(3))] if number % 11 == 0 else []
+        headers: Headers = [("h", rng.randbytes(3))] if number % 11 == 0 else []
         shapes.append((key, value, headers))
     return shapes
 
