@@ -385,9 +385,10 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     come as raw batches (rlmm.raw_fetch) where that reader gives what the consumer would, else from the consumer."""
     window = CompactedWindow(_no_own_write, holds_nothing)  # a new node's view holds no segment yet
     read: int | str | None = None
-    if _raw_reader_for(request) is not None:
+    reader = _raw_reader_for(request)
+    if reader is not None:
         try:
-            read = _read_raw(request, window)
+            read = _read_raw(reader, request, window)
         except raw_fetch.RawFetchUnusable as exc:
             log.info("metadata partitions %s: read with the consumer instead of as raw batches: %s",
                      sorted(request.starts), exc)
@@ -416,11 +417,9 @@ def _plain_tables(window: CompactedWindow) -> tuple[dict[bytes, Any], list[Any]]
     return newest, superseded_tombstones
 
 
-def _read_raw(request: GroupRequest, window: CompactedWindow) -> int | str:
+def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: CompactedWindow) -> int | str:
     """The group's records as raw batches into `window`: how many were read, or why the group was given up.
     RawFetchUnusable, with the window part filled, when the consumer must read the group instead."""
-    reader = _raw_reader_for(request)
-    assert reader is not None
     newest, superseded_tombstones = _plain_tables(window)
     next_offsets = dict(request.starts)
     after_cleaning: set[int] = set()

@@ -83,7 +83,6 @@ class RawReader:
         from kafka.errors import KafkaError
 
         self.topic = topic
-        self._kafka_error = KafkaError
         try:
             self._client = KafkaClient(
                 bootstrap_servers=str(client_config["bootstrap.servers"]).split(","),
