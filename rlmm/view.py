@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import gc
 import logging
+import os
 import shutil
 import threading
 import uuid
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from rocksdict import (
     AccessType,
@@ -78,6 +79,8 @@ log = logging.getLogger(__name__)
 _WRITE_BUFFER_BYTES = 4 << 20
 # Entries hashed at once when the digest reads the view.
 _DIGEST_RUN = 20_000
+# A loaded table is sent to disk in stretches of this size while it is written (_SyncedTable).
+_SYNC_BYTES = 16 << 20
 
 
 # One block cache for every column family of every view in the process. RocksDB's default gives each family a
@@ -554,7 +557,7 @@ class MetadataView:
         tables = self._tables_directory()
         files: dict[str, Path] = {}
         try:
-            table: BinaryIO | None = None
+            table: _SyncedTable | None = None
             current = ""
             try:
                 for family, part in parts:
@@ -568,7 +571,7 @@ class MetadataView:
                         if table is not None:
                             table.close()
                         current, files[family] = family, tables / f"{family}.sst"
-                        table = files[family].open("xb")
+                        table = _SyncedTable(files[family])
                     assert table is not None  # opened for the first part
                     table.write(part)
             finally:
@@ -613,6 +616,49 @@ class MetadataView:
             if loading:
                 batch.delete(_LOADING_KEY, self._handles[vf.APPLIED])
             self._write(batch)
+
+
+class _SyncedTable:
+    """A table file of a load, written as its parts arrive and sent to disk as it grows: a thread flushes what was
+    written every _SYNC_BYTES while the next parts are written, and closing it waits until all of it is on disk.
+    RocksDB syncs a table it ingests; synced here, beside the download, that no longer waits on a snapshot's whole
+    size (0.1-0.2 s for 128 MB at 1M live segments, now the last stretch only)."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("xb")
+        self._unsynced = 0
+        self._syncing: threading.Thread | None = None
+        # What a sync in the thread raised: the kernel reports a failed write-back once per open file, so it is
+        # raised by close(), not lost with the thread.
+        self._failed: OSError | None = None
+
+    def write(self, part: bytes) -> None:
+        self._file.write(part)
+        self._unsynced += len(part)
+        if self._unsynced >= _SYNC_BYTES and (self._syncing is None or not self._syncing.is_alive()):
+            self._file.flush()
+            self._unsynced = 0
+            self._syncing = threading.Thread(target=self._sync, name="tierlog-view-table-sync", daemon=True)
+            self._syncing.start()
+
+    def _sync(self) -> None:
+        try:
+            os.fdatasync(self._file.fileno())
+        except OSError as exc:
+            self._failed = exc
+
+    def close(self) -> None:
+        if self._file.closed:  # closed already (its failure is being raised)
+            return
+        try:
+            if self._syncing is not None:
+                self._syncing.join()
+            self._file.flush()
+            self._sync()
+            if self._failed is not None:
+                raise self._failed
+        finally:
+            self._file.close()
 
 
 class ViewPointInTime:

@@ -3,10 +3,13 @@ it states; format 1 (archive records, replayed) still loads."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import logging
+import os
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 from rlmm_testkit import LogWriter, make_tp, workload
 
 import rlmm.snapshot
+import rlmm.view
 from rlmm import archive, codec, state
 from rlmm import view_format as vf
 from rlmm.archive import (
@@ -438,6 +442,48 @@ def test_tables_that_do_not_load_are_refused_naming_what_is_wrong_and_leave_no_o
         assert view.applied_offsets(TOPIC) == {}
     finally:
         view.close()
+
+
+def test_tables_are_synced_while_written_and_a_failed_sync_refuses_the_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(11))
+    header, datums = read_snapshot(io.BytesIO(_view_snapshot(replayed)))
+    replayed.close()
+    parts = [(datum["family"], bytes(datum["part"])) for datum in datums]
+    monkeypatch.setattr(rlmm.view, "_SYNC_BYTES", 100)  # a sync in the thread after every part or two
+    synced: list[int] = []
+    real_sync = os.fdatasync
+
+    def failing_once(fd: int) -> None:
+        # A failed write-back (EIO) is reported once, to the first sync after it: this one, in the thread. The real
+        # disk cannot fail on demand, so the sync is stood in for here.
+        synced.append(fd)
+        real_sync(fd)
+        if len(synced) == 2:
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(rlmm.view.os, "fdatasync", failing_once)
+    view = MetadataView(tmp_path / "loaded")
+    try:
+        with pytest.raises(OSError, match="Input/output error"):
+            view.load_tables(TOPIC, parts, header.end_offsets)
+        assert view.applied_offsets(TOPIC) == {} and not view.holds_entries()
+        assert not (tmp_path / "loaded.tables").exists()
+        threads: list[str] = []
+
+        def counted(fd: int) -> None:
+            threads.append(threading.current_thread().name)
+            real_sync(fd)
+
+        monkeypatch.setattr(rlmm.view.os, "fdatasync", counted)
+        view.load_tables(TOPIC, parts, header.end_offsets)
+        assert view.applied_offsets(TOPIC) == header.end_offsets
+    finally:
+        view.close()
+    # Each table synced as it closed, and some while they were written.
+    assert threads.count(threading.current_thread().name) == len({family for family, _ in parts})
+    assert "tierlog-view-table-sync" in threads
 
 
 def test_writing_a_snapshot_of_a_view_reads_no_partition_into_memory(tmp_path: Path) -> None:
