@@ -48,6 +48,7 @@ _RETRIABLE = frozenset({
 })
 _OFFSET_OUT_OF_RANGE = 1
 _RETRY_BACKOFF_S = 0.1
+_CONNECT_WAIT_S = 1.0  # for a connection to a leader, before its partitions' leaders are looked up again
 
 Records = list[tuple[int, bytes | None, bytes | None]]
 
@@ -126,7 +127,11 @@ class RawReader:
                 by_leader.setdefault(leaders[partition], []).append(partition)
             stale = False
             for node, partitions in by_leader.items():
-                for partition, error, data in self._fetch(node, partitions, next_offsets, heard + idle_s):
+                answers = self._fetch(node, partitions, next_offsets)
+                if answers is None:  # the broker is gone or does not answer: its partitions may have moved
+                    stale = True
+                    continue
+                for partition, error, data in answers:
                     if error in _RETRIABLE:
                         stale = True
                         continue
@@ -175,22 +180,29 @@ class RawReader:
                                        f"{sorted(p for p, leader in leaders.items() if leader is None or leader < 0)}")
             time.sleep(_RETRY_BACKOFF_S)
 
-    def _fetch(self, node: int, partitions: list[int], offsets: Mapping[int, int], deadline: float
-               ) -> list[tuple[int, int, bytes]]:
-        """One Fetch of `partitions` from `node`: (partition, error code, its batches' bytes) each."""
+    def _fetch(self, node: int, partitions: list[int], offsets: Mapping[int, int]
+               ) -> list[tuple[int, int, bytes]] | None:
+        """One Fetch of `partitions` from `node`: (partition, error code, its batches' bytes) each; None when the
+        broker cannot be reached or its connection failed (the caller looks at the leaders again)."""
         client = self._client
         request = self._request(
             -1, _FETCH_WAIT_MS, 1, _FETCH_MAX_BYTES, _READ_COMMITTED, 0, -1,
             [(self.topic, [(p, -1, offsets[p], -1, _PARTITION_MAX_BYTES) for p in partitions])], [])
+        connecting = time.monotonic() + _CONNECT_WAIT_S
         while not client.ready(node):
-            if time.monotonic() > deadline:
-                raise RawFetchUnusable(f"no connection to broker {node}")
+            if time.monotonic() > connecting:
+                log.debug("metadata topic %s: no connection to broker %d in %g s", self.topic, node, _CONNECT_WAIT_S)
+                return None
             client.poll(timeout_ms=100)
         future = client.send(node, request)
         client.poll(timeout_ms=_REQUEST_TIMEOUT_MS + 1000, future=future)
         if not future.is_done:
-            raise RawFetchUnusable(f"a fetch from broker {node} got no answer")
+            log.debug("metadata topic %s: a fetch from broker %d got no answer", self.topic, node)
+            return None
         if future.failed():
+            if getattr(future.exception, "retriable", False):
+                log.debug("metadata topic %s: a fetch from broker %d failed: %r", self.topic, node, future.exception)
+                return None
             raise RawFetchUnusable(f"a fetch from broker {node} failed: {future.exception!r}")
         response = future.value
         if response.error_code:

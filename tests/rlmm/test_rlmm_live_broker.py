@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ElectionType, TopicPartition
+from confluent_kafka import Consumer, ElectionType, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from rlmm_testkit import make_tp, manager_config, segment
 from support import wait_until
-from support.topics import unique_topic_name
+from support.topics import create_topic, unique_topic_name
 
 from dev.kafka import KafkaCluster
-from rlmm import RemoteLogMetadataManager, RemoteStorageError, TopicIdPartition
+from rlmm import RemoteLogMetadataManager, RemoteStorageError, TopicIdPartition, raw_fetch
 from rlmm.events import metadata_partition_for
 
 WRITE_TIMEOUT_S = 3.0
@@ -221,6 +221,49 @@ def test_three_brokers_leader_killed_restarted_and_moved_back_while_writes_flow(
               f"new_partition_ready_in={ready_s:.2f}s")
     finally:
         manager.close()
+
+
+def test_raw_batches_are_read_from_each_partitions_leader_and_after_a_leader_is_killed(
+    kafka_cluster3: KafkaCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new node's worker reads a group's metadata partitions as raw batches (rlmm.raw_fetch) from whichever broker
+    # leads each; a leader killed mid-read sends it to the new leader, and it reads what the consumer reads.
+    cluster = kafka_cluster3
+    topic = create_topic(cluster.bootstrap, unique_topic_name("raw-cluster3"), partitions=3, replication_factor=3,
+                         config={"min.insync.replicas": 2})
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "batch.size": 2000, "linger.ms": 5})
+    for number in range(6000):
+        producer.produce(topic, key=b"segment:%d" % (number % 500), value=b"v" * (number % 90), partition=number % 3)
+    assert producer.flush(60) == 0
+    ends = {p: 2000 for p in range(3)}
+    assert len({leader_of(cluster.bootstrap, topic, p) for p in ends}) > 1  # spread over brokers
+    monkeypatch.setattr(raw_fetch, "_PARTITION_MAX_BYTES", 3000)  # many fetches: the kill lands mid-read
+    victim = leader_of(cluster.bootstrap, topic, 0)
+    reader = raw_fetch.RawReader(topic, {"bootstrap.servers": cluster.bootstrap}, 10)
+    got: dict[int, list[tuple[int, bytes | None, bytes | None]]] = {p: [] for p in ends}
+    try:
+        for partition, records in reader.read(dict.fromkeys(ends, 0), ends, RECOVERY_LIMIT_S):
+            got[partition] += records
+            if partition == 0 and cluster.is_running(victim) and len(got[0]) > 200:
+                cluster.kill_node(victim)
+    finally:
+        reader.close()
+        if not cluster.is_running(victim):
+            cluster.start_node(victim)
+    assert leader_of(cluster.bootstrap, topic, 0) != victim
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "tierlog-test-unused",
+                         "enable.auto.commit": False})
+    try:
+        for p, end in ends.items():
+            consumer.assign([TopicPartition(topic, p, 0)])
+            expected: list[tuple[int, bytes | None, bytes | None]] = []
+            while len(expected) < end:
+                message = consumer.poll(10)
+                assert message is not None and message.error() is None, message
+                expected.append((message.offset(), message.key(), message.value()))  # type: ignore[arg-type]
+            assert got[p] == expected
+    finally:
+        consumer.close()
 
 
 def _elect_preferred(admin: AdminClient, topic: str, partition: int) -> bool:
