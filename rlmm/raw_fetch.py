@@ -3,8 +3,9 @@ and rlmm/_record_batches.c reads them into (offset, key, value) tuples, about a 
 costs per record (one Message object each). Only what the consumer would give is read this way; anything else is
 RawFetchUnusable, and the worker reads the group with the consumer instead:
 
-- a client setting other than the broker list and the client id (security, a proxy: kafka-python is configured
-  apart from librdkafka, and the consumer keeps every setting an operator gave);
+- a client setting it does not carry over to kafka-python (`_KAFKA_PYTHON` names those it does: the broker list,
+  the client id, TLS from PEM files, SASL PLAIN and SCRAM), or a value of one it does not take: the consumer keeps
+  every setting an operator gave;
 - a transactional or control batch (the consumer, reading committed records only, skips aborted transactions);
 - an offset no longer on the log, a batch of an older format, a partition error that a fresh look at the cluster's
   leaders does not cure, or no bytes for `idle_s`.
@@ -13,6 +14,7 @@ RawFetchUnusable, and the worker reads the group with the consumer instead:
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Iterator, Mapping
 from types import ModuleType
@@ -28,8 +30,23 @@ try:  # built by setup.py where a C compiler is (optional): see rlmm/_record_bat
 except ImportError:  # a build without the compiler: the consumer reads every group
     _record_batches = None
 
-# The client settings this reader honours; any other makes it unusable (the consumer reads the group instead).
-_HONOURED = frozenset({"bootstrap.servers", "client.id", "security.protocol"})
+# The client settings (librdkafka's names, as rlmm.client_security gives them) this reader carries over, and
+# kafka-python's name of each; any other makes it unusable (the consumer reads the group instead).
+_KAFKA_PYTHON = {
+    "client.id": "client_id",
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "ssl.endpoint.identification.algorithm": "ssl_check_hostname",
+}
+_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
+_SASL_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
 _FETCH_VERSION = 10  # Kafka 2.1 and later; Kafka 4 serves 4 to 17
 _FETCH_MAX_BYTES = 64 << 20  # per fetch, over the partitions asked
 _PARTITION_MAX_BYTES = 16 << 20
@@ -61,34 +78,72 @@ def unusable_for(client_config: Mapping[str, Any]) -> str | None:
     """Why these client settings (librdkafka's names) keep this reader from being used, or None."""
     if _record_batches is None:
         return "rlmm._record_batches is not built (no C compiler at install)"
-    other = sorted(set(client_config) - _HONOURED)
-    if other:
-        return f"client settings it does not honour: {', '.join(other)}"
-    protocol = str(client_config.get("security.protocol", "plaintext")).lower()
-    if protocol != "plaintext":
-        return f"security.protocol {protocol}"
-    if not client_config.get("bootstrap.servers"):
-        return "no bootstrap.servers"
+    try:
+        kafka_python_settings(client_config)
+    except RawFetchUnusable as exc:
+        return str(exc)
     return None
+
+
+def kafka_python_settings(client_config: Mapping[str, Any]) -> dict[str, Any]:
+    """kafka-python's settings for the same connection as librdkafka's `client_config`; RawFetchUnusable naming a
+    setting it cannot carry over."""
+    other = sorted(set(client_config) - {"bootstrap.servers", *_KAFKA_PYTHON})
+    if other:
+        raise RawFetchUnusable(f"client settings it does not carry over: {', '.join(other)}")
+    servers = [server.strip() for server in str(client_config.get("bootstrap.servers", "")).split(",")]
+    if not all(servers):
+        raise RawFetchUnusable("no bootstrap.servers")
+    settings: dict[str, Any] = {"bootstrap_servers": servers, "client_id": "tierlog-fold-worker"}
+    for name, value in client_config.items():
+        if name in _KAFKA_PYTHON:
+            settings[_KAFKA_PYTHON[name]] = str(value)
+    protocol = settings["security_protocol"] = settings.get("security_protocol", "PLAINTEXT").upper()
+    if protocol not in _PROTOCOLS:
+        raise RawFetchUnusable(f"security.protocol {protocol}")
+    if protocol.startswith("SASL"):
+        mechanism = settings["sasl_mechanism"] = settings.get("sasl_mechanism", "GSSAPI").upper()
+        if mechanism not in _SASL_MECHANISMS:
+            raise RawFetchUnusable(f"sasl.mechanism {mechanism}")
+    host_check = settings.get("ssl_check_hostname", "https").lower()
+    if host_check not in ("https", "none"):
+        raise RawFetchUnusable(f"ssl.endpoint.identification.algorithm {host_check}")
+    settings["ssl_check_hostname"] = host_check == "https"  # librdkafka checks the host by default, as Java does
+    return settings
+
+
+def _with_tls_context(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` with their TLS files loaded into a context of Python's defaults (a verified certificate chain, TLS
+    1.2 or later, the host name checked unless librdkafka's settings turned that off), as librdkafka verifies."""
+    tls = {name: settings.pop(name) for name in list(settings) if name.startswith("ssl_")}
+    try:
+        context = ssl.create_default_context(cafile=tls.get("ssl_cafile"))
+        context.check_hostname = tls["ssl_check_hostname"]
+        if "ssl_certfile" in tls or "ssl_keyfile" in tls:
+            context.load_cert_chain(tls.get("ssl_certfile") or tls["ssl_keyfile"], tls.get("ssl_keyfile"),
+                                    tls.get("ssl_password"))
+    except (OSError, ssl.SSLError) as exc:
+        raise RawFetchUnusable(f"its TLS settings do not load: {exc}") from exc
+    return {**settings, "ssl_context": context}
 
 
 class RawReader:
     """Fetches metadata partitions of `topic` whole, as raw batches, from their leaders."""
 
     def __init__(self, topic: str, client_config: Mapping[str, Any], timeout_s: float) -> None:
-        why = unusable_for(client_config)
-        if why is not None or _record_batches is None:
-            raise RawFetchUnusable(why or "rlmm._record_batches is not built")
+        if _record_batches is None:
+            raise RawFetchUnusable("rlmm._record_batches is not built (no C compiler at install)")
         self._read_batches = _record_batches.read
+        settings = kafka_python_settings(client_config)
+        if settings["security_protocol"] in ("SSL", "SASL_SSL"):
+            settings = _with_tls_context(settings)
         from kafka.client_async import KafkaClient
         from kafka.errors import KafkaError
 
         self.topic = topic
         try:
-            self._client = KafkaClient(
-                bootstrap_servers=str(client_config["bootstrap.servers"]).split(","),
-                client_id=str(client_config.get("client.id", "tierlog-fold-worker")),
-                request_timeout_ms=_REQUEST_TIMEOUT_MS, api_version_auto_timeout_ms=int(timeout_s * 1000))
+            self._client = KafkaClient(**settings, request_timeout_ms=_REQUEST_TIMEOUT_MS,
+                                       api_version_auto_timeout_ms=int(timeout_s * 1000))
         except KafkaError as exc:
             raise RawFetchUnusable(f"kafka-python's client did not start: {exc!r}") from exc
         try:

@@ -134,13 +134,27 @@ def test_an_offset_no_longer_on_the_log_makes_the_reader_unusable(
 
 
 @pytest.mark.parametrize(("settings", "why"), [
-    ({"bootstrap.servers": "127.0.0.1:9", "security.protocol": "SASL_SSL"}, "security.protocol sasl_ssl"),
-    ({"bootstrap.servers": "127.0.0.1:9", "sasl.username": "u"}, "settings it does not honour: sasl.username"),
+    ({"bootstrap.servers": "127.0.0.1:9", "security.protocol": "SASL_SSL"}, "sasl.mechanism GSSAPI"),
+    ({"bootstrap.servers": "127.0.0.1:9", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"},
+     "sasl.mechanism OAUTHBEARER"),
+    ({"bootstrap.servers": "127.0.0.1:9", "sasl.kerberos.service.name": "kafka"},
+     "settings it does not carry over: sasl.kerberos.service.name"),
+    ({"bootstrap.servers": "127.0.0.1:9", "ssl.ca.pem": "-----BEGIN"}, "settings it does not carry over: ssl.ca.pem"),
+    ({"bootstrap.servers": "127.0.0.1:9", "security.protocol": "SSL", "ssl.endpoint.identification.algorithm": "x"},
+     "ssl.endpoint.identification.algorithm x"),
     ({}, "no bootstrap.servers"),
 ])
-def test_settings_it_does_not_honour_leave_every_group_to_the_consumer(settings: dict[str, str], why: str) -> None:
+def test_settings_it_cannot_carry_over_leave_every_group_to_the_consumer(settings: dict[str, str], why: str) -> None:
     assert why in (raw_fetch.unusable_for(settings) or "")
     with pytest.raises(raw_fetch.RawFetchUnusable, match=why):
+        raw_fetch.RawReader("topic", settings, 1)
+
+
+def test_tls_files_that_do_not_load_make_the_reader_unusable(tmp_path: Path) -> None:
+    settings = {"bootstrap.servers": "127.0.0.1:9", "security.protocol": "SSL",
+                "ssl.ca.location": str(tmp_path / "missing.pem")}
+    assert raw_fetch.unusable_for(settings) is None  # the files are read when the reader starts
+    with pytest.raises(raw_fetch.RawFetchUnusable, match="TLS settings do not load"):
         raw_fetch.RawReader("topic", settings, 1)
 
 
