@@ -478,9 +478,9 @@ class MetadataApplier:
         self._next_offsets.update(next_offsets)
         self._stamp()
         self._after_commit(noted, requests, outcomes, next_offsets, folded.applied)
-        log.info("metadata topic %s: a backlog window of %d records of metadata partitions %s read by a worker; the "
-                 "newest of each key, %d records, loaded fresh in %.1f s", topic, answer.read,
-                 ", ".join(map(str, group)), answer.kept, time.monotonic() - began)
+        log.info("metadata topic %s: a backlog window of %d records of metadata partitions %s read by a worker (%s); "
+                 "the newest of each key, %d records, loaded fresh in %.1f s", topic, answer.read,
+                 ", ".join(map(str, group)), answer.how, answer.kept, time.monotonic() - began)
         return True
 
     @contextmanager

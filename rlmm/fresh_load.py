@@ -190,6 +190,7 @@ class GroupShare:
     read: int
     kept: int
     noted: list[Record]
+    how: str = "as raw batches"  # how it read them: "as raw batches", or "with the consumer: <why>"
 
 
 class FoldWorker:
@@ -385,13 +386,12 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     come as raw batches (rlmm.raw_fetch) where that reader gives what the consumer would, else from the consumer."""
     window = CompactedWindow(_no_own_write, holds_nothing)  # a new node's view holds no segment yet
     read: int | str | None = None
-    reader = _raw_reader_for(request)
+    reader, how = _raw_reader_for(request)
     if reader is not None:
         try:
             read = _read_raw(reader, request, window)
         except raw_fetch.RawFetchUnusable as exc:
-            log.info("metadata partitions %s: read with the consumer instead of as raw batches: %s",
-                     sorted(request.starts), exc)
+            how = f"with the consumer: {exc}"
             window = CompactedWindow(_no_own_write, holds_nothing)
     if read is None:
         read = _read_consumed(request, window)
@@ -405,46 +405,54 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     noted = [replay[index] for index, _, _, _ in answer.folded.noted]
     answer.folded.noted = [(number, None, None, outcome) for number, (_, _, _, outcome) in
                            enumerate(answer.folded.noted)]
-    return GroupShare(answer, read, len(replay), noted)
+    return GroupShare(answer, read, len(replay), noted, how)
 
 
-def _plain_tables(window: CompactedWindow) -> tuple[dict[bytes, Any], list[Any]]:
-    """The window's `keep`, inline in the loops below (a call per record was a tenth of a worker's read): no record is
-    one of this node's writes, and a segment tombstone names a segment the new node's view does not hold."""
-    plain = window.plain_tables()
-    assert plain is not None, "a new window holds no record of this node's writes"
-    newest, superseded_tombstones, _ = plain
-    return newest, superseded_tombstones
+class _Kept:
+    """A group's window as its records are read (by either reader): the window's `keep`, inline (a call per record
+    was a tenth of a worker's read), and where each metadata partition's offsets are. No record is one of this node's
+    writes, and a segment tombstone names a segment the new node's view does not hold."""
+
+    def __init__(self, window: CompactedWindow, starts: dict[int, int]) -> None:
+        plain = window.plain_tables()
+        assert plain is not None, "a new window holds no record of this node's writes"
+        self.newest, self.superseded_tombstones, _ = plain
+        self.next_offsets = dict(starts)
+        # Metadata partitions where a gap in the offsets showed the log cleaner at work, until read to their end: a
+        # record there may stand for older records of its key (CompactedWindow).
+        self.after_cleaning: set[int] = set()
+
+    def run(self, partition: int, records: list[tuple[int, bytes | None, bytes | None]]) -> None:
+        """Keep the newest record of each key of `records`: consecutive records of `partition`, ascending."""
+        newest, superseded_tombstones = self.newest, self.superseded_tombstones
+        expected = self.next_offsets[partition]
+        cleaned = partition in self.after_cleaning
+        for offset, key, value in records:
+            if offset != expected:
+                cleaned = True
+            expected = offset + 1
+            if key is None:
+                key = b""
+            if value is None and key.startswith(SEGMENT_KEY_PREFIX):
+                newest.pop(key, None)
+                continue
+            before = newest.get(key)
+            if before is not None and before[3] is None:
+                superseded_tombstones.append(before)
+            newest[key] = (partition, offset, key, value, None, cleaned if before is None else before[3] is not None)
+        self.next_offsets[partition] = expected
+        if cleaned:
+            self.after_cleaning.add(partition)
 
 
 def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: CompactedWindow) -> int | str:
     """The group's records as raw batches into `window`: how many were read, or why the group was given up.
     RawFetchUnusable, with the window part filled, when the consumer must read the group instead."""
-    newest, superseded_tombstones = _plain_tables(window)
-    next_offsets = dict(request.starts)
-    after_cleaning: set[int] = set()
+    kept = _Kept(window, request.starts)
     read = 0
     try:
         for partition, records in reader.read(request.starts, request.ends, GROUP_IDLE_S):
-            expected = next_offsets[partition]
-            cleaned = partition in after_cleaning
-            for offset, key, value in records:
-                if offset != expected:
-                    cleaned = True
-                expected = offset + 1
-                if key is None:
-                    key = b""
-                if value is None and key.startswith(SEGMENT_KEY_PREFIX):
-                    newest.pop(key, None)
-                    continue
-                before = newest.get(key)
-                if before is not None and before[3] is None:
-                    superseded_tombstones.append(before)
-                newest[key] = (partition, offset, key, value, None,
-                               cleaned if before is None else before[3] is not None)
-            if cleaned:
-                after_cleaning.add(partition)
-            next_offsets[partition] = expected
+            kept.run(partition, records)
             read += len(records)
             if window.kept() > request.max_kept:
                 return f"its window keeps more than {request.max_kept} records"
@@ -460,9 +468,8 @@ def _read_consumed(request: GroupRequest, window: CompactedWindow) -> int | str:
     consumer = _consumer_for(request)
     try:
         consumer.assign(starts, sorted(starts))
-        newest, superseded_tombstones = _plain_tables(window)
+        kept = _Kept(window, starts)
         left = {partition for partition in starts if ends[partition] > starts[partition]}
-        next_offsets, after_cleaning = dict(starts), set()
         partition: int
         offset: int
         read = 0
@@ -473,13 +480,18 @@ def _read_consumed(request: GroupRequest, window: CompactedWindow) -> int | str:
                 heard = time.monotonic()
             elif time.monotonic() - heard > GROUP_IDLE_S:
                 return f"no record came from metadata partitions {sorted(left)} for {GROUP_IDLE_S:g} s"
+            run: list[tuple[int, bytes | None, bytes | None]] = []  # consecutive records of one partition
+            run_of = -1
             for message in messages:
                 error = message.error()
                 partition, offset = message.partition(), message.offset()  # type: ignore[assignment]  # consumed: set
+                if run and (partition != run_of or error is not None):
+                    kept.run(run_of, run)
+                    run = []
                 if error is not None:
                     if error.code() != KafkaError._PARTITION_EOF:
                         return f"reading metadata partition {partition} failed: {error.str()}"
-                    after_cleaning.discard(partition)
+                    kept.after_cleaning.discard(partition)
                     if offset >= ends[partition]:
                         left.discard(partition)
                     continue
@@ -487,21 +499,13 @@ def _read_consumed(request: GroupRequest, window: CompactedWindow) -> int | str:
                 if offset >= end:  # the applier's to read
                     left.discard(partition)
                     continue
-                if next_offsets[partition] != offset:
-                    after_cleaning.add(partition)
-                next_offsets[partition] = offset + 1
                 read += 1
                 if offset + 1 >= end:
                     left.discard(partition)
-                key, value = message.key() or b"", message.value()
-                if value is None and key.startswith(SEGMENT_KEY_PREFIX):
-                    newest.pop(key, None)
-                    continue
-                before = newest.get(key)
-                if before is not None and before[3] is None:
-                    superseded_tombstones.append(before)
-                newest[key] = (partition, offset, key, value, None,
-                               partition in after_cleaning if before is None else before[3] is not None)
+                run.append((offset, message.key(), message.value()))
+                run_of = partition
+            if run:
+                kept.run(run_of, run)
             if window.kept() > request.max_kept:
                 return f"its window keeps more than {request.max_kept} records"
     except BaseException:
@@ -533,22 +537,22 @@ def _close_consumer() -> None:
 
 
 # The worker's raw reader, kept for the groups it is handed next like its consumer: the (topic, settings) it was
-# opened with, and it; None for settings it cannot honour (their groups go to the consumer).
-_raw_reader: tuple[tuple[str, str], raw_fetch.RawReader | None] | None = None
+# opened with, and it, or why there is none (their groups go to the consumer).
+_raw_reader: tuple[tuple[str, str], raw_fetch.RawReader | None, str] | None = None
 
 
-def _raw_reader_for(request: GroupRequest) -> raw_fetch.RawReader | None:
+def _raw_reader_for(request: GroupRequest) -> tuple[raw_fetch.RawReader | None, str]:
+    """The worker's raw reader for the request's topic and settings, and how the group is read."""
     global _raw_reader
     wanted = (request.topic, repr(sorted(request.client_config.items())))
     if _raw_reader is None or _raw_reader[0] != wanted:
         _close_raw_reader()
-        reader = None
         try:
-            reader = raw_fetch.RawReader(request.topic, request.client_config, GROUP_IDLE_S)
+            _raw_reader = (wanted, raw_fetch.RawReader(request.topic, request.client_config, GROUP_IDLE_S),
+                           "as raw batches")
         except raw_fetch.RawFetchUnusable as exc:
-            log.info("metadata topic %s: its groups are read with the consumer: %s", request.topic, exc)
-        _raw_reader = (wanted, reader)
-    return _raw_reader[1]
+            _raw_reader = (wanted, None, f"with the consumer: {exc}")
+    return _raw_reader[1], _raw_reader[2]
 
 
 def _close_raw_reader() -> None:

@@ -137,7 +137,7 @@ def apply_archived(view: MetadataView, metadata_topic: str, datums: Iterable[dic
             continue
         try:
             record = ConsumedRecord(partition, offset, RecordKey.decode(datum["key"].encode()), from_archived(datum))
-        except (ValueError, UnicodeError) as exc:  # a node reading this record from the topic halts at it
+        except ValueError as exc:  # a node reading this record from the topic halts at it (UnicodeError is one)
             raise SnapshotError(f"record at offset {offset} of {metadata_topic} partition {partition} does not read: "
                                 f"{exc}") from exc
         batch.append(record)

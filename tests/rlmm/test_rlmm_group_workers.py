@@ -72,9 +72,15 @@ def assert_rebuilt_like(rebuilt: RemoteLogMetadataManager, writer: RemoteLogMeta
         assert rebuilt.list_remote_log_segments(tp) == writer.list_remote_log_segments(tp)
 
 
+# The workers read their groups as raw batches (rlmm.raw_fetch), or with the consumer where a client setting is one
+# the raw reader does not carry over.
+READERS = {"as raw batches": {}, "with the consumer": {"kafka.socket.keepalive.enable": "true"}}
+
+
+@pytest.mark.parametrize("reader", list(READERS))
 def test_a_new_nodes_backlog_read_by_workers_loads_what_one_process_loads(
     make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-    handed: list[tuple[subprocess.Popen[bytes], list[int]]], tmp_path: Path,
+    handed: list[tuple[subprocess.Popen[bytes], list[int]]], tmp_path: Path, reader: str,
 ) -> None:
     writer, tps = written_history(make_manager, 410)
     commits = counting_commits(monkeypatch)
@@ -88,10 +94,11 @@ def test_a_new_nodes_backlog_read_by_workers_loads_what_one_process_loads(
     monkeypatch.setattr(MetadataApplier, "_fill", filled)
     state_dir = tmp_path / "rebuilt"
     with caplog.at_level(logging.INFO, logger="rlmm.applier"):
-        rebuilt = make_manager(broker_id=1, state_dir=state_dir, partitions=2, **WINDOWED)
+        rebuilt = make_manager(broker_id=1, state_dir=state_dir, partitions=2, **WINDOWED, **READERS[reader])
         assert_rebuilt_like(rebuilt, writer, tps)
     assert sorted(partition for _, group in handed for partition in group) == [0, 1]
-    assert sum("read by a worker" in message and "loaded fresh" in message for message in messages(caplog)) == 2
+    assert sum(f"read by a worker ({reader}" in message and "loaded fresh" in message
+               for message in messages(caplog)) == 2
     assert commits == [] and read_here == []  # the applier read no record of the backlog, and committed none
     assert all(process.poll() is not None for process, _ in handed)  # the workers exited with the backlog
     assert sorted(path.name for path in state_dir.iterdir()) == ["view"]  # no worker's directory left
