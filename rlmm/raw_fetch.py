@@ -1,7 +1,7 @@
 """A worker's read of metadata partitions as raw record batches (rlmm.fresh_load): kafka-python's client fetches them
 and rlmm/_record_batches.c reads them into (offset, key, value) tuples: about 0.5 µs per record, where librdkafka's
-consumer costs 1.2-1.5 µs (one Message object each). Only what the consumer would give is read this way; anything else is
-RawFetchUnusable, and the worker reads the group with the consumer instead:
+consumer costs 1.2-1.5 µs (one Message object each). Only what the consumer would give is read this way; anything
+else is RawFetchUnusable, and the worker reads the group with the consumer instead:
 
 - a client setting it does not carry over to kafka-python (`_KAFKA_PYTHON` names those it does: the broker list,
   the client id, TLS from PEM files, SASL PLAIN and SCRAM), or a value of one it does not take: the consumer keeps
