@@ -390,8 +390,10 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     if reader is not None:
         try:
             read = _read_raw(reader, request, window)
-        except raw_fetch.RawFetchUnusable as exc:
-            how = f"with the consumer: {exc}"
+        except Exception as exc:  # RawFetchUnusable, or a fault of the raw reader itself: the consumer reads it
+            how = f"with the consumer: {exc}" if isinstance(exc, raw_fetch.RawFetchUnusable) else \
+                f"with the consumer: the raw reader failed: {exc!r}"
+            _close_raw_reader()
             window = CompactedWindow(_no_own_write, holds_nothing)
     if read is None:
         read = _read_consumed(request, window)
@@ -450,15 +452,11 @@ def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: Compac
     RawFetchUnusable, with the window part filled, when the consumer must read the group instead."""
     kept = _Kept(window, request.starts)
     read = 0
-    try:
-        for partition, records in reader.read(request.starts, request.ends, GROUP_IDLE_S):
-            kept.run(partition, records)
-            read += len(records)
-            if window.kept() > request.max_kept:
-                return f"its window keeps more than {request.max_kept} records"
-    except raw_fetch.RawFetchUnusable:
-        _close_raw_reader()
-        raise
+    for partition, records in reader.read(request.starts, request.ends, GROUP_IDLE_S):
+        kept.run(partition, records)
+        read += len(records)
+        if window.kept() > request.max_kept:
+            return f"its window keeps more than {request.max_kept} records"
     return read
 
 
@@ -552,6 +550,8 @@ def _raw_reader_for(request: GroupRequest) -> tuple[raw_fetch.RawReader | None, 
                            "as raw batches")
         except raw_fetch.RawFetchUnusable as exc:
             _raw_reader = (wanted, None, f"with the consumer: {exc}")
+        except Exception as exc:  # a fault of the raw reader itself (its client missing, say): the consumer reads
+            _raw_reader = (wanted, None, f"with the consumer: the raw reader did not start: {exc!r}")
     return _raw_reader[1], _raw_reader[2]
 
 

@@ -161,3 +161,29 @@ def test_tls_files_that_do_not_load_make_the_reader_unusable(tmp_path: Path) -> 
 def test_a_broker_that_does_not_answer_makes_the_reader_unusable_within_its_deadline() -> None:
     with pytest.raises(raw_fetch.RawFetchUnusable, match="did not start"):
         raw_fetch.RawReader("topic", {"bootstrap.servers": "127.0.0.1:9"}, 2)
+
+
+@pytest.mark.parametrize("fault", ["start", "read"])
+def test_a_fault_of_the_raw_reader_itself_leaves_the_group_to_the_consumer(
+    kafka_bootstrap: str, create_topic: Callable[..., str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    fault: str,
+) -> None:
+    # A bug in the raw path, or its client missing from an install, must cost speed only: the worker's consumer reads
+    # the group. (Stood in for here: no real input makes the reader fail this way.)
+    topic = create_topic(partitions=1)
+    produce_to(kafka_bootstrap, topic, 0, [(b"segment:%d" % n, b"v") for n in range(5)])
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise ModuleNotFoundError("No module named 'kafka.client_async'")
+
+    monkeypatch.setattr(raw_fetch.RawReader, "__init__" if fault == "start" else "read", broken)
+    request = fresh_load.GroupRequest(topic, {"bootstrap.servers": kafka_bootstrap}, {0: 0}, {0: 5}, 1000,
+                                      str(tmp_path))
+    try:
+        answer = fresh_load.read_group(request)
+    finally:
+        fresh_load._close_consumer()
+        fresh_load._close_raw_reader()
+    assert not isinstance(answer, str), answer
+    assert answer.read == 5
+    assert answer.how.startswith("with the consumer: the raw reader") and "kafka.client_async" in answer.how
