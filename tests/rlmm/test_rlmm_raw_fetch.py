@@ -55,6 +55,19 @@ def _raw(bootstrap: str, topic: str, starts: dict[int, int], ends: dict[int, int
 Headers = list[tuple[str, str | bytes | None]]
 
 
+def _read_group(bootstrap: str, topic: str, ends: dict[int, int], directory: Path) -> fresh_load.GroupShare:
+    """What a worker answers for a group of `topic`'s partitions read from 0 to `ends`."""
+    request = fresh_load.GroupRequest(topic, {"bootstrap.servers": bootstrap}, dict.fromkeys(ends, 0), ends, 1000,
+                                      str(directory))
+    try:
+        answer = fresh_load.read_group(request)
+    finally:
+        fresh_load._close_consumer()
+        fresh_load._close_raw_reader()
+    assert not isinstance(answer, str), answer
+    return answer
+
+
 def _history(rng: random.Random, count: int) -> list[tuple[bytes | None, bytes | None, Headers]]:
     """Records of every shape a metadata partition may hold: repeated keys, tombstones, a null key, headers."""
     shapes: list[tuple[bytes | None, bytes | None, Headers]] = []
@@ -108,15 +121,7 @@ def test_a_transactions_batches_make_the_reader_unusable_and_the_group_goes_to_t
     with pytest.raises(raw_fetch.RawFetchUnusable, match="transaction"):
         _raw(kafka_bootstrap, topic, {0: 0}, ends)
     # A worker's group: the consumer reads it, and keeps what it gives.
-    request = fresh_load.GroupRequest(topic, {"bootstrap.servers": kafka_bootstrap}, {0: 0}, ends, 1000,
-                                      str(tmp_path))
-    try:
-        answer = fresh_load.read_group(request)
-    finally:
-        fresh_load._close_consumer()
-        fresh_load._close_raw_reader()
-    assert not isinstance(answer, str), answer
-    assert answer.read == 3
+    assert _read_group(kafka_bootstrap, topic, ends, tmp_path).read == 3
 
 
 def test_an_offset_no_longer_on_the_log_makes_the_reader_unusable(
@@ -177,13 +182,6 @@ def test_a_fault_of_the_raw_reader_itself_leaves_the_group_to_the_consumer(
         raise ModuleNotFoundError("No module named 'kafka.client_async'")
 
     monkeypatch.setattr(raw_fetch.RawReader, "__init__" if fault == "start" else "read", broken)
-    request = fresh_load.GroupRequest(topic, {"bootstrap.servers": kafka_bootstrap}, {0: 0}, {0: 5}, 1000,
-                                      str(tmp_path))
-    try:
-        answer = fresh_load.read_group(request)
-    finally:
-        fresh_load._close_consumer()
-        fresh_load._close_raw_reader()
-    assert not isinstance(answer, str), answer
+    answer = _read_group(kafka_bootstrap, topic, {0: 5}, tmp_path)
     assert answer.read == 5
     assert answer.how.startswith("with the consumer: the raw reader") and "kafka.client_async" in answer.how
