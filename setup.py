@@ -83,5 +83,6 @@ setup(
     cmdclass={"build_py": BuildWithArtifacts},
     # optional: a failed compile is a warning, and rlmm.manager then answers lookups in Python.
     ext_modules=[Extension(f"rlmm.{name}", [f"rlmm/{name}.c"], optional=True, extra_compile_args=["-O2"])
-                 for name in ("_segment_lookup", "_avro_reader", "_slots", "_digest", "_record_batches")],
+                 for name in ("_segment_lookup", "_avro_reader", "_slots", "_digest", "_record_batches",
+                              "_lean_fold")],
 )

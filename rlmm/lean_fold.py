@@ -16,7 +16,8 @@ record's values:
 For these `LeanFold` reads the record's datum in C (rlmm._avro_reader) and keeps, per user partition, what the view
 stores: each segment's record bytes (stored as they are, as the view stores a current record), its epochs' index
 entries, highest offsets, owed epochs and lineage position. That costs about a third of decoding the record into its
-event and folding that. The first record of a partition that is of any other form, or of these forms with values
+event and folding that. The commonest, a COPY_SEGMENT_FINISHED of one leader epoch, is folded in C where
+rlmm/_lean_fold.c is built (`_segment_record` is its reference; anything it does not take, it leaves to that). The first record of a partition that is of any other form, or of these forms with values
 that are not plainly within Kafka's ranges, turns the partition over to the FreshState: its segments are decoded
 from their bytes and its bookkeeping set as the rules would have left it, and from then on the rules fold its
 records. So the tables are those a FreshState writes for the same records (tests/rlmm/test_rlmm_lean_fold.py holds
@@ -41,6 +42,10 @@ try:
     from rlmm import _avro_reader
 except ImportError:  # built without a C compiler: every record goes through the rules
     _avro_reader = None  # type: ignore[assignment]
+try:  # rlmm/_lean_fold.c: the commonest record's fold (_segment_record's first case) in C
+    from rlmm import _lean_fold
+except ImportError:
+    _lean_fold = None  # type: ignore[assignment]
 
 _FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED.name
 _DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED.name
@@ -100,8 +105,13 @@ class LeanFold:
             return None
         try:
             if self._segment_header is not None and value.startswith(self._segment_header):
-                return self._segment_record(offset, raw_key, _avro_reader.read(self._segment_program, value,
-                                                                                 codec._HEADER), value, skipped_before)
+                datum = _avro_reader.read(self._segment_program, value, codec._HEADER)
+                if _lean_fold is not None:
+                    taken = _lean_fold.finished(self._lean, self._named, self._ruled, self._new, offset, raw_key,
+                                                datum, value, skipped_before)
+                    if taken is not None:
+                        return taken
+                return self._segment_record(offset, raw_key, datum, value, skipped_before)
             if self._checkpoint_header is not None and value.startswith(self._checkpoint_header):
                 return self._checkpoint_record(raw_key, _avro_reader.read(self._checkpoint_program, value,
                                                                           codec._HEADER))
@@ -125,6 +135,8 @@ class LeanFold:
         try:
             segment = bytes.fromhex(segment_text.replace("-", ""))
         except ValueError:
+            return None
+        if len(segment) != 16:  # fromhex passes over whitespace, which an id's text does not hold
             return None
         tp, key = named
         if key in self._ruled:

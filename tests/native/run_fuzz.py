@@ -16,10 +16,11 @@ import os
 import sys
 from pathlib import Path
 
-EXTENSIONS = ("_segment_lookup", "_avro_reader", "_slots", "_digest", "_record_batches")
+EXTENSIONS = ("_segment_lookup", "_avro_reader", "_slots", "_digest", "_record_batches", "_lean_fold")
 # Per target, the module holding the Python code its extension must agree with, and what the target imports.
 FALLBACKS = {"segment_lookup": "rlmm.read_model", "avro_reader": "rlmm.codec", "slots": "rlmm.types",
-             "digest": "rlmm.state", "packed": "rlmm.packed", "record_batches": "rlmm.raw_fetch"}
+             "digest": "rlmm.state", "packed": "rlmm.packed", "record_batches": "rlmm.raw_fetch",
+             "lean_fold": "rlmm.lean_fold"}
 
 
 def load_extensions(directory: Path) -> None:
@@ -45,12 +46,13 @@ def main() -> None:
     importlib.import_module(FALLBACKS[target])
     with atheris.instrument_imports(include=[f"fuzz_{target}"]):
         module = importlib.import_module(f"fuzz_{target}")
-    from rlmm import codec, raw_fetch, state, types
+    from rlmm import codec, lean_fold, raw_fetch, state, types
 
     loaded = {name: str(importlib.import_module(f"rlmm.{name}").__file__) for name in EXTENSIONS}
     # The sanitized build, not the checkout's, in the modules that use them: else a clean run would prove nothing.
-    assert (types._slots, codec._avro_reader, state._digest, raw_fetch._record_batches) == tuple(
-        sys.modules[f"rlmm.{name}"] for name in ("_slots", "_avro_reader", "_digest", "_record_batches")), loaded
+    assert (types._slots, codec._avro_reader, state._digest, raw_fetch._record_batches, lean_fold._lean_fold) == tuple(
+        sys.modules[f"rlmm.{name}"] for name in ("_slots", "_avro_reader", "_digest", "_record_batches", "_lean_fold")
+    ), loaded
     if extensions:
         assert all(Path(path).parent == Path(extensions) for path in loaded.values()), loaded
     print(f"fuzz_{target}: extensions {loaded}", file=sys.stderr)

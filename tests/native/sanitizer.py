@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-EXTENSIONS = ("_segment_lookup", "_avro_reader", "_slots", "_digest", "_record_batches")
+EXTENSIONS = ("_segment_lookup", "_avro_reader", "_slots", "_digest", "_record_batches", "_lean_fold")
 SANITIZE = "-fsanitize=address,undefined -fno-omit-frame-pointer"
 # trace-cmp: the extensions' comparisons reach libFuzzer (with -use_value_profile=1), guiding it inside the C code.
 CFLAGS = f"{SANITIZE} -fsanitize-coverage=trace-cmp -g"

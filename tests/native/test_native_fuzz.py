@@ -2,7 +2,7 @@
 extensions built with AddressSanitizer and UndefinedBehaviorSanitizer (sanitizer.py), and finds nothing: no
 sanitizer report, no crash, no answer other than the Python fallback's, no misuse accepted.
 
-The six runs take TIERLOG_FUZZ_SECONDS each (default 10: with start-up, about a minute together). The sanitized
+The seven runs take TIERLOG_FUZZ_SECONDS each (default 10: with start-up, about a minute together). The sanitized
 build is made once per change of the sources and kept under .dev/sanitized/; each target starts from random seed
 inputs of a few hundred bytes to 2 KiB (a target draws a whole run of operations from one input, which libFuzzer's
 growth from empty inputs would take long to reach) and from .dev/fuzz-corpus/<target>/, where libFuzzer keeps the
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from sanitizer import REPO_ROOT, REPORT_MARKERS, sanitized_build, sanitized_env
 
-TARGETS = ("segment_lookup", "avro_reader", "slots", "digest", "packed", "record_batches")
+TARGETS = ("segment_lookup", "avro_reader", "slots", "digest", "packed", "record_batches", "lean_fold")
 SECONDS = int(os.environ.get("TIERLOG_FUZZ_SECONDS", "10"))
 CORPUS = REPO_ROOT / ".dev" / "fuzz-corpus"
 SEEDS = 32
