@@ -14,7 +14,9 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
+#include <string.h>
 
 #define HEADER_BYTES 61
 #define MAGIC 2
@@ -282,10 +284,117 @@ failed:
     return NULL;
 }
 
+/* keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix)
+ *     -> (expected, cleaned)
+ *
+ * rlmm.record_batches.keep (its reference) in C: the newest record of each key of `records`, consecutive records of
+ * one metadata partition, as a rebuild's compacted window keeps them. */
+static PyObject *
+batches_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyLong_CheckExact(args[2])
+        || !PyList_CheckExact(args[3]) || !PyLong_CheckExact(args[4]) || !PyBool_Check(args[5])
+        || !PyBytes_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "keep(newest: dict, superseded_tombstones: list, partition: int, records: "
+                                         "list, expected: int, cleaned: bool, tombstone_prefix: bytes)");
+        return NULL;
+    }
+    PyObject *newest = args[0], *superseded = args[1], *partition = args[2], *records = args[3];
+    PyObject *prefix = args[6];
+    int cleaned = args[5] == Py_True;
+    int overflow = 0;
+    long long expected = PyLong_AsLongLongAndOverflow(args[4], &overflow);
+    if (overflow || (expected == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "expected: not an offset (int64)");
+        return NULL;
+    }
+    PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
+    if (empty == NULL) {
+        return NULL;
+    }
+    const char *prefix_data = PyBytes_AS_STRING(prefix);
+    Py_ssize_t prefix_size = PyBytes_GET_SIZE(prefix);
+    /* The list is read by index each time round: a dict's key comparison below can run Python code. */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 3 || !PyLong_CheckExact(PyTuple_GET_ITEM(record, 0))) {
+            PyErr_Format(PyExc_TypeError, "record %zd: not an (offset, key, value) tuple", i);
+            goto failed;
+        }
+        Py_INCREF(record);
+        PyObject *offset_object = PyTuple_GET_ITEM(record, 0), *key = PyTuple_GET_ITEM(record, 1);
+        PyObject *value = PyTuple_GET_ITEM(record, 2);
+        long long offset = PyLong_AsLongLongAndOverflow(offset_object, &overflow);
+        if (overflow || (offset == -1 && PyErr_Occurred()) || offset == LLONG_MAX
+            || !(key == Py_None || PyBytes_CheckExact(key)) || !(value == Py_None || PyBytes_CheckExact(value))) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "record %zd: its offset is not below int64's greatest, or its key or "
+                                          "value is neither bytes nor None", i);
+            Py_DECREF(record);
+            goto failed;
+        }
+        if (offset != expected) {
+            cleaned = 1;
+        }
+        expected = offset + 1;
+        if (key == Py_None) {
+            key = empty;
+        }
+        if (value == Py_None && PyBytes_GET_SIZE(key) >= prefix_size
+            && memcmp(PyBytes_AS_STRING(key), prefix_data, (size_t)prefix_size) == 0) {
+            int held = PyDict_Contains(newest, key);
+            int failed_here = held < 0 || (held > 0 && PyDict_DelItem(newest, key) < 0);
+            Py_DECREF(record);
+            if (failed_here) {
+                goto failed;
+            }
+            continue;
+        }
+        PyObject *before = PyDict_GetItemWithError(newest, key);  /* borrowed */
+        if (before == NULL && PyErr_Occurred()) {
+            Py_DECREF(record);
+            goto failed;
+        }
+        int after_cleaning = cleaned;
+        if (before != NULL) {
+            if (!PyTuple_CheckExact(before) || PyTuple_GET_SIZE(before) < 4) {
+                PyErr_SetString(PyExc_TypeError, "newest holds an entry that is not a kept record's tuple");
+                Py_DECREF(record);
+                goto failed;
+            }
+            after_cleaning = PyTuple_GET_ITEM(before, 3) != Py_None;
+            if (!after_cleaning && PyList_Append(superseded, before) < 0) {
+                Py_DECREF(record);
+                goto failed;
+            }
+        }
+        PyObject *entry = PyTuple_Pack(6, partition, offset_object, key, value, Py_None,
+                                       after_cleaning ? Py_True : Py_False);
+        Py_DECREF(record);
+        if (entry == NULL) {
+            goto failed;
+        }
+        int stored = PyDict_SetItem(newest, key, entry);
+        Py_DECREF(entry);
+        if (stored < 0) {
+            goto failed;
+        }
+    }
+    Py_DECREF(empty);
+    return Py_BuildValue("(LO)", expected, cleaned ? Py_True : Py_False);
+failed:
+    Py_DECREF(empty);
+    return NULL;
+}
+
 static PyMethodDef batches_methods[] = {
     {"read", (PyCFunction)(void (*)(void))batches_read, METH_FASTCALL,
      PyDoc_STR("read(data, start, end, decompress) -> (records, next_offset, transactional): the (offset, key, "
                "value) records of a Fetch response's whole batches for one partition")},
+    {"keep", (PyCFunction)(void (*)(void))batches_keep, METH_FASTCALL,
+     PyDoc_STR("keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix) -> "
+               "(expected, cleaned): the newest record of each key of records, as a compacted window keeps them")},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,7 +45,7 @@ from typing import IO, Any
 
 from confluent_kafka import KafkaError
 
-from rlmm import codec, raw_fetch, state
+from rlmm import codec, raw_fetch, record_batches, state
 from rlmm.backlog_window import CompactedWindow, holds_nothing
 from rlmm.errors import InvalidArgumentError
 from rlmm.event_log import EventConsumer
@@ -410,10 +410,14 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     return GroupShare(answer, read, len(replay), noted, how)
 
 
+# A run of records kept in one call (rlmm/_record_batches.c where it is built; record_batches.keep is its reference).
+_keep = record_batches.keep if raw_fetch._record_batches is None else raw_fetch._record_batches.keep
+
+
 class _Kept:
-    """A group's window as its records are read (by either reader): the window's `keep`, inline (a call per record
-    was a tenth of a worker's read), and where each metadata partition's offsets are. No record is one of this node's
-    writes, and a segment tombstone names a segment the new node's view does not hold."""
+    """A group's window as its records are read (by either reader): the window's `keep`, a run of records at a time
+    (a call per record was a tenth of a worker's read), and where each metadata partition's offsets are. No record is
+    one of this node's writes, and a segment tombstone names a segment the new node's view does not hold."""
 
     def __init__(self, window: CompactedWindow, starts: dict[int, int]) -> None:
         plain = window.plain_tables()
@@ -426,23 +430,9 @@ class _Kept:
 
     def run(self, partition: int, records: list[tuple[int, bytes | None, bytes | None]]) -> None:
         """Keep the newest record of each key of `records`: consecutive records of `partition`, ascending."""
-        newest, superseded_tombstones = self.newest, self.superseded_tombstones
-        expected = self.next_offsets[partition]
-        cleaned = partition in self.after_cleaning
-        for offset, key, value in records:
-            if offset != expected:
-                cleaned = True
-            expected = offset + 1
-            if key is None:
-                key = b""
-            if value is None and key.startswith(SEGMENT_KEY_PREFIX):
-                newest.pop(key, None)
-                continue
-            before = newest.get(key)
-            if before is not None and before[3] is None:
-                superseded_tombstones.append(before)
-            newest[key] = (partition, offset, key, value, None, cleaned if before is None else before[3] is not None)
-        self.next_offsets[partition] = expected
+        self.next_offsets[partition], cleaned = _keep(self.newest, self.superseded_tombstones, partition, records,
+                                                      self.next_offsets[partition], partition in self.after_cleaning,
+                                                      SEGMENT_KEY_PREFIX)
         if cleaned:
             self.after_cleaning.add(partition)
 

@@ -17,11 +17,12 @@ For these `LeanFold` reads the record's datum in C (rlmm._avro_reader) and keeps
 stores: each segment's record bytes (stored as they are, as the view stores a current record), its epochs' index
 entries, highest offsets, owed epochs and lineage position. That costs about a third of decoding the record into its
 event and folding that. The commonest, a COPY_SEGMENT_FINISHED of one leader epoch, is folded in C where
-rlmm/_lean_fold.c is built (`_segment_record` is its reference; anything it does not take, it leaves to that). The first record of a partition that is of any other form, or of these forms with values
-that are not plainly within Kafka's ranges, turns the partition over to the FreshState: its segments are decoded
-from their bytes and its bookkeeping set as the rules would have left it, and from then on the rules fold its
-records. So the tables are those a FreshState writes for the same records (tests/rlmm/test_rlmm_lean_fold.py holds
-them equal on the property tests' histories), and any doubt costs time, never a different view.
+rlmm/_lean_fold.c is built (`_segment_record` is its reference; anything it does not take, it leaves to that).
+The first record of a partition that is of any other form, or of these forms with values that are not plainly
+within Kafka's ranges, turns the partition over to the FreshState: its segments are decoded from their bytes and
+its bookkeeping set as the rules would have left it, and from then on the rules fold its records. So the tables
+are those a FreshState writes for the same records (tests/rlmm/test_rlmm_lean_fold.py holds them equal on the
+property tests' histories), and any doubt costs time, never a different view.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import cramjam
 
@@ -152,3 +153,28 @@ def _bytes(data: bytes, at: int, limit: int) -> tuple[bytes | None, int]:
     if length < 0 or at + length > limit:
         raise ValueError(f"a key, value or header of {length} bytes runs past its record")
     return bytes(data[at:at + length]), at + length
+
+
+def keep(newest: dict[bytes, tuple[Any, ...]], superseded_tombstones: list[tuple[Any, ...]], partition: int,
+         records: list[Record], expected: int, cleaned: bool, tombstone_prefix: bytes) -> tuple[int, bool]:
+    """Keep the newest record of each key of `records` (consecutive records of metadata partition `partition`) in
+    `newest`, as a rebuild's compacted window keeps them (rlmm.backlog_window.CompactedWindow): a tombstone of a key
+    with `tombstone_prefix` (a segment's) drops its key; a tombstone another record supersedes goes to
+    `superseded_tombstones`. Each kept record is (partition, offset, key, value, None, whether the log cleaner may
+    have removed records before it). `expected` is the offset the records should start at, `cleaned` whether a gap
+    showed the cleaner at work before them: both as they stand after the records are returned.
+    rlmm/_record_batches.c keeps them in C when it is built."""
+    for offset, key, value in records:
+        if offset != expected:
+            cleaned = True
+        expected = offset + 1
+        if key is None:
+            key = b""
+        if value is None and key.startswith(tombstone_prefix):
+            newest.pop(key, None)
+            continue
+        before = newest.get(key)
+        if before is not None and before[3] is None:
+            superseded_tombstones.append(before)
+        newest[key] = (partition, offset, key, value, None, cleaned if before is None else before[3] is not None)
+    return expected, cleaned

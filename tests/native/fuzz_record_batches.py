@@ -8,6 +8,7 @@ is not bytes, or raises."""
 
 from __future__ import annotations
 
+import copy
 import struct
 from typing import Any
 
@@ -81,8 +82,64 @@ def _outcome(read: Any, *args: Any) -> tuple[Any, ...]:
         return (type(exc).__name__, str(exc))
 
 
+KEYS = [b"segment:a", b"segment:b", b"epochs:a", b"", b"segment:", b"segmen"]
+PREFIX = b"segment:"
+
+
+def _kept(data: atheris.FuzzedDataProvider) -> tuple[Any, ...]:
+    """A kept record as a window holds one: (partition, offset, key, value or a tombstone, None, cleaned)."""
+    key = data.PickValueInList(KEYS)
+    return 0, data.ConsumeIntInRange(0, 50), key, data.PickValueInList([None, b"v", b"w"]), None, data.ConsumeBool()
+
+
+def _keep_input(data: atheris.FuzzedDataProvider) -> None:
+    """keep() changes `newest` and the superseded tombstones as rlmm.record_batches.keep does, and gives the same
+    offsets and flag; misuse is a TypeError or ValueError."""
+    misuse = data.ConsumeIntInRange(0, 9)
+    newest: dict[bytes, Any] = {}
+    for _ in range(data.ConsumeIntInRange(0, 4)):
+        entry = _kept(data)
+        newest[entry[2]] = entry
+    expected = data.PickValueInList([0, 5, 1 << 40, 1 << 62])
+    offset = expected if data.ConsumeIntInRange(0, 3) else data.ConsumeIntInRange(0, 9)
+    records: list[Any] = []
+    for _ in range(data.ConsumeIntInRange(0, 12)):
+        offset += data.PickValueInList([0, 1, 1, 1, 2, 7]) if records else 0
+        records.append((offset, data.PickValueInList([*KEYS, None]), data.PickValueInList([None, b"x", b"y", b""])))
+    args: list[Any] = [newest, [], data.PickValueInList([0, 3, 49]), records, expected, data.ConsumeBool(), PREFIX]
+    if misuse < 7:
+        copied = copy.deepcopy(args)
+        expected_outcome = _outcome(record_batches.keep, *copied)
+        got = _outcome(_record_batches.keep, *args)
+        assert got == expected_outcome and args[:2] == copied[:2], (args, copied, got, expected_outcome)
+        return
+    if misuse == 7:  # containers, numbers or a prefix of other types
+        changed = data.ConsumeIntInRange(0, 6)
+        replaced, args[changed] = args[changed], data.PickValueInList([None, 1.5, "x", (), {}, [], 1 << 70])
+        if type(args[changed]) is type(replaced) and changed != 4:
+            return  # an argument of its type all the same (an empty dict or list, a large partition number)
+    elif misuse == 8:  # records not (int, bytes | None, bytes | None), or entries that are not kept records
+        bad = data.PickValueInList([(1,), (1, b"k", b"v", 0), [1, b"k", b"v"], (1.0, b"k", b"v"), (1, "k", b"v"),
+                                    (1, b"k", bytearray(b"v")), ((1 << 63) - 1, b"k", b"v"), None])
+        if data.ConsumeBool() or not newest:
+            records.insert(data.ConsumeIntInRange(0, len(records)), bad)
+        else:
+            newest[next(iter(newest))] = data.PickValueInList([(), None, (1, 2, 3)])
+            records.insert(0, (0, next(iter(newest)), b"v"))
+    else:  # another number of arguments
+        args = args[:data.ConsumeIntInRange(0, 6)] if data.ConsumeBool() else [*args, None]
+    try:
+        _record_batches.keep(*args)
+    except (TypeError, ValueError):
+        return
+    raise AssertionError(f"keep accepted misuse {misuse}: {args!r}")
+
+
 def one_input(raw: bytes) -> None:
     data = atheris.FuzzedDataProvider(raw)
+    if data.ConsumeIntInRange(0, 3) == 0:
+        _keep_input(data)
+        return
     misuse = data.ConsumeIntInRange(0, 7)
     parts = [_batch(data) for _ in range(data.ConsumeIntInRange(0, 4))]
     encoded = bytearray(b"".join(parts))
