@@ -41,45 +41,36 @@ plain_int(PyObject *object, long long *out)
     return 1;
 }
 
-static int
-hex_digit(char c)
+/* Each byte's value as a hex digit, or -1: a table, as an id's digits are random (a branch per digit mispredicts). */
+static signed char hex_values[256];
+
+static void
+fill_hex_values(void)
 {
-    if (c >= '0' && c <= '9') {
-        return c - '0';
+    memset(hex_values, -1, sizeof hex_values);
+    for (int i = 0; i < 10; i++) {
+        hex_values['0' + i] = (signed char)i;
     }
-    if (c >= 'a' && c <= 'f') {
-        return c - 'a' + 10;
+    for (int i = 0; i < 6; i++) {
+        hex_values['a' + i] = hex_values['A' + i] = (signed char)(10 + i);
     }
-    if (c >= 'A' && c <= 'F') {
-        return c - 'A' + 10;
-    }
-    return -1;
 }
 
 /* The 16 bytes of a segment id's canonical text (8-4-4-4-12 hex digits), or 0 when it is not that. */
 static int
 segment_bytes(const char *text, Py_ssize_t length, unsigned char out[16])
 {
+    static const unsigned char starts[16] = {0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34};
     if (length != SEGMENT_TEXT || text[8] != '-' || text[13] != '-' || text[18] != '-' || text[23] != '-') {
         return 0;
     }
-    int at = 0, high = -1;
-    for (Py_ssize_t i = 0; i < SEGMENT_TEXT; i++) {
-        if (i == 8 || i == 13 || i == 18 || i == 23) {
-            continue;
-        }
-        int digit = hex_digit(text[i]);
-        if (digit < 0) {
-            return 0;
-        }
-        if (high < 0) {
-            high = digit;
-        } else {
-            out[at++] = (unsigned char)(high << 4 | digit);
-            high = -1;
-        }
+    int bad = 0;
+    for (int i = 0; i < 16; i++) {
+        int high = hex_values[(unsigned char)text[starts[i]]], low = hex_values[(unsigned char)text[starts[i] + 1]];
+        bad |= high | low;  /* -1 sets the sign bit */
+        out[i] = (unsigned char)(((unsigned)high << 4) | (unsigned)low);
     }
-    return 1;
+    return bad >= 0;
 }
 
 /* Whether raw_key is exactly "segment:<topic id>:<partition>:<segment id>" (the key rlmm.codec writes). */
@@ -88,10 +79,23 @@ key_matches(PyObject *raw_key, const char *topic_id, Py_ssize_t topic_id_length,
             const char *segment, Py_ssize_t segment_length)
 {
     char number[24];
-    int number_length = snprintf(number, sizeof number, "%lld", partition);
+    int number_length = 0;
+    unsigned long long magnitude = partition < 0 ? 0ULL - (unsigned long long)partition : (unsigned long long)partition;
+    char digits[24];
+    int count = 0;
+    do {
+        digits[count++] = (char)('0' + magnitude % 10);
+        magnitude /= 10;
+    } while (magnitude);
+    if (partition < 0) {
+        number[number_length++] = '-';
+    }
+    while (count) {
+        number[number_length++] = digits[--count];
+    }
     const char *key = PyBytes_AS_STRING(raw_key);
     Py_ssize_t length = PyBytes_GET_SIZE(raw_key);
-    if (number_length <= 0 || length != 8 + topic_id_length + 1 + number_length + 1 + segment_length) {
+    if (length != 8 + topic_id_length + 1 + number_length + 1 + segment_length) {
         return 0;
     }
     if (memcmp(key, "segment:", 8) != 0 || memcmp(key + 8, topic_id, (size_t)topic_id_length) != 0) {
@@ -191,8 +195,8 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_INCREF(tp);
     Py_INCREF(key);  /* `named` may go with a call below */
     PyObject *segment = NULL, *epoch_object = NULL, *held = NULL, *segments = NULL, *index = NULL;
-    PyObject *highest = NULL, *owed = NULL, *result = NULL;
-    int ruled_now = PySet_Contains(ruled, key);
+    PyObject *highest = NULL, *owed = NULL, *result = NULL, *entries = NULL;
+    int ruled_now = PySet_GET_SIZE(ruled) ? PySet_Contains(ruled, key) : 0;
     if (ruled_now != 0) {
         if (ruled_now > 0) {
             result = Py_NewRef(Py_None);
@@ -229,10 +233,11 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
             goto done;
         }
-        PyObject *entries = PyDict_GetItemWithError(index, epoch_object);  /* borrowed */
+        entries = PyDict_GetItemWithError(index, epoch_object);
         if (entries == NULL && PyErr_Occurred()) {
             goto done;
         }
+        Py_XINCREF(entries);  /* held: the comparison below may run Python code */
         if (entries != NULL && (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) > 0)) {
             PyObject *last = PyList_CheckExact(entries) ? PyList_GET_ITEM(entries, PyList_GET_SIZE(entries) - 1) : NULL;
             if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 2) {
@@ -265,20 +270,24 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
-    if (PyDict_SetItem(segments, segment, value) < 0) {
-        goto done;
-    }
-    PyObject *fresh_list = PyList_New(0);
-    if (fresh_list == NULL) {
-        goto done;
-    }
-    PyObject *entries = PyDict_SetDefault(index, epoch_object, fresh_list);  /* borrowed */
-    Py_DECREF(fresh_list);
+    /* The epoch's entries as found above (a list), or a new list. */
     if (entries == NULL) {
-        goto done;
+        PyObject *fresh_list = PyList_New(0);
+        if (fresh_list == NULL) {
+            goto done;
+        }
+        entries = PyDict_SetDefault(index, epoch_object, fresh_list);  /* borrowed */
+        Py_DECREF(fresh_list);
+        if (entries == NULL) {
+            goto done;
+        }
+        Py_INCREF(entries);
+        if (!PyList_CheckExact(entries)) {
+            PyErr_SetString(PyExc_TypeError, "a held partition's index entries are not a list");
+            goto done;
+        }
     }
-    if (!PyList_CheckExact(entries)) {
-        PyErr_SetString(PyExc_TypeError, "a held partition's index entries are not a list");
+    if (PyDict_SetItem(segments, segment, value) < 0) {
         goto done;
     }
     PyObject *indexed = PyTuple_Pack(2, PyTuple_GET_ITEM(entry, 1), segment);
@@ -312,6 +321,7 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     result = Py_NewRef(key);
 done:
+    Py_XDECREF(entries);
     Py_XDECREF(owed);
     Py_XDECREF(highest);
     Py_XDECREF(index);
@@ -344,6 +354,7 @@ PyMODINIT_FUNC
 PyInit__lean_fold(void)
 {
     if (segments_name == NULL) {
+        fill_hex_values();
         segments_name = PyUnicode_InternFromString("segments");
         index_name = PyUnicode_InternFromString("index");
         highest_name = PyUnicode_InternFromString("highest");
