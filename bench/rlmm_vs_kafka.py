@@ -774,6 +774,10 @@ def _run(args: argparse.Namespace, fractions: list[float], classpath: str, work:
                     measured: dict[str, Any] = {"round": r}
                     for name, step in ordered:
                         print(f"hosting {fraction:g}, round {r}: {name}", file=sys.stderr, flush=True)
+                        # What earlier steps wrote (the topics produced, the state dirs kept for later steps) is on
+                        # disk before a step starts: the kernel's write-back of it would fall on whichever step runs
+                        # next (the first steps after producing the topics were the slowest of their kind).
+                        os.sync()
                         with stage(f"{name}@{fraction:g}#{r}"):
                             measured[name] = step()
                         # The step's figures as they come, so that a run stopped early still tells them.
