@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from rlmm_strategies import PROPERTY_SETTINGS, RacingScenario, Scenario, histories, racing_histories
 from rlmm_testkit import make_tp, segment
 
-from rlmm import codec, fresh_load
+from rlmm import codec, fresh_load, lean_fold
 from rlmm.events import EpochCheckpoint, EpochLineage, MetadataEvent, RecordKey, epoch_key, key_of
 from rlmm.lean_fold import LeanFold
 from rlmm.types import RemoteLogSegmentState, RemotePartitionDeleteMetadata, RemotePartitionDeleteState
@@ -35,12 +36,26 @@ def records_of(log: Sequence[tuple[int, RecordKey, MetadataEvent | None]], skipp
              skipped[i % len(skipped)] if skipped else False) for i, (offset, key, event) in enumerate(log)]
 
 
-def folded_both_ways(records: Sequence[fresh_load.Record]) -> tuple[fresh_load.Folded, LeanFold]:
+@contextmanager
+def folded_in(language: str) -> Iterator[None]:
+    """The lean fold's commonest records folded in C (rlmm/_lean_fold.c, built for the tests) or in Python only."""
+    built = lean_fold._lean_fold
+    assert built is not None, "rlmm._lean_fold is not built"
+    lean_fold._lean_fold = built if language == "C" else None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        lean_fold._lean_fold = built
+
+
+def folded_both_ways(records: Sequence[fresh_load.Record], language: str = "C"
+                     ) -> tuple[fresh_load.Folded, LeanFold]:
     """The records folded by the rules and by a worker's lean fold, held equal; the lean fold, to look into."""
     rules = FreshState()
     expected = fresh_load.fold(rules, records, ())
     lean = LeanFold(FreshState())
-    got = fresh_load.fold(lean.fresh, records, (), lean)
+    with folded_in(language):
+        got = fresh_load.fold(lean.fresh, records, (), lean)
 
     def outcomes(folded: fresh_load.Folded) -> list[tuple[int, Any]]:
         return [(index, outcome) for index, _, _, outcome in folded.noted]
@@ -53,19 +68,22 @@ def folded_both_ways(records: Sequence[fresh_load.Record]) -> tuple[fresh_load.F
     return got, lean
 
 
+@pytest.mark.parametrize("language", ["C", "Python"])
 @PROPERTY_SETTINGS
 @given(histories(), st.lists(st.booleans(), max_size=4), st.booleans())
-def test_a_writers_log_folded_leanly_is_the_rules_fold(scenario: Scenario, skipped: list[bool], compact: bool) -> None:
+def test_a_writers_log_folded_leanly_is_the_rules_fold(language: str, scenario: Scenario, skipped: list[bool],
+                                                       compact: bool) -> None:
     log = [(offset, key, event) for offset, (key, event) in enumerate(scenario.writer.log)]
-    folded_both_ways(records_of(log, skipped, compact))
+    folded_both_ways(records_of(log, skipped, compact), language)
 
 
+@pytest.mark.parametrize("language", ["C", "Python"])
 @PROPERTY_SETTINGS
 @given(racing_histories(), st.lists(st.booleans(), max_size=4), st.booleans())
-def test_a_racing_log_folded_leanly_is_the_rules_fold(scenario: RacingScenario, skipped: list[bool],
+def test_a_racing_log_folded_leanly_is_the_rules_fold(language: str, scenario: RacingScenario, skipped: list[bool],
                                                       compact: bool) -> None:
     # Racing writers leave displaced and overwritten segments, dropped records and stale checkpoints.
-    folded_both_ways(records_of(scenario.topic, skipped, compact))
+    folded_both_ways(records_of(scenario.topic, skipped, compact), language)
 
 
 def finished(tp: Any, start: int, end: int, epochs: dict[int, int], **fields: Any) -> Any:
