@@ -176,26 +176,31 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         || !segment_bytes(segment_utf8, segment_length, segment_id)) {
         Py_RETURN_NONE;
     }
+    /* From here on Python code may run (a key's comparison in the dicts below, an attribute read), which could
+     * change `listed`: what is read of it is held. */
+    PyObject *epoch_object = PyTuple_GET_ITEM(entry, 0), *epoch_start_object = PyTuple_GET_ITEM(entry, 1);
+    Py_INCREF(epoch_object);
+    Py_INCREF(epoch_start_object);
+    PyObject *tp = NULL, *key = NULL, *segment = NULL, *held = NULL, *segments = NULL, *index = NULL;
+    PyObject *highest = NULL, *owed = NULL, *result = NULL, *entries = NULL;
     PyObject *name = PyTuple_Pack(3, topic_text, topic, number);
     if (name == NULL) {
-        return NULL;
+        goto done;
     }
     PyObject *named = PyDict_GetItemWithError(named_all, name);  /* borrowed */
     Py_DECREF(name);
     if (named == NULL) {
-        if (PyErr_Occurred()) {
-            return NULL;
+        if (!PyErr_Occurred()) {
+            result = Py_NewRef(Py_None);  /* not named yet: LeanFold._name names it */
         }
-        Py_RETURN_NONE;  /* not named yet: LeanFold._name names it */
+        goto done;
     }
     if (!PyTuple_CheckExact(named) || PyTuple_GET_SIZE(named) != 2) {
-        Py_RETURN_NONE;
+        result = Py_NewRef(Py_None);
+        goto done;
     }
-    PyObject *tp = PyTuple_GET_ITEM(named, 0), *key = PyTuple_GET_ITEM(named, 1);
-    Py_INCREF(tp);
-    Py_INCREF(key);  /* `named` may go with a call below */
-    PyObject *segment = NULL, *epoch_object = NULL, *held = NULL, *segments = NULL, *index = NULL;
-    PyObject *highest = NULL, *owed = NULL, *result = NULL, *entries = NULL;
+    tp = Py_NewRef(PyTuple_GET_ITEM(named, 0));
+    key = Py_NewRef(PyTuple_GET_ITEM(named, 1));  /* `named` may go with a call below */
     int ruled_now = PySet_GET_SIZE(ruled) ? PySet_Contains(ruled, key) : 0;
     if (ruled_now != 0) {
         if (ruled_now > 0) {
@@ -204,8 +209,6 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     segment = PyBytes_FromStringAndSize((const char *)segment_id, 16);
-    epoch_object = PyTuple_GET_ITEM(entry, 0);
-    Py_INCREF(epoch_object);
     if (segment == NULL) {
         goto done;
     }
@@ -245,7 +248,7 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             }
             Py_INCREF(last);
-            int after = PyObject_RichCompareBool(PyTuple_GET_ITEM(last, 0), PyTuple_GET_ITEM(entry, 1), Py_GE);
+            int after = PyObject_RichCompareBool(PyTuple_GET_ITEM(last, 0), epoch_start_object, Py_GE);
             Py_DECREF(last);
             if (after != 0) {
                 if (after > 0) {
@@ -290,7 +293,7 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (PyDict_SetItem(segments, segment, value) < 0) {
         goto done;
     }
-    PyObject *indexed = PyTuple_Pack(2, PyTuple_GET_ITEM(entry, 1), segment);
+    PyObject *indexed = PyTuple_Pack(2, epoch_start_object, segment);
     if (indexed == NULL) {
         goto done;
     }
@@ -327,10 +330,11 @@ done:
     Py_XDECREF(index);
     Py_XDECREF(segments);
     Py_XDECREF(held);
-    Py_XDECREF(epoch_object);
     Py_XDECREF(segment);
-    Py_DECREF(key);
-    Py_DECREF(tp);
+    Py_XDECREF(key);
+    Py_XDECREF(tp);
+    Py_DECREF(epoch_start_object);
+    Py_DECREF(epoch_object);
     return result;
 }
 

@@ -89,7 +89,7 @@ def _outcome(call: Any) -> tuple[str, Any]:
 
 def one_input(raw: bytes) -> None:
     data = atheris.FuzzedDataProvider(raw)
-    misuse = data.ConsumeIntInRange(0, 11)
+    misuse = data.ConsumeIntInRange(0, 12)
     lean = _fold()
     for _ in range(data.ConsumeIntInRange(0, 6)):  # the state before: records folded by the reference
         offset, key, datum, value, skipped = _record(data)
@@ -135,8 +135,25 @@ def one_input(raw: bytes) -> None:
         with contextlib.suppress(KeyError, TypeError, AttributeError):
             _lean_fold.finished(*args)
         return
-    else:  # another number of arguments
+    elif misuse == 11:  # another number of arguments
         args = args[:data.ConsumeIntInRange(0, 8)] if data.ConsumeBool() else [*args, None]
+    else:  # a name whose comparison empties the record's epochs while the fold looks the partition's name up
+        if not (isinstance(datum, tuple) and len(datum) == 14 and type(datum[10]) is list):
+            return
+        listed = datum[10]
+
+        class Emptying:
+            def __hash__(self) -> int:
+                return hash(datum[:3])
+
+            def __eq__(self, other: object) -> bool:
+                listed.clear()
+                return False
+
+        lean._named[Emptying()] = None  # type: ignore[index]
+        with contextlib.suppress(TypeError):
+            _lean_fold.finished(*args)
+        return
     try:
         _lean_fold.finished(*args)
     except TypeError:
