@@ -124,6 +124,20 @@ field_of(PyObject *held, PyObject *name, int is_set)
     return field;
 }
 
+/* A held partition's four fields (new references): 1; 0 when one is of another type; -1 with an exception set. */
+static int
+fields_of(PyObject *held, PyObject **segments, PyObject **index, PyObject **highest, PyObject **owed)
+{
+    *segments = field_of(held, segments_name, 0);
+    *index = *segments == NULL ? NULL : field_of(held, index_name, 0);
+    *highest = *index == NULL ? NULL : field_of(held, highest_name, 0);
+    *owed = *highest == NULL ? NULL : field_of(held, owed_name, 1);
+    if (*owed != NULL) {
+        return 1;
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *
 lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -216,19 +230,26 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (held == NULL && PyErr_Occurred()) {
         goto done;
     }
-    if (held != NULL) {
+    int found = held != NULL;
+    if (found) {
         Py_INCREF(held);
-        /* Everything checked before anything changes: a record declined here leaves the fold as it was. */
-        segments = field_of(held, segments_name, 0);
-        index = segments == NULL ? NULL : field_of(held, index_name, 0);
-        highest = index == NULL ? NULL : field_of(held, highest_name, 0);
-        owed = highest == NULL ? NULL : field_of(held, owed_name, 1);
-        if (owed == NULL) {
-            if (!PyErr_Occurred()) {
-                result = Py_NewRef(Py_None);
-            }
+    } else {
+        held = PyObject_CallFunctionObjArgs(new_partition, key, tp, NULL);
+        if (held == NULL) {
             goto done;
         }
+    }
+    int fields = fields_of(held, &segments, &index, &highest, &owed);
+    if (fields <= 0) {
+        if (fields == 0 && found) {
+            result = Py_NewRef(Py_None);
+        } else if (fields == 0) {
+            PyErr_SetString(PyExc_TypeError, "new() gave a partition whose fields are not the fold's");
+        }
+        goto done;
+    }
+    if (found) {
+        /* Everything checked before anything changes: a record declined here leaves the fold as it was. */
         int holds = PyDict_Contains(segments, segment);
         if (holds != 0) {
             if (holds > 0) {
@@ -256,21 +277,6 @@ lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 }
                 goto done;
             }
-        }
-    } else {
-        held = PyObject_CallFunctionObjArgs(new_partition, key, tp, NULL);
-        if (held == NULL) {
-            goto done;
-        }
-        segments = field_of(held, segments_name, 0);
-        index = segments == NULL ? NULL : field_of(held, index_name, 0);
-        highest = index == NULL ? NULL : field_of(held, highest_name, 0);
-        owed = highest == NULL ? NULL : field_of(held, owed_name, 1);
-        if (owed == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_TypeError, "new() gave a partition whose fields are not the fold's");
-            }
-            goto done;
         }
     }
     /* The epoch's entries as found above (a list), or a new list. */
