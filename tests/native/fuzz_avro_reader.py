@@ -113,10 +113,12 @@ def _differential(data: atheris.FuzzedDataProvider) -> None:
 
 def _tuples(schema: Any, datum: Any, named: dict[str, Any]) -> Any:
     """fastavro's datum of `schema` with its records as tuples of their fields' values. A union holds at most one
-    record branch (Avro's rule, and _Schemas draws no record reference), so a dict in one is of that branch."""
+    array branch (Avro's rule) and at most one record branch (_Schemas draws no record reference), so a list in one is
+    of its array branch and a dict of its record branch."""
     if isinstance(schema, list):
-        records = [branch for branch in schema if isinstance(branch, dict) and branch["type"] == "record"]
-        return _tuples(records[0], datum, named) if records and isinstance(datum, dict) else datum
+        kind = "record" if isinstance(datum, dict) else "array" if isinstance(datum, list) else None
+        branches = [branch for branch in schema if isinstance(branch, dict) and branch["type"] == kind]
+        return _tuples(branches[0], datum, named) if branches else datum
     if isinstance(schema, str) or schema["type"] == "enum":
         return datum
     if schema["type"] == "array":
