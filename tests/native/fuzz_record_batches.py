@@ -4,7 +4,8 @@ exception the decompressor raised), and refuses arguments of other types with Ty
 
 Inputs are batches encoded here from the fuzzer's choices (so that most reach the records), then garbled, cut short or
 joined to raw bytes; a decompressor drawn per input gives records uncompressed, decompresses for real, returns what
-is not bytes, or raises."""
+is not bytes, or raises. A quarter of the inputs go to keep() instead, against rlmm.record_batches.keep: runs of
+records with gaps, tombstones and repeated keys over a window already holding some."""
 
 from __future__ import annotations
 
