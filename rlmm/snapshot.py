@@ -106,7 +106,7 @@ def write_view_snapshot(
     snapshot file of format 3. SnapshotError, having written nothing, when the entries do not make `view_digest`."""
     with tempfile.TemporaryDirectory(prefix="tierlog-snapshot-tables-") as work:
         digest = state.ViewDigest()
-        tables = write_tables(hashed_runs(entry_runs(entries), digest), Path(work), Path(work))
+        tables = write_tables(hashed_runs(entry_runs(entries), digest), Path(work), Path(work), for_snapshot=True)
         if digest.hexdigest() != view_digest:
             raise SnapshotError(f"the entries make a view with digest {digest.hexdigest()}, not the stated "
                                 f"{view_digest}; no snapshot written")

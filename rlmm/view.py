@@ -28,6 +28,7 @@ from rocksdict import (
     BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
+    DBCompressionType,
     IngestExternalFileOptions,
     Options,
     Rdict,
@@ -120,6 +121,21 @@ def _family_options() -> Options:
     table.set_pin_top_level_index_and_filter(True)
     table.set_bloom_filter(_BLOOM_BITS_PER_KEY, False)
     opts.set_block_based_table_factory(table)
+    return opts
+
+
+# The tables of a snapshot (rlmm.snapshot) are compressed with zstd, the view's own with RocksDB's default, snappy.
+# A new node downloads a snapshot's tables and ingests them as they are, so their size is most of a bootstrap's time:
+# at 1M live segments zstd's are 16% smaller (108 MB against 129; the ids the values hold as text are what is left)
+# and a bootstrap took a quarter less time. A node reads tables of either; its compactions write its own. Writing
+# them takes twice as long, which the archiver can afford and a rebuild's tables (on its critical path) cannot.
+_SNAPSHOT_ZSTD_LEVEL = 3
+
+
+def _snapshot_table_options() -> Options:
+    opts = _family_options()
+    opts.set_compression_type(DBCompressionType.zstd())
+    opts.set_compression_options(-14, _SNAPSHOT_ZSTD_LEVEL, 0, 0)  # zstd's default window; no dictionary
     return opts
 
 
@@ -708,9 +724,11 @@ def _digest(families: Mapping[str, Any]) -> str:
 
 
 def write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], tables: Path,
-                 view: Path) -> dict[str, Path]:
+                 view: Path, for_snapshot: bool = False) -> dict[str, Path]:
     """Write each column family's runs of entries into a RocksDB table file under `tables`; the files by family.
-    Families out of place and keys out of RocksDB's order are refused with errors naming them."""
+    Families out of place and keys out of RocksDB's order are refused with errors naming them. Tables `for_snapshot`
+    are compressed as a snapshot's (_snapshot_table_options), the others as the view's."""
+    options = _snapshot_table_options if for_snapshot else _family_options
     files: dict[str, Path] = {}
     writer: SstFileWriter | None = None
     family = ""
@@ -732,7 +750,7 @@ def write_tables(runs: Iterable[tuple[str, Sequence[bytes], Sequence[bytes]]], t
             continue
         if writer is None:
             files[family] = tables / f"{family}.sst"
-            writer = SstFileWriter(_family_options())  # tables laid out as the view's own (partitioned index)
+            writer = SstFileWriter(options())  # tables laid out as the view's own (partitioned index)
             writer.open(str(files[family]))
         try:
             deque(map(writer.__setitem__, keys, values), maxlen=0)  # one C-level pass, no Python loop per entry

@@ -242,6 +242,35 @@ def test_load_snapshot_materializes_a_view_snapshot_file(tmp_path: Path) -> None
         view.close()
 
 
+def test_a_snapshots_tables_are_smaller_than_the_views_own_and_load_into_an_equal_view(
+    tmp_path: Path
+) -> None:
+    replayed = _replayed(tmp_path / "replayed", _archived_log(6, partitions=8))
+    expected, ends = replayed.digest(), replayed.applied_offsets(TOPIC)
+    entries = list(snapshot_entries(replayed))
+    data = _view_snapshot(replayed)
+    replayed.close()
+    header, parts = read_snapshot(io.BytesIO(data))
+    assert header.format == TABLES_FORMAT
+    snapshot_bytes: dict[str, int] = {}
+    for part in parts:
+        snapshot_bytes[part["family"]] = snapshot_bytes.get(part["family"], 0) + len(part["part"])
+    (tmp_path / "own").mkdir()
+    own = rlmm.view.write_tables(archive.entry_runs(entries), tmp_path / "own", tmp_path / "own")
+    # zstd, where the view's own tables are snappy: the segments' table is the bulk of a snapshot.
+    assert snapshot_bytes[vf.SEGMENTS] < 0.9 * own[vf.SEGMENTS].stat().st_size
+    assert snapshot_bytes.keys() == own.keys()
+
+    snapshot = tmp_path / "v3.avro"
+    snapshot.write_bytes(data)
+    assert load_snapshot(snapshot, tmp_path / "node") == (TOPIC, ends)
+    view = MetadataView.open(tmp_path / "node")
+    try:
+        assert (view.digest(), list(snapshot_entries(view))) == (expected, entries)
+    finally:
+        view.close()
+
+
 def test_entries_load_only_into_an_empty_view(tmp_path: Path) -> None:
     view = _replayed(tmp_path / "replayed", _archived_log(6))
     try:
