@@ -105,6 +105,7 @@ class MetadataApplier:
         self, settings: ApplierSettings, view: MetadataView, consumer: EventConsumer, offsets: OffsetReader,
         writer: MetadataWriter, lock: threading.Condition,
         registered: dict[TopicIdPartition, int | None], metadata_partition: Callable[[TopicIdPartition], int],
+        on_targets: Callable[[], None] | None = None,
     ) -> None:
         _fix_mmap_threshold()
         self._settings = settings
@@ -115,6 +116,7 @@ class MetadataApplier:
         self._lock = lock
         self._registered = registered
         self._metadata_partition = metadata_partition
+        self._on_targets = on_targets  # called under the lock once registered partitions were given their targets
         view.discard_unfinished_load()  # whatever reads the partitions it names next, they start from nothing
         self.applied: dict[int, int] = dict(view.applied_offsets(settings.metadata_topic))
         self.halted: dict[int, MetadataLogError] = {}
@@ -271,7 +273,7 @@ class MetadataApplier:
                     if len(messages) >= max_records or self._group is not None:
                         self._catch_up(messages)
                     else:
-                        with _cyclic_gc_paused():
+                        with cyclic_gc_paused():
                             self._apply(messages)
                 elif time.monotonic() - self._stamped_at > STAMP_INTERVAL_S:
                     self._stamp()
@@ -330,7 +332,7 @@ class MetadataApplier:
         A crash between windows resumes from the last one committed: every record it skipped is superseded by a
         record the resumed node reads again or has applied."""
         deferred = self._compactions_deferred() if self._group is not None else nullcontext()
-        with _cyclic_gc_paused(), self._borrowing(), deferred:
+        with cyclic_gc_paused(), self._borrowing(), deferred:
             while True:
                 # A view without segments (a new node's first window) holds none a tombstone could name.
                 holds = partial(holds_segment, self._view) if self._view.holds_segments() else holds_nothing
@@ -386,7 +388,7 @@ class MetadataApplier:
         # ingested). None: the view is asked (MetadataView.holds_any).
         loaded: set[bytes] | None = None if self._view.holds_user_entries() else set()
         try:
-            with _cyclic_gc_paused(), self._borrowing(), self._compactions_deferred():
+            with cyclic_gc_paused(), self._borrowing(), self._compactions_deferred():
                 while workers and (busy or self._ungrouped) and not self._stop.is_set():
                     for worker in [w for w in workers if w not in busy and self._ungrouped]:
                         kept_share = kept / span if span else None
@@ -933,9 +935,12 @@ class MetadataApplier:
                 for tp, target in self._registered.items():
                     if target is None and self._metadata_partition(tp) in ends:
                         self._registered[tp] = ends[self._metadata_partition(tp)]
+                if self._on_targets is not None:
+                    self._on_targets()
                 self._lock.notify_all()
 
-    def close(self, timeout_s: float) -> None:
+    def close(self, timeout_s: float) -> bool:
+        """Stop applying; whether every thread stopped within `timeout_s` each (then nothing changes the view after)."""
         self._stop.set()
         self._registrations.set()
         for thread in self._threads:
@@ -943,10 +948,11 @@ class MetadataApplier:
         worker, self._worker = self._worker, None
         if worker is not None:  # the window it was started for was never loaded
             worker.close()
+        return not any(thread.is_alive() for thread in self._threads)
 
 
 @contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
+def cyclic_gc_paused() -> Iterator[None]:
     """Decoding and applying a batch allocate many short-lived, acyclic containers (records, overlays); each burst
     made the cyclic collector rescan the read model, about a quarter of a rebuild's time. Reference counting still
     frees them; cycles made meanwhile wait for the next collection after the batch."""

@@ -6,6 +6,7 @@ the committed view, gated by per-partition registration and readiness as in Kafk
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import shutil
@@ -18,9 +19,9 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from rlmm import bootstrap, packed, state
+from rlmm import bootstrap, packed, resume_file, state
 from rlmm import view_format as vf
-from rlmm.applier import ApplierSettings, MetadataApplier
+from rlmm.applier import ApplierSettings, MetadataApplier, cyclic_gc_paused
 from rlmm.client_security import librdkafka_settings
 from rlmm.config import ConfigKey, parse_bool, parse_config, parse_int, parse_str
 from rlmm.errors import (
@@ -112,6 +113,9 @@ CONFIG_KEYS = (
     # Read every hosted partition into memory in the background once it is ready (a restart, a new leader or
     # follower), so that its first lookups find it there; off: each is read when first looked up.
     ConfigKey("lookup.warmup", parse_bool, True),
+    # At a clean close, keep the hosted partitions' in-memory state beside the view (rlmm.resume_file), so that the
+    # restarted node serves them from memory as soon as they are ready again; off: it reads them from the view.
+    ConfigKey("lookup.resume", parse_bool, True),
     # How many hosted segments' lookup answers are kept decoded (rlmm.read_model.DECODED_ANSWERS_MAX), partition by
     # partition as they are first served; the others are held packed only and unpacked by each lookup.
     ConfigKey("lookup.decoded.max.segments", parse_int, DECODED_ANSWERS_MAX, check=lambda value: value >= 0,
@@ -159,6 +163,7 @@ class RemoteLogMetadataManager:
         offsets = OffsetReader(self.metadata_topic, client, admin)  # a client that answered: see OffsetReader
         self._view = _open_view(self._cfg, topic, offsets, startup_s, snapshot_source)
         try:
+            self._resume_state()
             producer = EventProducer(self.metadata_topic, client)
             consumer = EventConsumer(self.metadata_topic, client, self.num_partitions)
         except BaseException:
@@ -175,6 +180,7 @@ class RemoteLogMetadataManager:
             ApplierSettings(self.metadata_topic, topic.topic_id, self.broker_id, self._cfg["apply.batch.max.records"],
                             self._cfg["apply.rebuild.worker"]),
             self._view, consumer, offsets, self._writer, self._lock, self._registered, self._metadata_partition,
+            self._targets_set_locked,
         )
         # The view keeps one read model for its life; lookups go to it, and to these dicts, directly. It holds in
         # memory only the partitions this node hosts (registered, until stopped); the rest of the view stays on disk.
@@ -271,7 +277,20 @@ class RemoteLogMetadataManager:
             for tp in hosted:
                 _require(tp, TopicIdPartition, "topic_id_partition")
                 self._registered.setdefault(tp, None)
-            self._model.host(vf.tp_key_of(tp) for tp in hosted)
+            if self._model.resuming():
+                # The state of those served before the restart is held again now (rlmm.resume_file): objects for the
+                # rest of the node's life, which the cyclic collector's passes would walk again and again while they
+                # are made (three quarters of the time), and once more after. They are left out of its passes as
+                # made (_exempt_from_collection), without a pass first: they hold no cycles.
+                with cyclic_gc_paused():
+                    self._model.host(vf.tp_key_of(tp) for tp in hosted)
+                    gc.freeze()
+            else:
+                self._model.host(vf.tp_key_of(tp) for tp in hosted)
+            if hosted:
+                # A broker registers every partition it hosts at once as it starts: the state of those it served
+                # before and does not host now is let go.
+                self._model.end_resume()
         self._applier.registered()
         if self._cfg["lookup.warmup"]:
             self._loader.warm(hosted)
@@ -312,11 +331,27 @@ class RemoteLogMetadataManager:
                 return snapshot
         _require(tp, TopicIdPartition, "topic_id_partition")
         with self._lock:
-            mp = self._check_readable_locked(tp)
-            readable = _Readable(tp.topic, vf.tp_key_of(tp), mp)
-            snapshot = self._model.watch(readable.key, readable)  # fills readable.snapshot before anyone reads it
-            self._readable_now[(tp.topic_id.int, tp.partition)] = readable
-            return snapshot
+            return self._readable_locked(tp)
+
+    def _readable_locked(self, tp: TopicIdPartition) -> PartitionSnapshot:
+        """tp's snapshot, tp now found readable (served without the lock from now on); raises as a read would."""
+        mp = self._check_readable_locked(tp)
+        readable = _Readable(tp.topic, vf.tp_key_of(tp), mp)
+        snapshot = self._model.watch(readable.key, readable)  # fills readable.snapshot before anyone reads it
+        self._readable_now[(tp.topic_id.int, tp.partition)] = readable
+        return snapshot
+
+    def _targets_set_locked(self) -> None:
+        """The applier gave registered partitions the offsets they must reach (under the lock). Those whose state
+        the node kept from before its restart (rlmm.resume_file) and are ready now are served without the lock at
+        once, before anyone finds them ready; the loader tries the others not ready before now."""
+        watched = self._model.snapshots
+        for tp in self._registered:
+            if vf.tp_key_of(tp) in watched and (tp.topic_id.int, tp.partition) not in self._readable_now \
+                    and self._ready_locked(tp):
+                with contextlib.suppress(RemoteStorageError):  # deleted meanwhile: its reads raise as they should
+                    self._readable_locked(tp)
+        self._loader.retry_waiting()
 
     def _check_readable_locked(self, tp: TopicIdPartition) -> int:
         """Raise what Kafka's manager raises for a read of tp now; else tp's metadata partition."""
@@ -485,10 +520,52 @@ class RemoteLogMetadataManager:
             self._closed = True
             self._readable_now.clear()
         self._loader.close(timeout_s=10)  # a load in progress takes milliseconds
-        self._applier.close(timeout_s=10)
+        stopped = self._applier.close(timeout_s=10)
         self._writer.close(timeout_s=5)
         self._consumer.close()
+        if stopped and self._cfg["lookup.resume"]:
+            self._keep_state()
         self._view.close()
+
+    # --- the hosted partitions' state across a clean restart (rlmm.resume_file) ----------------------------
+
+    def _resume_state(self) -> None:
+        """Take what this node served when it last closed cleanly, if the view is still as it was then."""
+        path = self._view.path / resume_file.FILE_NAME
+        if not self._cfg["lookup.resume"]:
+            path.unlink(missing_ok=True)  # never to be taken for a view that changes from now on
+            return
+        started = time.monotonic()
+        try:
+            resumed = resume_file.take(path, self._view.state_mark(self.metadata_topic))
+        except OSError as exc:
+            log.warning("could not read %s: %s; the hosted partitions are read from the view", path, exc)
+            return
+        if resumed is not None:
+            self._view.model.resume(resumed)
+            log.info("kept the state of %d user partitions this node served when it closed (%.3f s); each is served "
+                     "from memory once hosted and ready again", len(resumed), time.monotonic() - started)
+
+    def _keep_state(self) -> None:
+        """Write the state of the partitions served now beside the view (the applier has stopped: nothing changes it
+        any more). A failure costs only the next start's speed."""
+        path = self._view.path / resume_file.FILE_NAME
+        started = time.monotonic()
+        try:
+            with self._model.lock:
+                served = [(tp_key, self._model.partitions[tp_key], snapshot)
+                          for tp_key, snapshot in self._model.snapshots.items() if tp_key in self._model.partitions]
+                if not served:
+                    return
+                count = resume_file.write(path, self._view.state_mark(self.metadata_topic), served)
+        except Exception as exc:  # rocksdict raises bare Exception; a full disk, a failed sync: OSError
+            log.warning("could not keep the served partitions' state for the next start in %s: %s (it reads them "
+                        "from the view instead)", path, exc)
+            path.unlink(missing_ok=True)
+            path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+            return
+        log.info("kept the state of %d served user partitions for the next start in %s (%.3f s)", count, path,
+                 time.monotonic() - started)
 
 
 def _let_others_run() -> None:
@@ -530,6 +607,16 @@ class _PartitionLoader:
         with self._cond:
             self._warm.update((tp, None) for tp in tps if tp not in self._urgent)
             self._cond.notify()
+
+    def retry_waiting(self) -> None:
+        """Registered partitions were just given the offsets they must reach: try those not ready before now, not
+        after the pause (a restarted node is ready as soon as it knows them)."""
+        with self._cond:
+            if self._waiting:
+                self._warm.update(self._waiting)
+                self._waiting = {}
+                self._pause_s = LOADER_RETRY_MIN_S
+                self._cond.notify()
 
     def forget(self, tps: Iterable[TopicIdPartition]) -> None:
         with self._cond:
@@ -639,7 +726,8 @@ def _open_view(config: Mapping[str, Any], topic: TopicInfo, offsets: OffsetReade
             bootstrap.maybe_bootstrap(view, config, snapshot_source, topic, offsets, _now_ms(), timeout_s)
             view = _resumable(view, state_dir, metadata_topic, topic, offsets, timeout_s)
         source = view.source(metadata_topic)
-        view.set_source(metadata_topic, topic.topic_id, _now_ms() if source is None else source[1])
+        if source is None or source[0] != topic.topic_id:  # not written again unchanged (rlmm.resume_file)
+            view.set_source(metadata_topic, topic.topic_id, _now_ms() if source is None else source[1])
     except BaseException:
         view.close()
         raise

@@ -23,8 +23,8 @@ import threading
 import uuid
 from array import array
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from rlmm import codec, packed, state
 from rlmm import view_format as vf
@@ -360,6 +360,15 @@ def _listing(segments: list[bytes]) -> Listing:
     return Listing(segments, sum(map(packed.size_of, segments))) if segments else _NO_LISTING
 
 
+def _decoding_answers(snapshot: PartitionSnapshot, partition: PartitionModel) -> PartitionSnapshot:
+    """`snapshot` with its floors' packed answers decoded, as snapshot_of builds them for a partition granted that."""
+    tp = partition.table().tp
+    floors = {epoch: EpochFloors(epoch_floors.bounds, tuple(
+        packed.unpack(found, tp) if type(found) is bytes else found for found in epoch_floors.segments))
+        for epoch, epoch_floors in snapshot.floors.items()}
+    return replace(snapshot, floors=floors)
+
+
 def _folded(
     snapshot: PartitionSnapshot, partition: PartitionModel, change: PartitionChanges,
     before: dict[uuid.UUID, bytes | None],
@@ -497,6 +506,16 @@ class _Relisting:
 BORROW_MAX_SEGMENTS = 1_000_000
 
 
+class Resumable(Protocol):
+    """The partitions' state as a node served them when it closed (rlmm.resume_file.ResumedState)."""
+
+    def take(self, tp_key: bytes) -> tuple[PartitionModel | None, PartitionSnapshot] | None: ...
+
+    def discard(self, tp_key: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class SnapshotSlot:
     """Where a reader keeps one watched partition's snapshot: the model replaces `snapshot` whole as each batch folds
     in (one reference, an atomic store under the GIL), so the reader gets the newest in one attribute read, with no
@@ -538,6 +557,9 @@ class ReadModel:
         self._decoded_segments = 0
         # Partitions `prepare` reads without the lock now: True once something changed one meanwhile.
         self._reading: dict[bytes, bool] = {}
+        # What a restarted node served when it closed (rlmm.resume_file), given to each partition as it is hosted
+        # again, unless something changed the partition first.
+        self._resumed: Resumable | None = None
 
     def get(self, tp_key: bytes) -> PartitionModel | None:
         """The partition, read from RocksDB if not held; kept only if it is to be held (see `holds`)."""
@@ -565,10 +587,46 @@ class ReadModel:
                 self._let_go([key for key in self.partitions if key not in self.snapshots])
 
     def host(self, tp_keys: Iterable[bytes]) -> None:
-        """Partitions this node now hosts: kept once read (each is read when first asked for, not now)."""
+        """Partitions this node now hosts: kept once read (each is read when first asked for, not now; one the node
+        served when it closed is held and watched at once as it was then, if nothing changed it since: `resume`)."""
         with self.lock:
             if self.hosted is not None:
-                self.hosted.update(tp_keys)
+                keys = list(tp_keys)
+                self.hosted.update(keys)
+                if self._resumed is not None:
+                    for tp_key in keys:
+                        self._resume(tp_key)
+
+    def resume(self, resumed: Resumable | None) -> None:
+        """The partitions this node served when it closed, as they were then (rlmm.resume_file: the view has not
+        changed since). Each is held and its snapshot published when it is hosted again (`host`) unless a batch,
+        a load or a reset touched it first; `end_resume` lets go of those not hosted again."""
+        with self.lock:
+            self._resumed = resumed
+
+    def resuming(self) -> bool:
+        return self._resumed is not None
+
+    def end_resume(self) -> None:
+        with self.lock:
+            resumed, self._resumed = self._resumed, None
+            if resumed is not None:
+                resumed.close()
+
+    def _resume(self, tp_key: bytes) -> None:
+        assert self._resumed is not None
+        if tp_key in self.partitions or tp_key in self.snapshots or tp_key in self._reading:
+            self._resumed.discard(tp_key)  # read from the view already: it holds the same
+            return
+        found = self._resumed.take(tp_key)
+        if found is None:
+            return
+        partition, snapshot = found
+        self._grant(tp_key, partition)
+        if partition is not None and partition.decoded_answers:
+            snapshot = _decoding_answers(snapshot, partition)
+        self.partitions[tp_key] = partition
+        self._publish(tp_key, snapshot)
 
     def unhost(self, tp_keys: Iterable[bytes]) -> None:
         """Partitions this node no longer hosts: their decoded state and snapshots are let go (RocksDB keeps them)."""
@@ -683,9 +741,12 @@ class ReadModel:
         self._publish(tp_key, snapshot)
 
     def _touched(self, tp_key: bytes) -> None:
-        """A partition's state changed: a read of it without the lock under way is stale (`prepare`)."""
+        """A partition's state changed: a read of it without the lock under way is stale (`prepare`), and so is its
+        state as the node served it when it closed (`resume`)."""
         if tp_key in self._reading:
             self._reading[tp_key] = True
+        if self._resumed is not None:
+            self._resumed.discard(tp_key)
 
     def unwatch(self, tp_key: bytes) -> None:
         with self.lock:
@@ -722,6 +783,7 @@ class ReadModel:
     def reset(self) -> None:
         """Forget every partition read (the view's entries were removed): each is read again when next asked for."""
         with self.lock:
+            self.end_resume()
             self.partitions.clear()
             for tp_key in self._reading:
                 self._reading[tp_key] = True

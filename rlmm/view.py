@@ -386,6 +386,12 @@ class MetadataView:
     def applied_offsets(self, metadata_topic: str) -> dict[int, int]:
         return _applied_offsets(self._cf, metadata_topic)
 
+    def state_mark(self, metadata_topic: str) -> tuple[str, int, dict[int, int]]:
+        """What tells this view's state from any other (rlmm.resume_file): its RocksDB identity (made when the database
+        was created), the sequence number of its latest write and the offsets of `metadata_topic` it applied."""
+        identity = (self.path / "IDENTITY").read_text().strip()
+        return identity, int(self._db.latest_sequence_number()), self.applied_offsets(metadata_topic)
+
     def entries(self) -> Iterator[tuple[str, bytes, bytes]]:
         """The content as (column family, key, value), families by name and keys in RocksDB's byte order."""
         return _entries(self._cf)

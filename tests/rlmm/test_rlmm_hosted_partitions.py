@@ -110,10 +110,11 @@ def test_the_first_lookups_after_a_restart_are_answered_from_disk_exactly_as_fro
 ) -> None:
     """A restarted node does not read a partition whole on the fetch path: its first lookups are answered key by
     key from the view on disk while the partition is read in the background, and answer what it answers after.
-    (With the warm-up off, so that no partition is read before its first lookup.)"""
+    (With the warm-up off, so that no partition is read before its first lookup, and without the state the node
+    kept when it closed, which a crash would not have left: tests/rlmm/test_rlmm_resume.py.)"""
     tps, segments, warm = restarted_history(make_manager, tmp_path)
     restarted = make_manager(broker_id=0, partitions=PARTITIONS, state_dir=tmp_path / "node",
-                             **{"lookup.warmup": False})
+                             **{"lookup.warmup": False, "lookup.resume": False})
     register(restarted, *tps)
     assert not held(restarted), "a restart read partitions before any lookup"
     cold = {tp: lookups(restarted, tp, segments[tp]) for tp in tps}
