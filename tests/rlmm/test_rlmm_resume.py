@@ -75,7 +75,9 @@ def test_a_restarted_node_holds_what_it_served_at_once_and_answers_as_before(
     assert {tp: answered_by(node, tp) for tp in tps} == before
 
 
-def test_a_partition_that_records_changed_since_is_read_from_the_view_and_the_others_resumed(make_manager: MakeManager, tmp_path: Path) -> None:
+def test_a_partition_that_records_changed_since_is_read_from_the_view_and_the_others_resumed(
+    make_manager: MakeManager, tmp_path: Path
+) -> None:
     state_dir = tmp_path / "node"
     tps = [make_tp("orders", p) for p in range(3)]
     _served_then_closed(make_manager, state_dir, tps, 52)
