@@ -122,7 +122,7 @@ def test_a_garbled_partition_is_read_from_disk_and_the_others_resumed(
     before = _served_then_closed(make_manager, state_dir, tps, 55)
     kept = _kept(state_dir)
     data = bytearray(kept.read_bytes())
-    data[-40] ^= 0xFF  # inside the last partition's blob
+    data[len(b"tierlog hosted state\n") + 40] ^= 0xFF  # inside the first partition's blob
     kept.write_bytes(bytes(data))
 
     with caplog.at_level(logging.WARNING, logger="rlmm"):
