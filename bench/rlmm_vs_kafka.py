@@ -80,6 +80,7 @@ from rlmm import (  # noqa: E402
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
+    resume_file,
 )
 from rlmm.bootstrap import snapshot_key  # noqa: E402
 from rlmm.event_log import TopicSettings, check_topic  # noqa: E402
@@ -725,7 +726,11 @@ def _run(args: argparse.Namespace, fractions: list[float], classpath: str, work:
                                    str(state_dir), str(plans[fraction]), str(args.writes), str(args.seed), snapshots,
                                    str(int(newcomers)), *busy])
                 closed_ms[state_dir] = int(time.time() * 1000)
-                answer["state_dir_bytes"] = dir_bytes(state_dir)
+                # The view, and apart from it what the node kept of its hosted partitions when it closed
+                # (rlmm.resume_file: until its next start takes it).
+                kept = state_dir / "view" / resume_file.FILE_NAME
+                answer["kept_state_bytes"] = kept.stat().st_size if kept.exists() else 0
+                answer["state_dir_bytes"] = dir_bytes(state_dir) - answer["kept_state_bytes"]
                 return answer
 
             def from_snapshot(state_dir: Path, fraction: float) -> dict[str, Any]:
@@ -887,6 +892,9 @@ def derive_per_segment(result: dict[str, Any]) -> None:
                 derived[f"tbrlmm_{kind}_heap_per_hosted_segment_b"] = round(
                     step["heap_used_mib"] * 2**20 / step["hosted_live_segments"], 1)
         derived["tierlog_view_bytes_per_live_segment"] = round(m["tierlog_cold"]["state_dir_bytes"] / live, 1)
+        if m["tierlog_cold"]["hosted_live_segments"]:
+            derived["tierlog_kept_bytes_per_hosted_segment"] = round(
+                m["tierlog_cold"]["kept_state_bytes"] / m["tierlog_cold"]["hosted_live_segments"], 1)
         derived["tierlog_fixed_rss_mib"] = round(fixed / 2**20, 1)
         entry["derived"] = derived
 
@@ -957,6 +965,9 @@ def ratio_table(result: dict[str, Any], fraction: str) -> str:
             None, "-", "{:,.0f}")
     row("view bytes on disk per live segment (tierlog's state dir)", derived["tierlog_view_bytes_per_live_segment"],
         None, "lower", "{:,.0f}")
+    if "tierlog_kept_bytes_per_hosted_segment" in derived:
+        row("hosted state kept on disk for the next start, per hosted live segment (bytes)",
+            derived["tierlog_kept_bytes_per_hosted_segment"], None, "lower", "{:,.0f}")
     row("snapshot bytes per live segment", result["snapshot"]["snapshot_bytes"]
         / (result["live_segments"] + result["newcomer_segments"]), None, "lower", "{:,.1f}")
     row("metadata topic bytes, uncompacted (MB)", sizes["tierlog_uncompacted"] / 1e6, sizes.get("tbrlmm", 0) / 1e6
