@@ -129,6 +129,16 @@ class LogWriter:
         doomed = [segment_key(s.remote_log_segment_id) for s in self.store.segments_of(md.topic_id_partition)]
         self._write(md, doomed)
 
+    def write(self, writes: Iterable[ApiWrite]) -> None:
+        """Make each write as the API call it stands for (a `workload`'s, say)."""
+        for write in writes:
+            if isinstance(write, RemoteLogSegmentMetadata):
+                self.add(write)
+            elif isinstance(write, RemoteLogSegmentMetadataUpdate):
+                self.update(write)
+            else:
+                self.delete_partition(write)
+
     def add_and_update(
         self, md: RemoteLogSegmentMetadata, *states: RemoteLogSegmentState
     ) -> RemoteLogSegmentMetadata:

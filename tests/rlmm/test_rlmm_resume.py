@@ -20,7 +20,7 @@ from rlmm.archive import to_archived
 from rlmm.errors import RemoteResourceNotFoundError
 from rlmm.read_model import read_partition, snapshot_of
 from rlmm.snapshot import apply_archived
-from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate, TopicIdPartition
+from rlmm.types import TopicIdPartition
 from rlmm.view import MetadataView
 
 MakeManager = Callable[..., RemoteLogMetadataManager]
@@ -185,13 +185,7 @@ def _view_of(path: Path, seed: int, partitions: int) -> tuple[MetadataView, list
     writer = LogWriter()
     tps = [make_tp(f"resume-{seed}", number) for number in range(partitions)]
     for tp in tps:
-        for write in workload(rng, tp, uploads=15, delete_partition=tp.partition == 0):
-            if isinstance(write, RemoteLogSegmentMetadata):
-                writer.add(write)
-            elif isinstance(write, RemoteLogSegmentMetadataUpdate):
-                writer.update(write)
-            else:
-                writer.delete_partition(write)
+        writer.write(workload(rng, tp, uploads=15, delete_partition=tp.partition == 0))
     view = MetadataView(path)
     apply_archived(view, "meta", [
         to_archived("meta", 0, offset, 0, key.encode(), None if event is None else codec.encode(event))

@@ -38,7 +38,6 @@ from rlmm.bootstrap import TopicPosition, bootstrap_from_snapshot, snapshot_key,
 from rlmm.errors import SnapshotError, ViewFormatError
 from rlmm.lineage import pending_checkpoint
 from rlmm.snapshot import apply_archived, load_into, load_snapshot, snapshot_entries, write_view_snapshot
-from rlmm.types import RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpdate
 from rlmm.view import MetadataView
 from rsm.snapshot_source import BucketSnapshotSource
 from tierlog.pipeline.locations import open_store
@@ -51,13 +50,7 @@ def _archived_log(seed: int, partitions: int = 4) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     writer = LogWriter()
     for number in range(partitions):
-        for write in workload(rng, make_tp(f"snap-{seed}", number), uploads=15, delete_partition=number == 0):
-            if isinstance(write, RemoteLogSegmentMetadata):
-                writer.add(write)
-            elif isinstance(write, RemoteLogSegmentMetadataUpdate):
-                writer.update(write)
-            else:
-                writer.delete_partition(write)
+        writer.write(workload(rng, make_tp(f"snap-{seed}", number), uploads=15, delete_partition=number == 0))
     return [to_archived(TOPIC, 0, offset, 0, key.encode(), None if event is None else codec.encode(event))
             for offset, (key, event) in enumerate(writer.log)]
 
