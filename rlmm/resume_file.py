@@ -24,6 +24,7 @@ import marshal
 import mmap
 import os
 import struct
+import sys
 import uuid
 import zlib
 from array import array
@@ -50,6 +51,8 @@ _MAGIC = b"tierlog hosted state\n"
 _FILE_VERSION = 1
 _LENGTH = struct.Struct(">Q")
 _MARSHAL_VERSION = 4
+# marshal's format may change between Python versions: a file is taken only by the version that wrote it.
+_INTERPRETER = tuple(sys.version_info[:2])
 
 Resumed = tuple[PartitionModel | None, PartitionSnapshot]
 
@@ -77,7 +80,7 @@ def write(path: Path, mark: Mark, partitions: Iterable[tuple[bytes, PartitionMod
             directory[tp_key] = (at, len(blob), zlib.crc32(blob))
             out.write(blob)
             at += len(blob)
-        header = marshal.dumps((_FILE_VERSION, vf.FORMAT_VERSION, mark, directory), _MARSHAL_VERSION)
+        header = marshal.dumps((_FILE_VERSION, vf.FORMAT_VERSION, _INTERPRETER, mark, directory), _MARSHAL_VERSION)
         out.write(header + _LENGTH.pack(len(header)))
         out.flush()
         os.fsync(out.fileno())
@@ -151,11 +154,12 @@ def take(path: Path, mark: Mark) -> ResumedState | None:
         (length,) = _LENGTH.unpack_from(data, len(data) - _LENGTH.size)
         if length > len(data) - len(_MAGIC) - _LENGTH.size:
             raise ValueError(f"its header would take {length} bytes, more than the file holds")
-        file_version, view_format, written_mark, directory = marshal.loads(
+        file_version, view_format, interpreter, written_mark, directory = marshal.loads(
             data[len(data) - _LENGTH.size - length:len(data) - _LENGTH.size])
-        if (file_version, view_format) != (_FILE_VERSION, vf.FORMAT_VERSION):
-            raise ValueError(f"it is of file version {file_version} and view format {view_format}, this tierlog "
-                             f"writes {_FILE_VERSION} and {vf.FORMAT_VERSION}")
+        if (file_version, view_format, tuple(interpreter)) != (_FILE_VERSION, vf.FORMAT_VERSION, _INTERPRETER):
+            raise ValueError(f"it is of file version {file_version}, view format {view_format} and Python "
+                             f"{interpreter}; this tierlog writes {_FILE_VERSION} and {vf.FORMAT_VERSION} on Python "
+                             f"{_INTERPRETER}")
         if tuple(written_mark) != tuple(mark):
             log.info("%s was written for the view as it was before (identity %s, sequence number %s; now %s, %s): "
                      "its partitions are read from the view", path, *tuple(written_mark)[:2], *mark[:2])

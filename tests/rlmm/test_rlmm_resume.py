@@ -233,3 +233,23 @@ def _write_to(state_dir: Path) -> None:
         view._db.put(b"tierlog.test.written-while-down", b"1")  # any write moves the sequence
     finally:
         view.close()
+
+
+def test_a_file_another_python_wrote_is_not_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    view, tp_keys = _view_of(tmp_path / "view", 61, 2)
+    try:
+        partition = read_partition(view._cf, tp_keys[1])
+        assert partition is not None
+        mark = view.state_mark("meta")
+        path = tmp_path / "kept"
+        monkeypatch.setattr(resume_file, "_INTERPRETER", (3, 99))  # marshal's format may differ there
+        resume_file.write(path, mark, [(tp_keys[1], partition, snapshot_of(partition))])
+        monkeypatch.undo()
+        with caplog.at_level(logging.WARNING, logger="rlmm"):
+            assert resume_file.take(path, mark) is None
+        assert "Python (3, 99)" in caplog.text
+        assert not path.exists()
+    finally:
+        view.close()
