@@ -539,7 +539,7 @@ class ReadModel:
 
     def __init__(self, read: Callable[[bytes, Callable[[], None] | None], PartitionModel | None]) -> None:
         self.lock = threading.RLock()  # reentrant: a read under the lock may load the partition
-        self._read = read
+        self._read_view = read
         # The partitions read so far; None: the view holds nothing of it.
         self.partitions: dict[bytes, PartitionModel | None] = {}
         # The watched partitions' lookup snapshots, each replaced whole under the lock; read without it.
@@ -560,6 +560,15 @@ class ReadModel:
         # What a restarted node served when it closed (rlmm.resume_file), given to each partition as it is hosted
         # again, unless something changed the partition first.
         self._resumed: Resumable | None = None
+
+    def _read(self, tp_key: bytes, pause: Callable[[], None] | None) -> PartitionModel | None:
+        """The partition as the view holds it now. What follows folds into what this read (a borrowed partition's
+        backlog, say), so the partition's state as the node served it when it closed is stale from here on."""
+        if self._resumed is not None:
+            with self.lock:  # `prepare` reads without it
+                if self._resumed is not None:
+                    self._resumed.discard(tp_key)
+        return self._read_view(tp_key, pause)
 
     def get(self, tp_key: bytes) -> PartitionModel | None:
         """The partition, read from RocksDB if not held; kept only if it is to be held (see `holds`)."""

@@ -133,7 +133,7 @@ def test_a_partition_prepared_while_batches_fold_ends_as_the_model_read_after_th
             if not model.lock._is_owned() and ends and data.draw(st.booleans()):  # type: ignore[attr-defined]
                 apply_next()
 
-        read, build = model._read, read_model.snapshot_of
+        read, build = model._read_view, read_model.snapshot_of
 
         def read_then_maybe_apply(tp_key: bytes, pause: Any) -> Any:
             found = read(tp_key, pause)
@@ -144,7 +144,7 @@ def test_a_partition_prepared_while_batches_fold_ends_as_the_model_read_after_th
             maybe_apply_next()
             return build(partition)
 
-        model._read = read_then_maybe_apply
+        model._read_view = read_then_maybe_apply
         with patch.object(read_model, "PAUSE_EVERY", 1), \
                 patch.object(read_model, "snapshot_of", maybe_apply_then_build):
             try:
@@ -153,7 +153,7 @@ def test_a_partition_prepared_while_batches_fold_ends_as_the_model_read_after_th
                     model.prepare(key, maybe_apply_next)
                 while ends:
                     apply_next()
-                model._read = read
+                model._read_view = read
                 for key in keys:
                     if key in model.snapshots:
                         _assert_is_snapshot_of(model.snapshots[key], model, key)

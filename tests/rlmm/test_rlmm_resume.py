@@ -75,9 +75,12 @@ def test_a_restarted_node_holds_what_it_served_at_once_and_answers_as_before(
     assert {tp: answered_by(node, tp) for tp in tps} == before
 
 
+@pytest.mark.parametrize("batch", [2000, 4], ids=["applied", "caught-up"])
 def test_a_partition_that_records_changed_since_is_read_from_the_view_and_the_others_resumed(
-    make_manager: MakeManager, tmp_path: Path
+    make_manager: MakeManager, tmp_path: Path, batch: int
 ) -> None:
+    """Whether the restarted node applies the records as they come or, as a backlog (more than a batch), folds them
+    into partitions it borrows and gives back (rlmm.read_model.ReadModel.borrow)."""
     state_dir = tmp_path / "node"
     tps = [make_tp("orders", p) for p in range(3)]
     _served_then_closed(make_manager, state_dir, tps, 52)
@@ -87,7 +90,8 @@ def test_a_partition_that_records_changed_since_is_read_from_the_view_and_the_ot
     drive(other, {tps[0]: later_uploads(random.Random(53), other, tps[0])})
     other.wait_caught_up(CAUGHT_UP_S)
 
-    node = make_manager(state_dir=state_dir, partitions=PARTITIONS, **{"lookup.warmup": False})
+    node = make_manager(state_dir=state_dir, partitions=PARTITIONS,
+                        **{"lookup.warmup": False, "apply.batch.max.records": batch})
     node.wait_caught_up(CAUGHT_UP_S)  # partition 0's new records applied before the node hosts it again
     node.on_partition_leadership_changes(set(tps), set())
     assert held(node) == keys(tps[1:]), "partition 0's kept state is stale: it is read from the view"
