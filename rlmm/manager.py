@@ -531,7 +531,7 @@ class RemoteLogMetadataManager:
 
     def _resume_state(self) -> None:
         """Take what this node served when it last closed cleanly, if the view is still as it was then."""
-        path = self._view.path / resume_file.FILE_NAME
+        path = self._view.path / resume_file.FILE_NAME  # inside the view's directory: it goes with the view
         if not self._cfg["lookup.resume"]:
             path.unlink(missing_ok=True)  # never to be taken for a view that changes from now on
             return

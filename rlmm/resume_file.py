@@ -220,9 +220,9 @@ def _unflat(flat: tuple[Any, ...], tp_key: bytes) -> Resumed:
         return None, PartitionSnapshot(bool(deleted), {}, listings, everything)
     raw_meta, raw_delete, raw_lineages, stored, raw_index, raw_floors = flat[4:]
     topic_id, topic, number, table_topic, snapshot_topic = names
-    if vf.tp_key(uuid.UUID(bytes=topic_id), number) != tp_key:
-        raise ValueError("it names another partition")
     tp = TopicIdPartition(uuid.UUID(bytes=topic_id), topic, number)
+    if vf.tp_key_of(tp) != tp_key:
+        raise ValueError("it names another partition")
     table = SegmentTable(tp if table_topic == topic else TopicIdPartition(tp.topic_id, table_topic, number))
     if not isinstance(stored, dict):
         raise TypeError("its segments are not a mapping")

@@ -216,6 +216,11 @@ def register(manager: RemoteLogMetadataManager, *tps: TopicIdPartition, leader: 
         manager.on_partition_leadership_changes(set(tps), set())
     else:
         manager.on_partition_leadership_changes(set(), set(tps))
+    wait_ready(manager, *tps)
+
+
+def wait_ready(manager: RemoteLogMetadataManager, *tps: TopicIdPartition) -> None:
+    """Wait until the manager serves partitions it was assigned."""
     wait_until(lambda: all(manager.is_ready(tp) for tp in tps), timeout=READY_TIMEOUT_S,
                description=f"manager ready for {', '.join(map(str, tps))}")
 

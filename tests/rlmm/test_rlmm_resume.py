@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from rlmm_testkit import LogWriter, drive, make_tp, register, workload
+from rlmm_testkit import LogWriter, drive, make_tp, register, wait_ready, workload
 from support import wait_until
 from test_rlmm_hosted_partitions import answers, held, keys, later_uploads
 
@@ -70,7 +70,7 @@ def test_a_restarted_node_holds_what_it_served_at_once_and_answers_as_before(
     # Held as soon as hosted, before the node found them ready (a node reading them from the view holds nothing
     # until then); partition 3 was deleted, its forgotten state is held as nothing.
     assert keys(tps) <= held(node)
-    wait_until(lambda: all(node.is_ready(tp) for tp in tps), timeout=CAUGHT_UP_S, description="ready")
+    wait_ready(node, *tps)
     assert {tp: answered_by(node, tp) for tp in tps} == before
 
 
@@ -94,7 +94,7 @@ def test_a_partition_that_records_changed_since_is_read_from_the_view_and_the_ot
     node.wait_caught_up(CAUGHT_UP_S)  # partition 0's new records applied before the node hosts it again
     node.on_partition_leadership_changes(set(tps), set())
     assert held(node) == keys(tps[1:]), "partition 0's kept state is stale: it is read from the view"
-    wait_until(lambda: all(node.is_ready(tp) for tp in tps), timeout=CAUGHT_UP_S, description="ready")
+    wait_ready(node, *tps)
     register(other, *tps[1:], leader=False)
     assert {tp: answered_by(node, tp) for tp in tps} == {tp: answered_by(other, tp) for tp in tps}
 
@@ -113,7 +113,7 @@ def test_a_view_written_since_the_state_was_kept_is_read_from_disk_with_a_log_li
         assert not held(node)
     assert "was written for the view as it was before" in caplog.text
     assert not _kept(state_dir).exists()
-    wait_until(lambda: all(node.is_ready(tp) for tp in tps), timeout=CAUGHT_UP_S, description="ready")
+    wait_ready(node, *tps)
     assert {tp: answered_by(node, tp) for tp in tps} == before
 
 
@@ -133,7 +133,7 @@ def test_a_garbled_partition_is_read_from_disk_and_the_others_resumed(
         node.on_partition_leadership_changes(set(tps), set())
     assert "is not valid (its CRC-32 does not match)" in caplog.text
     assert len(held(node) & keys(tps)) == len(tps) - 1
-    wait_until(lambda: all(node.is_ready(tp) for tp in tps), timeout=CAUGHT_UP_S, description="ready")
+    wait_ready(node, *tps)
     assert {tp: answered_by(node, tp) for tp in tps} == before
 
 
