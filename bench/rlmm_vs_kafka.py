@@ -282,8 +282,12 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, pl
             lookup_ns, hits = timed_each(lookup, plan.lookups)
 
         add_ns, finish_ns = [], []
+        # Past what earlier steps uploaded, as a broker's copier goes on from the highest offset already remote in
+        # the epoch: the same ranges uploaded again at every step would leave one epoch with ever more overwritten
+        # segments, which no broker does and which every later checkpoint of it carries.
+        base = (manager.highest_offset_for_epoch(write_target, 0) or -1) + 1
         for i in range(writes):
-            start = i * 10_000
+            start = base + i * 10_000
             md = RemoteLogSegmentMetadata(
                 # A fresh id per upload, as a broker makes (a restarted node writes again).
                 remote_log_segment_id=RemoteLogSegmentId(write_target, uuid.uuid4()),

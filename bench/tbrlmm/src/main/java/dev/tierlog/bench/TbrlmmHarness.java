@@ -301,8 +301,10 @@ public final class TbrlmmHarness {
 
         long[] addNs = new long[writes];
         long[] finishNs = new long[writes];
+        // Past what earlier steps uploaded, as the runner's tierlog node does (a broker's copier goes on from there).
+        long base = manager.highestOffsetForEpoch(writeTarget, 0).map(offset -> offset + 1).orElse(0L);
         for (int i = 0; i < writes; i++) {
-            long start = i * 10_000L;
+            long start = base + i * 10_000L;
             RemoteLogSegmentMetadata md = new RemoteLogSegmentMetadata(
                 new RemoteLogSegmentId(writeTarget, Uuid.randomUuid()), start,
                 start + 9_999, 0L, 0, System.currentTimeMillis(), 1 << 20, Map.of(0, start), true);
