@@ -116,6 +116,9 @@ CONFIG_KEYS = (
     # At a clean close, keep the hosted partitions' in-memory state beside the view (rlmm.resume_file), so that the
     # restarted node serves them from memory as soon as they are ready again; off: it reads them from the view.
     ConfigKey("lookup.resume", parse_bool, True),
+    # How long after the broker's first registration a kept partition it has not hosted again is still held for a
+    # later registration (a broker that registers its partitions over several calls); then it is let go.
+    ConfigKey("lookup.resume.hold.ms", parse_int, 60_000, check=lambda value: value >= 0, requirement=">= 0"),
     # How many hosted segments' lookup answers are kept decoded (rlmm.read_model.DECODED_ANSWERS_MAX), partition by
     # partition as they are first served; the others are held packed only and unpacked by each lookup.
     ConfigKey("lookup.decoded.max.segments", parse_int, DECODED_ANSWERS_MAX, check=lambda value: value >= 0,
@@ -140,6 +143,7 @@ class RemoteLogMetadataManager:
         startup_s = self._cfg["startup.timeout.ms"] / 1000
         self._lock = threading.Condition()
         self._registered: dict[TopicIdPartition, int | None] = {}  # tp -> metadata offset it must reach
+        self._resume_hold: threading.Timer | None = None  # lets go of kept state not hosted again in time
         # Partitions found registered and caught up under the lock, until stopped (see _snapshot). Keyed by topic id
         # (as an int) and partition, not by TopicIdPartition, whose hash and equality run Python code (UUID's): the
         # costliest step of a lookup. The entry carries the topic name, which must match too. With the lookup in C,
@@ -287,10 +291,13 @@ class RemoteLogMetadataManager:
                     gc.freeze()
             else:
                 self._model.host(vf.tp_key_of(tp) for tp in hosted)
-            if hosted:
-                # A broker registers every partition it hosts at once as it starts: the state of those it served
-                # before and does not host now is let go.
-                self._model.end_resume()
+            if hosted and self._model.resuming() and self._resume_hold is None:
+                # A broker registers the partitions it hosts as it starts, at once or over a few calls: the state of
+                # those it served before and has not hosted again within the hold is let go.
+                self._resume_hold = threading.Timer(self._cfg["lookup.resume.hold.ms"] / 1000, self._model.end_resume)
+                self._resume_hold.name = f"tierlog-rlmm-resume-hold-{self.broker_id}"
+                self._resume_hold.daemon = True
+                self._resume_hold.start()
         self._applier.registered()
         if self._cfg["lookup.warmup"]:
             self._loader.warm(hosted)
@@ -519,6 +526,9 @@ class RemoteLogMetadataManager:
                 return
             self._closed = True
             self._readable_now.clear()
+        if self._resume_hold is not None:
+            self._resume_hold.cancel()
+        self._model.end_resume()
         self._loader.close(timeout_s=10)  # a load in progress takes milliseconds
         stopped = self._applier.close(timeout_s=10)
         self._writer.close(timeout_s=5)

@@ -515,6 +515,8 @@ class Resumable(Protocol):
 
     def close(self) -> None: ...
 
+    def __len__(self) -> int: ...
+
 
 class SnapshotSlot:
     """Where a reader keeps one watched partition's snapshot: the model replaces `snapshot` whole as each batch folds
@@ -605,11 +607,14 @@ class ReadModel:
                 if self._resumed is not None:
                     for tp_key in keys:
                         self._resume(tp_key)
+                    if not len(self._resumed):
+                        self.end_resume()  # every kept partition is held or was found changed
 
     def resume(self, resumed: Resumable | None) -> None:
         """The partitions this node served when it closed, as they were then (rlmm.resume_file: the view has not
         changed since). Each is held and its snapshot published when it is hosted again (`host`) unless a batch,
-        a load or a reset touched it first; `end_resume` lets go of those not hosted again."""
+        a load or a reset touched it first; `end_resume` lets go of those not hosted again (once all are taken, it
+        runs by itself)."""
         with self.lock:
             self._resumed = resumed
 

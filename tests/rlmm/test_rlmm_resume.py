@@ -153,14 +153,31 @@ def test_a_file_that_is_not_a_kept_state_is_removed_with_a_log_line(
     assert {tp: answered_by(node, tp) for tp in tps} == before
 
 
-def test_partitions_not_hosted_after_the_restart_are_let_go(make_manager: MakeManager, tmp_path: Path) -> None:
+def test_partitions_registered_by_a_later_call_within_the_hold_are_resumed_too(
+    make_manager: MakeManager, tmp_path: Path
+) -> None:
     state_dir = tmp_path / "node"
     tps = [make_tp("orders", p) for p in range(3)]
-    before = _served_then_closed(make_manager, state_dir, tps, 57)
+    before = _served_then_closed(make_manager, state_dir, tps, 56)
     node = make_manager(state_dir=state_dir, partitions=PARTITIONS)
     register(node, tps[0])
     assert held(node) == keys(tps[:1])
-    assert not node.view.model.resuming()
+    assert node.view.model.resuming(), "the others are held for a later registration"
+    node.on_partition_leadership_changes(set(), set(tps[1:]))
+    assert held(node) == keys(tps)
+    assert not node.view.model.resuming(), "every kept partition is taken: the file is let go"
+    wait_ready(node, *tps)
+    assert {tp: answered_by(node, tp) for tp in tps} == before
+
+
+def test_partitions_not_hosted_within_the_hold_are_let_go(make_manager: MakeManager, tmp_path: Path) -> None:
+    state_dir = tmp_path / "node"
+    tps = [make_tp("orders", p) for p in range(3)]
+    before = _served_then_closed(make_manager, state_dir, tps, 57)
+    node = make_manager(state_dir=state_dir, partitions=PARTITIONS, **{"lookup.resume.hold.ms": 200})
+    register(node, tps[0])
+    assert held(node) == keys(tps[:1])
+    wait_until(lambda: not node.view.model.resuming(), timeout=CAUGHT_UP_S, description="the hold has passed")
     # Hosted again later: read from the view.
     register(node, *tps[1:])
     assert {tp: answered_by(node, tp) for tp in tps} == before
