@@ -69,6 +69,10 @@ LOADER_RETRY_MAX_S = 2.0
 # full passes walk the growing heap again and again (a restart hosting 1M segments took 17.5-18 s to have every
 # hosted partition in memory, 15-16 s with this).
 FREEZE_AFTER_LOADS = 64
+# How long a registration may spend holding again the partitions the node kept at its last clean close
+# (rlmm.resume_file: about 0.7 s per 1M hosted segments): the broker's metadata thread waits for it. The rest are
+# taken by the loader in the background, each as it comes to it, sooner when a lookup asks for it.
+RESUME_AT_ONCE_S = 0.5
 # The loader's pause every few dozen segments it decodes (read_model.PAUSE_EVERY, about 0.5 ms of work): a lookup
 # waits at most that long for the interpreter; the pauses add about a tenth to a partition's load.
 LOADER_PAUSE_S = 0.00003
@@ -282,12 +286,13 @@ class RemoteLogMetadataManager:
                 _require(tp, TopicIdPartition, "topic_id_partition")
                 self._registered.setdefault(tp, None)
             if self._model.resuming():
-                # The state of those served before the restart is held again now (rlmm.resume_file): objects for the
-                # rest of the node's life, which the cyclic collector's passes would walk again and again while they
-                # are made (three quarters of the time), and once more after. They are left out of its passes as
-                # made (_exempt_from_collection), without a pass first: they hold no cycles.
+                # The state of those served before the restart is held again now, for up to RESUME_AT_ONCE_S (the
+                # loader takes the rest; rlmm.resume_file): objects for the rest of the node's life, which the cyclic
+                # collector's passes would walk again and again while they are made (three quarters of the time), and
+                # once more after. They are left out of its passes as made (_exempt_from_collection), without a pass
+                # first: they hold no cycles.
                 with cyclic_gc_paused():
-                    self._model.host(vf.tp_key_of(tp) for tp in hosted)
+                    self._model.host((vf.tp_key_of(tp) for tp in hosted), RESUME_AT_ONCE_S)
                     gc.freeze()
             else:
                 self._model.host(vf.tp_key_of(tp) for tp in hosted)
@@ -543,7 +548,7 @@ class RemoteLogMetadataManager:
         """Take what this node served when it last closed cleanly, if the view is still as it was then."""
         path = self._view.path / resume_file.FILE_NAME  # inside the view's directory: it goes with the view
         if not self._cfg["lookup.resume"]:
-            path.unlink(missing_ok=True)  # never to be taken for a view that changes from now on
+            resume_file.remove(path)  # never to be taken for a view that changes from now on
             return
         started = time.monotonic()
         try:
@@ -571,8 +576,7 @@ class RemoteLogMetadataManager:
         except Exception as exc:  # rocksdict raises bare Exception; a full disk, a failed sync: OSError
             log.warning("could not keep the served partitions' state for the next start in %s: %s (it reads them "
                         "from the view instead)", path, exc)
-            path.unlink(missing_ok=True)
-            path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+            resume_file.remove(path)
             return
         log.info("kept the state of %d served user partitions for the next start in %s (%.3f s)", count, path,
                  time.monotonic() - started)

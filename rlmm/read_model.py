@@ -19,7 +19,9 @@ for the partition (one attribute read), in a dict read and a bisect.
 from __future__ import annotations
 
 import bisect
+import math
 import threading
+import time
 import uuid
 from array import array
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, MutableMapping
@@ -517,6 +519,8 @@ class Resumable(Protocol):
 
     def __len__(self) -> int: ...
 
+    def __contains__(self, tp_key: object) -> bool: ...
+
 
 class SnapshotSlot:
     """Where a reader keeps one watched partition's snapshot: the model replaces `snapshot` whole as each batch folds
@@ -597,18 +601,21 @@ class ReadModel:
                 self.hosted = set()
                 self._let_go([key for key in self.partitions if key not in self.snapshots])
 
-    def host(self, tp_keys: Iterable[bytes]) -> None:
-        """Partitions this node now hosts: kept once read (each is read when first asked for, not now; one the node
-        served when it closed is held and watched at once as it was then, if nothing changed it since: `resume`)."""
+    def host(self, tp_keys: Iterable[bytes], resume_for_s: float = math.inf) -> None:
+        """Partitions this node now hosts: kept once read (each is read when first asked for, not now). One the node
+        served when it closed is held and watched at once as it was then, if nothing changed it since (`resume`), for
+        `resume_for_s` seconds in all; each of the rest is taken from what the node kept when it is prepared."""
         with self.lock:
             if self.hosted is not None:
                 keys = list(tp_keys)
                 self.hosted.update(keys)
                 if self._resumed is not None:
+                    deadline = time.monotonic() + resume_for_s
                     for tp_key in keys:
+                        if time.monotonic() >= deadline:
+                            break
                         self._resume(tp_key)
-                    if not len(self._resumed):
-                        self.end_resume()  # every kept partition is held or was found changed
+                    self._end_resume_once_taken()
 
     def resume(self, resumed: Resumable | None) -> None:
         """The partitions this node served when it closed, as they were then (rlmm.resume_file: the view has not
@@ -627,20 +634,34 @@ class ReadModel:
             if resumed is not None:
                 resumed.close()
 
-    def _resume(self, tp_key: bytes) -> None:
+    def _resume(self, tp_key: bytes) -> bool:
+        """Hold and publish the partition's kept state; False when there is none (or it is not valid)."""
         assert self._resumed is not None
         if tp_key in self.partitions or tp_key in self.snapshots or tp_key in self._reading:
             self._resumed.discard(tp_key)  # read from the view already: it holds the same
-            return
+            return False
         found = self._resumed.take(tp_key)
         if found is None:
-            return
+            return False
         partition, snapshot = found
         self._grant(tp_key, partition)
         if partition is not None and partition.decoded_answers:
             snapshot = _decoding_answers(snapshot, partition)
         self.partitions[tp_key] = partition
         self._publish(tp_key, snapshot)
+        return True
+
+    def _take_kept(self, tp_key: bytes) -> bool:
+        """Hold the partition as the node kept it at its last clean close, if `host` has not taken that yet."""
+        if self._resumed is None or tp_key not in self._resumed:
+            return False
+        taken = self._resume(tp_key)
+        self._end_resume_once_taken()
+        return taken
+
+    def _end_resume_once_taken(self) -> None:
+        if self._resumed is not None and not len(self._resumed):
+            self.end_resume()  # every kept partition is held or was found changed
 
     def unhost(self, tp_keys: Iterable[bytes]) -> None:
         """Partitions this node no longer hosts: their decoded state and snapshots are let go (RocksDB keeps them)."""
@@ -693,7 +714,9 @@ class ReadModel:
         caller has just found tp not deleted)."""
         with self.lock:
             snapshot = self.snapshots.get(tp_key)
-            if snapshot is None or snapshot.deleted:
+            if snapshot is None and self._take_kept(tp_key):
+                snapshot = self.snapshots[tp_key]
+            elif snapshot is None or snapshot.deleted:
                 if tp_key not in self.partitions:  # held while watched, hosted or not: folds keep its snapshot current
                     self.partitions[tp_key] = self._read(tp_key, None)
                 snapshot = self._snapshot_of(tp_key, self.partitions[tp_key])
@@ -714,6 +737,8 @@ class ReadModel:
         Until it enters, the manager answers its lookups from disk."""
         with self.lock:
             if not self._wanted(tp_key):
+                return
+            if self._take_kept(tp_key):
                 return
             if tp_key in self.partitions or tp_key in self._reading:  # held already, or read by another thread
                 self._prepare_locked(tp_key, pause)

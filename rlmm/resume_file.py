@@ -71,7 +71,7 @@ def write(path: Path, mark: Mark, partitions: Iterable[tuple[bytes, PartitionMod
     and the header's length: written as made, so that a node serving 1M segments does not hold the file's 170 MB
     twice while it closes."""
     directory: dict[bytes, tuple[int, int, int]] = {}
-    temporary = path.with_name(path.name + ".tmp")
+    temporary = _temporary(path)
     with temporary.open("wb") as out:
         out.write(_MAGIC)
         at = len(_MAGIC)
@@ -99,6 +99,9 @@ class ResumedState:
 
     def __len__(self) -> int:
         return len(self._directory)
+
+    def __contains__(self, tp_key: object) -> bool:
+        return tp_key in self._directory
 
     def take(self, tp_key: bytes) -> Resumed | None:
         """The partition's state as the node served it when it closed, or None (not in the file, or not valid)."""
@@ -137,7 +140,8 @@ class ResumedState:
 
 def take(path: Path, mark: Mark) -> ResumedState | None:
     """The hosted-state file at `path` if it was written for the view exactly as `mark` describes it, else None; the
-    file is removed either way (what it holds is mapped until used or let go)."""
+    file is removed either way (what it holds is mapped until used or let go), as is one a crash left half-written."""
+    _temporary(path).unlink(missing_ok=True)
     try:
         handle = path.open("rb")
     except FileNotFoundError:
@@ -172,6 +176,16 @@ def take(path: Path, mark: Mark) -> ResumedState | None:
         _close(data)
         return None
     return ResumedState(data, directory, str(path))
+
+
+def remove(path: Path) -> None:
+    """Remove the file at `path` and any half-written one."""
+    path.unlink(missing_ok=True)
+    _temporary(path).unlink(missing_ok=True)
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
 
 
 def _close(data: mmap.mmap | bytes) -> None:

@@ -15,6 +15,7 @@ from support import wait_until
 from test_rlmm_hosted_partitions import answers, held, keys, later_uploads
 
 from rlmm import RemoteLogMetadataManager, codec, resume_file
+from rlmm import manager as manager_module
 from rlmm import view_format as vf
 from rlmm.archive import to_archived
 from rlmm.errors import RemoteResourceNotFoundError
@@ -153,6 +154,21 @@ def test_a_file_that_is_not_a_kept_state_is_removed_with_a_log_line(
     assert {tp: answered_by(node, tp) for tp in tps} == before
 
 
+@pytest.mark.parametrize("resume", [True, False], ids=["resume", "resume-off"])
+def test_a_file_a_crash_left_half_written_is_removed_at_start(
+    make_manager: MakeManager, tmp_path: Path, resume: bool
+) -> None:
+    state_dir = tmp_path / "node"
+    tps = [make_tp("orders", p) for p in range(2)]
+    _served_then_closed(make_manager, state_dir, tps, 54)
+    half_written = _kept(state_dir).with_name(resume_file.FILE_NAME + ".tmp")
+    half_written.write_bytes(_kept(state_dir).read_bytes()[:100])
+    node = make_manager(state_dir=state_dir, partitions=PARTITIONS, **{"lookup.resume": resume, "lookup.warmup": False})
+    assert not half_written.exists()
+    register(node, *tps)
+    assert (held(node) == keys(tps)) is resume, "the complete file beside it is taken as ever"
+
+
 def test_partitions_registered_by_a_later_call_within_the_hold_are_resumed_too(
     make_manager: MakeManager, tmp_path: Path
 ) -> None:
@@ -168,6 +184,23 @@ def test_partitions_registered_by_a_later_call_within_the_hold_are_resumed_too(
     assert not node.view.model.resuming(), "every kept partition is taken: the file is let go"
     wait_ready(node, *tps)
     assert {tp: answered_by(node, tp) for tp in tps} == before
+
+
+def test_what_a_registration_has_no_time_to_hold_the_loader_takes_from_the_kept_state(
+    make_manager: MakeManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registration holds kept partitions for RESUME_AT_ONCE_S at most (the broker's metadata thread waits for it);
+    here none: each is taken when a lookup asks for it, as it was kept, not read from the view."""
+    state_dir = tmp_path / "node"
+    tps = [make_tp("orders", p) for p in range(3)]
+    before = _served_then_closed(make_manager, state_dir, tps, 55)
+    monkeypatch.setattr(manager_module, "RESUME_AT_ONCE_S", 0.0)
+    node = make_manager(state_dir=state_dir, partitions=PARTITIONS, **{"lookup.warmup": False})
+    register(node, *tps)
+    assert not held(node)
+    assert {tp: answered_by(node, tp) for tp in tps} == before
+    wait_until(lambda: held(node) == keys(tps), timeout=CAUGHT_UP_S, description="every partition held")
+    assert not node.view.model.resuming(), "each was taken from the kept state"
 
 
 def test_partitions_not_hosted_within_the_hold_are_let_go(make_manager: MakeManager, tmp_path: Path) -> None:
