@@ -71,8 +71,9 @@ LOADER_RETRY_MAX_S = 2.0
 FREEZE_AFTER_LOADS = 64
 # How long a registration may spend holding again the partitions the node kept at its last clean close
 # (rlmm.resume_file: about 0.7 s per 1M hosted segments): the broker's metadata thread waits for it. The rest are
-# taken by the loader in the background, each as it comes to it, sooner when a lookup asks for it.
-RESUME_AT_ONCE_S = 0.5
+# taken by the loader in the background, each as it comes to it, sooner when a lookup asks for it; their first
+# lookups meanwhile are answered from disk (at 0.5 s, hosting 1M segments: p99 of first lookups 138 µs, not 7).
+RESUME_AT_ONCE_S = 1.0
 # The loader's pause every few dozen segments it decodes (read_model.PAUSE_EVERY, about 0.5 ms of work): a lookup
 # waits at most that long for the interpreter; the pauses add about a tenth to a partition's load.
 LOADER_PAUSE_S = 0.00003
