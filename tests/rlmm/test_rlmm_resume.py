@@ -186,20 +186,25 @@ def test_partitions_registered_by_a_later_call_within_the_hold_are_resumed_too(
     assert {tp: answered_by(node, tp) for tp in tps} == before
 
 
-def test_what_a_registration_has_no_time_to_hold_the_loader_takes_from_the_kept_state(
-    make_manager: MakeManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("warmup", [False, True], ids=["asked-for", "warm-up"])
+def test_what_a_registration_has_no_time_to_hold_is_taken_from_the_kept_state_later(
+    make_manager: MakeManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warmup: bool
 ) -> None:
     """A registration holds kept partitions for RESUME_AT_ONCE_S at most (the broker's metadata thread waits for it);
-    here none: each is taken when a lookup asks for it, as it was kept, not read from the view."""
+    here none: each is taken as it was kept, not read from the view, when a lookup asks for it or the loader's
+    warm-up comes to it."""
     state_dir = tmp_path / "node"
     tps = [make_tp("orders", p) for p in range(3)]
     before = _served_then_closed(make_manager, state_dir, tps, 55)
     monkeypatch.setattr(manager_module, "RESUME_AT_ONCE_S", 0.0)
-    node = make_manager(state_dir=state_dir, partitions=PARTITIONS, **{"lookup.warmup": False})
+    node = make_manager(state_dir=state_dir, partitions=PARTITIONS, **{"lookup.warmup": warmup})
     register(node, *tps)
-    assert not held(node)
+    if warmup:
+        wait_until(lambda: held(node) == keys(tps), timeout=CAUGHT_UP_S, description="every partition held")
+    else:
+        assert not held(node)
     assert {tp: answered_by(node, tp) for tp in tps} == before
-    wait_until(lambda: held(node) == keys(tps), timeout=CAUGHT_UP_S, description="every partition held")
+    assert held(node) == keys(tps)
     assert not node.view.model.resuming(), "each was taken from the kept state"
 
 
