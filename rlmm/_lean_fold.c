@@ -13,6 +13,15 @@
  * `_segment_record` does and returns the partition's key. For anything else it changes nothing and returns None, and
  * `_segment_record` judges the record: so None never means "not plain", only "not taken here". TypeError for
  * arguments of other types; an exception from a call it makes (`new`, a dict, the allocator) is raised as it is.
+ *
+ *   rows(key, segments, index) -> (segment keys, segment values, index keys, index values)
+ *
+ * A partition held leanly as its entries of the view's segments and epoch_index families (LeanFold.runs; `_rows` is
+ * its reference, which tests/native/fuzz_lean_fold.py holds it to): `key` + each segment id, ascending as bytes
+ * compare, with its record's bytes; `key` + each epoch (big-endian int32) + each entry's start (big-endian int64),
+ * epochs ascending and each epoch's entries as listed, with the entry's segment id. Building them in Python was a
+ * fifth of a worker's time in a rebuild. TypeError for containers, ids or numbers of other types, OverflowError for
+ * a number its packing cannot hold.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -138,17 +147,11 @@ fields_of(PyObject *held, PyObject **segments, PyObject **index, PyObject **high
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* `finished` once its containers are checked: the partition's key (a new reference), None, or NULL with an exception. */
 static PyObject *
-lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+finish_one(PyObject *lean, PyObject *named_all, PyObject *ruled, PyObject *new_partition, PyObject *offset,
+           PyObject *raw_key, PyObject *datum, PyObject *value, PyObject *skipped_before)
 {
-    if (nargs != 9 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1]) || !PyAnySet_CheckExact(args[2])
-        || !PyCallable_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "finished(lean: dict, named: dict, ruled: set, new, offset, raw_key, datum, "
-                                         "value, skipped_before)");
-        return NULL;
-    }
-    PyObject *lean = args[0], *named_all = args[1], *ruled = args[2], *new_partition = args[3];
-    PyObject *offset = args[4], *raw_key = args[5], *datum = args[6], *value = args[7], *skipped_before = args[8];
     if (!PyLong_CheckExact(offset) || !PyBytes_CheckExact(raw_key) || !PyTuple_CheckExact(datum)
         || PyTuple_GET_SIZE(datum) != DATUM_FIELDS || !PyBytes_CheckExact(value) || skipped_before == Py_False) {
         Py_RETURN_NONE;
@@ -344,10 +347,314 @@ done:
     return result;
 }
 
+static int
+fold_containers_checked(PyObject *const *args)
+{
+    return PyDict_CheckExact(args[0]) && PyDict_CheckExact(args[1]) && PyAnySet_CheckExact(args[2])
+        && PyCallable_Check(args[3]);
+}
+
+static PyObject *
+lean_finished(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9 || !fold_containers_checked(args)) {
+        PyErr_SetString(PyExc_TypeError, "finished(lean: dict, named: dict, ruled: set, new, offset, raw_key, datum, "
+                                         "value, skipped_before)");
+        return NULL;
+    }
+    return finish_one(args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8]);
+}
+
+/* fold_run(lean, named, ruled, new, records, start, stop_at, touched, header, read, program, header_length)
+ * -> (index, folded)
+ *
+ * `finished` over the window's records from `start` on (a list of (metadata partition, offset, raw_key, value,
+ * request, skipped_before) tuples, rlmm.fresh_load's Record), each value read by `read(program, value,
+ * header_length)` (rlmm._avro_reader.read): the records of the form it folds, one after another, without a Python
+ * call per record. It stops at the first record it does not fold (another form, a request's, another header, a
+ * metadata partition in `stop_at`, a value the reader refuses, or a read or fold that raised: the caller folds that
+ * record, and meets its exception itself) and returns its index and how many it folded, each one's partition key
+ * added to `touched`. An exception that is not an Exception (KeyboardInterrupt) is raised as it is. */
+static PyObject *
+lean_fold_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12 || !fold_containers_checked(args) || !PyList_CheckExact(args[4]) || !PyLong_CheckExact(args[5])
+        || !(PyDict_CheckExact(args[6]) || PyAnySet_CheckExact(args[6])) || !PySet_CheckExact(args[7])
+        || !PyBytes_CheckExact(args[8]) || !PyCallable_Check(args[9]) || !PyLong_CheckExact(args[11])) {
+        PyErr_SetString(PyExc_TypeError, "fold_run(lean: dict, named: dict, ruled: set, new, records: list, start: int, "
+                                         "stop_at: dict | set, touched: set, header: bytes, read, program, "
+                                         "header_length: int)");
+        return NULL;
+    }
+    PyObject *records = args[4], *stop_at = args[6], *touched = args[7], *header = args[8];
+    Py_ssize_t index = PyLong_AsSsize_t(args[5]);
+    if (index == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (index < 0) {
+        PyErr_SetString(PyExc_ValueError, "fold_run: start is negative");
+        return NULL;
+    }
+    const char *header_bytes = PyBytes_AS_STRING(header);
+    Py_ssize_t header_size = PyBytes_GET_SIZE(header), folded = 0;
+    PyObject *read_args[3] = {args[10], NULL, args[11]};
+    /* The list may change under a call below (Python code may run in a comparison): its length is read each time,
+     * and the record in hand is held. */
+    for (; index < PyList_GET_SIZE(records); index++) {
+        PyObject *record = PyList_GET_ITEM(records, index);
+        if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 6) {
+            break;
+        }
+        PyObject *value = PyTuple_GET_ITEM(record, 3);
+        if (PyTuple_GET_ITEM(record, 4) != Py_None || !PyBytes_CheckExact(value)
+            || PyBytes_GET_SIZE(value) < header_size || memcmp(PyBytes_AS_STRING(value), header_bytes,
+                                                                (size_t)header_size) != 0) {
+            break;
+        }
+        Py_INCREF(record);
+        int stop = PyDict_CheckExact(stop_at) ? PyDict_Contains(stop_at, PyTuple_GET_ITEM(record, 0))
+                                              : PySet_Contains(stop_at, PyTuple_GET_ITEM(record, 0));
+        PyObject *key = NULL;
+        if (stop == 0) {
+            read_args[1] = value;
+            PyObject *datum = PyObject_Vectorcall(args[9], read_args, 3, NULL);
+            if (datum != NULL) {
+                key = finish_one(args[0], args[1], args[2], args[3], PyTuple_GET_ITEM(record, 1),
+                                 PyTuple_GET_ITEM(record, 2), datum, value, PyTuple_GET_ITEM(record, 5));
+                Py_DECREF(datum);
+            }
+            if (key != NULL && key != Py_None && PySet_Add(touched, key) < 0) {
+                Py_CLEAR(key);
+            }
+        }
+        Py_DECREF(record);
+        if (key == NULL || key == Py_None) {
+            Py_XDECREF(key);
+            if (PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                    return NULL;
+                }
+                PyErr_Clear();  /* the caller folds this record and meets it */
+            }
+            break;
+        }
+        Py_DECREF(key);
+        folded++;
+    }
+    return Py_BuildValue("(nn)", index, folded);
+}
+
+/* --- rows: a partition's entries of the segments and epoch_index families, in key order --------------------- */
+
+typedef struct {
+    PyObject *key;    /* a segment id (bytes) */
+    PyObject *value;  /* its record's bytes */
+} segment_row;
+
+typedef struct {
+    long long epoch;
+    Py_ssize_t first, count;  /* its entries in the entries array */
+} epoch_rows;
+
+typedef struct {
+    long long start;
+    PyObject *segment;  /* bytes */
+} index_row;
+
+static int
+compare_segment_rows(const void *a, const void *b)
+{
+    PyObject *x = ((const segment_row *)a)->key, *y = ((const segment_row *)b)->key;
+    Py_ssize_t nx = PyBytes_GET_SIZE(x), ny = PyBytes_GET_SIZE(y);
+    int c = memcmp(PyBytes_AS_STRING(x), PyBytes_AS_STRING(y), (size_t)(nx < ny ? nx : ny));
+    return c != 0 ? c : (nx > ny) - (nx < ny);  /* as bytes compare: a prefix first */
+}
+
+static int
+compare_epoch_rows(const void *a, const void *b)
+{
+    long long x = ((const epoch_rows *)a)->epoch, y = ((const epoch_rows *)b)->epoch;
+    return (x > y) - (x < y);
+}
+
+/* key + the big-endian bytes of `number` (`width` of them), as a new bytes object. */
+static PyObject *
+key_with(const char *key, Py_ssize_t key_length, const long long *numbers, const int *widths, int count,
+         PyObject *tail)
+{
+    Py_ssize_t length = key_length;
+    for (int i = 0; i < count; i++) {
+        length += widths[i];
+    }
+    if (tail != NULL) {
+        length += PyBytes_GET_SIZE(tail);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, length);
+    if (out == NULL) {
+        return NULL;
+    }
+    char *at = PyBytes_AS_STRING(out);
+    memcpy(at, key, (size_t)key_length);
+    at += key_length;
+    for (int i = 0; i < count; i++) {
+        unsigned long long bits = (unsigned long long)numbers[i];
+        for (int j = widths[i] - 1; j >= 0; j--) {
+            at[j] = (char)(bits & 0xff);
+            bits >>= 8;
+        }
+        at += widths[i];
+    }
+    if (tail != NULL) {
+        memcpy(at, PyBytes_AS_STRING(tail), (size_t)PyBytes_GET_SIZE(tail));
+    }
+    return out;
+}
+
+static PyObject *
+lean_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_CheckExact(args[0]) || !PyDict_CheckExact(args[1]) || !PyDict_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "rows(key: bytes, segments: dict, index: dict)");
+        return NULL;
+    }
+    PyObject *key = args[0], *segments = args[1], *index = args[2];
+    const char *key_bytes = PyBytes_AS_STRING(key);
+    Py_ssize_t key_length = PyBytes_GET_SIZE(key);
+    Py_ssize_t n_segments = PyDict_GET_SIZE(segments), n_epochs = PyDict_GET_SIZE(index), n_entries = 0;
+    segment_row *rows = NULL;
+    epoch_rows *epochs = NULL;
+    index_row *entries = NULL;
+    Py_ssize_t held_rows = 0, held_entries = 0;
+    PyObject *segment_keys = NULL, *segment_values = NULL, *index_keys = NULL, *index_values = NULL;
+    PyObject *result = NULL;
+    PyObject *dict_key, *dict_value;
+    Py_ssize_t at;
+    /* Everything is read and checked, and what is kept held, before any object is made: making one may run a
+     * collection, and a finalizer could change the dicts. Until then no Python code runs. */
+    at = 0;
+    while (PyDict_Next(index, &at, &dict_key, &dict_value)) {
+        if (!PyList_CheckExact(dict_value)) {
+            PyErr_SetString(PyExc_TypeError, "rows: an epoch's index entries are not a list");
+            return NULL;
+        }
+        n_entries += PyList_GET_SIZE(dict_value);
+    }
+    rows = PyMem_Malloc(sizeof(segment_row) * (size_t)(n_segments ? n_segments : 1));
+    epochs = PyMem_Malloc(sizeof(epoch_rows) * (size_t)(n_epochs ? n_epochs : 1));
+    entries = PyMem_Malloc(sizeof(index_row) * (size_t)(n_entries ? n_entries : 1));
+    if (rows == NULL || epochs == NULL || entries == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    at = 0;
+    while (PyDict_Next(segments, &at, &dict_key, &dict_value)) {
+        if (held_rows == n_segments) {
+            PyErr_SetString(PyExc_RuntimeError, "rows: the segments changed while they were read");
+            goto done;
+        }
+        if (!PyBytes_CheckExact(dict_key) || !PyBytes_CheckExact(dict_value)) {
+            PyErr_SetString(PyExc_TypeError, "rows: a segment's id or record is not bytes");
+            goto done;
+        }
+        rows[held_rows].key = Py_NewRef(dict_key);
+        rows[held_rows].value = Py_NewRef(dict_value);
+        held_rows++;
+    }
+    at = 0;
+    Py_ssize_t epoch_count = 0;
+    while (PyDict_Next(index, &at, &dict_key, &dict_value)) {
+        long long epoch;
+        if (!plain_int(dict_key, &epoch) || epoch < INT32_MIN || epoch > INT32_MAX) {
+            PyErr_SetString(PyLong_CheckExact(dict_key) ? PyExc_OverflowError : PyExc_TypeError,
+                            "rows: an epoch is not an int within a signed 32-bit int");
+            goto done;
+        }
+        if (epoch_count == n_epochs || held_entries + PyList_GET_SIZE(dict_value) > n_entries) {
+            PyErr_SetString(PyExc_RuntimeError, "rows: the index changed while it was read");
+            goto done;
+        }
+        epochs[epoch_count].epoch = epoch;
+        epochs[epoch_count].first = held_entries;
+        epochs[epoch_count].count = PyList_GET_SIZE(dict_value);
+        epoch_count++;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(dict_value); i++) {
+            PyObject *entry = PyList_GET_ITEM(dict_value, i);
+            long long start;
+            if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2
+                || !PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 1))) {
+                PyErr_SetString(PyExc_TypeError, "rows: an index entry is not a (start, segment id) tuple");
+                goto done;
+            }
+            if (!plain_int(PyTuple_GET_ITEM(entry, 0), &start)) {
+                PyErr_SetString(PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)) ? PyExc_OverflowError : PyExc_TypeError,
+                                "rows: an index entry's start is not an int within a signed 64-bit int");
+                goto done;
+            }
+            entries[held_entries].start = start;
+            entries[held_entries].segment = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+            held_entries++;
+        }
+    }
+    qsort(rows, (size_t)held_rows, sizeof(segment_row), compare_segment_rows);
+    qsort(epochs, (size_t)epoch_count, sizeof(epoch_rows), compare_epoch_rows);
+    segment_keys = PyList_New(held_rows);
+    segment_values = PyList_New(held_rows);
+    index_keys = PyList_New(held_entries);
+    index_values = PyList_New(held_entries);
+    if (segment_keys == NULL || segment_values == NULL || index_keys == NULL || index_values == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < held_rows; i++) {
+        PyObject *made = key_with(key_bytes, key_length, NULL, NULL, 0, rows[i].key);
+        if (made == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(segment_keys, i, made);
+        PyList_SET_ITEM(segment_values, i, Py_NewRef(rows[i].value));
+    }
+    static const int widths[2] = {4, 8};
+    Py_ssize_t out = 0;
+    for (Py_ssize_t e = 0; e < epoch_count; e++) {
+        for (Py_ssize_t i = epochs[e].first; i < epochs[e].first + epochs[e].count; i++) {
+            long long numbers[2] = {epochs[e].epoch, entries[i].start};
+            PyObject *made = key_with(key_bytes, key_length, numbers, widths, 2, NULL);
+            if (made == NULL) {
+                goto done;
+            }
+            PyList_SET_ITEM(index_keys, out, made);
+            PyList_SET_ITEM(index_values, out, Py_NewRef(entries[i].segment));
+            out++;
+        }
+    }
+    result = PyTuple_Pack(4, segment_keys, segment_values, index_keys, index_values);
+done:
+    Py_XDECREF(segment_keys);
+    Py_XDECREF(segment_values);
+    Py_XDECREF(index_keys);
+    Py_XDECREF(index_values);
+    for (Py_ssize_t i = 0; i < held_rows; i++) {
+        Py_DECREF(rows[i].key);
+        Py_DECREF(rows[i].value);
+    }
+    for (Py_ssize_t i = 0; i < held_entries; i++) {
+        Py_DECREF(entries[i].segment);
+    }
+    PyMem_Free(rows);
+    PyMem_Free(epochs);
+    PyMem_Free(entries);
+    return result;
+}
+
 static PyMethodDef lean_fold_methods[] = {
     {"finished", (PyCFunction)(void (*)(void))lean_finished, METH_FASTCALL,
      PyDoc_STR("finished(lean, named, ruled, new, offset, raw_key, datum, value, skipped_before) -> the partition's "
                "key when the record was folded here, else None (nothing changed)")},
+    {"fold_run", (PyCFunction)(void (*)(void))lean_fold_run, METH_FASTCALL,
+     PyDoc_STR("fold_run(lean, named, ruled, new, records, start, stop_at, touched, header, read, program, "
+               "header_length) -> (index of the first record not folded here, how many were)")},
+    {"rows", (PyCFunction)(void (*)(void))lean_rows, METH_FASTCALL,
+     PyDoc_STR("rows(key, segments, index) -> (segment keys, segment values, index keys, index values): a partition "
+               "held leanly as its entries of the segments and epoch_index families, each in key order")},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,7 +17,8 @@ For these `LeanFold` reads the record's datum in C (rlmm._avro_reader) and keeps
 stores: each segment's record bytes (stored as they are, as the view stores a current record), its epochs' index
 entries, highest offsets, owed epochs and lineage position. That costs about a third of decoding the record into its
 event and folding that. The commonest, a COPY_SEGMENT_FINISHED of one leader epoch, is folded in C where
-rlmm/_lean_fold.c is built (`_segment_record` is its reference; anything it does not take, it leaves to that).
+rlmm/_lean_fold.c is built, a run of such records per call (`_segment_record` is its reference; anything it does not
+take, it leaves to that), and so are the table entries of each partition's segments and index (`_rows`).
 The first record of a partition that is of any other form, or of these forms with values that are not plainly
 within Kafka's ranges, turns the partition over to the FreshState: its segments are decoded from their bytes and
 its bookkeeping set as the rules would have left it, and from then on the rules fold its records. So the tables
@@ -119,6 +120,17 @@ class LeanFold:
         except ValueError:  # bytes the C reader does not read exactly: the rules' decoder judges them
             return None
         return None
+
+    def fold_run(self, records: list[Any], start: int, stop_at: dict[int, Any], touched: set[tuple[int, int]]
+                 ) -> tuple[int, int]:
+        """Fold records of `records` (rlmm.fresh_load's Records, replay order) from `start` on as `fold_record`
+        would, as long as each is the commonest form, folded in C (rlmm/_lean_fold.c's `fold_run`), adding their
+        partitions to `touched`: the index of the first record not folded so (`start` without the C fold), which the
+        caller folds, and how many were. A record of a metadata partition in `stop_at` is not folded here."""
+        if _lean_fold is None or self._segment_header is None:
+            return start, 0
+        return _lean_fold.fold_run(self._lean, self._named, self._ruled, self._new, records, start, stop_at, touched,
+                                   self._segment_header, _avro_reader.read, self._segment_program, codec._HEADER)
 
     def _segment_record(self, offset: int, raw_key: bytes, datum: tuple[Any, ...], value: bytes,
                         skipped_before: bool | None) -> tuple[int, int] | None:
@@ -288,25 +300,20 @@ class LeanFold:
                 held_keys, held_values = by_partition[family].setdefault(key[:vf.TP_KEY_LEN], ([], []))
                 held_keys.append(key)
                 held_values.append(value)
-        pack_epoch, pack_offset = vf.EPOCH.pack, vf.OFFSET.pack
+        pack_epoch = vf.EPOCH.pack
         segments, lineages = by_partition[vf.SEGMENTS], by_partition[vf.EPOCH_STATE]
         index = by_partition[vf.EPOCH_INDEX]
+        rows = _rows if _lean_fold is None else _lean_fold.rows
         for held in self._lean.values():
             key = vf.tp_key_of(held.tp)
             by_partition[vf.PARTITION_META][key] = ([key], [vf.encode_partition_meta(vf.PartitionMeta(
                 held.tp.topic, vf.encode_owed(held.owed), held.position))])
-            ordered = sorted(held.segments)
-            segments[key] = ([key + segment for segment in ordered], [held.segments[segment] for segment in ordered])
+            segment_keys, segment_values, index_keys, index_values = rows(key, held.segments, held.index)
+            segments[key] = (segment_keys, segment_values)
+            index[key] = (index_keys, index_values)
             epochs = sorted(held.highest)  # a non-negative epoch's and offset's packing sorts as the number does
             lineages[key] = ([key + pack_epoch(epoch) for epoch in epochs],
                              [vf.encode_lineage(EpochLineage.derived(epoch, held.highest[epoch])) for epoch in epochs])
-            index_keys: list[bytes] = []
-            index_values: list[bytes] = []
-            for epoch in sorted(held.index):  # each epoch's entries ascend by start
-                prefix, entries = key + pack_epoch(epoch), held.index[epoch]
-                index_keys += [prefix + pack_offset(start) for start, _ in entries]
-                index_values += [segment for _, segment in entries]
-            index[key] = (index_keys, index_values)
         for family in families:
             chunks = by_partition.pop(family)
             keys, values = [], []
@@ -314,6 +321,22 @@ class LeanFold:
                 keys += chunks[partition][0]
                 values += chunks[partition][1]
             yield family, keys, values
+
+
+def _rows(key: bytes, segments: dict[bytes, bytes], index: dict[int, list[tuple[int, bytes]]]
+          ) -> tuple[list[bytes], list[bytes], list[bytes], list[bytes]]:
+    """A partition held leanly as its entries of the segments and epoch_index families, each in key order (a
+    non-negative epoch's and offset's packing sorts as the number does, and each epoch's entries ascend by start):
+    rlmm/_lean_fold.c's `rows` where it is built."""
+    ordered = sorted(segments)
+    pack_epoch, pack_offset = vf.EPOCH.pack, vf.OFFSET.pack
+    index_keys: list[bytes] = []
+    index_values: list[bytes] = []
+    for epoch in sorted(index):
+        prefix, entries = key + pack_epoch(epoch), index[epoch]
+        index_keys += [prefix + pack_offset(start) for start, _ in entries]
+        index_values += [segment for _, segment in entries]
+    return [key + segment for segment in ordered], [segments[segment] for segment in ordered], index_keys, index_values
 
 
 def _header(version: codec.SchemaVersion, fields: tuple[Any, ...]) -> bytes | None:

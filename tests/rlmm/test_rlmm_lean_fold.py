@@ -123,7 +123,15 @@ def test_the_plain_forms_are_folded_leanly_and_a_partition_goes_to_the_rules_at_
         taken.append(folded is not None)
         return folded
 
+    fold_run = LeanFold.fold_run
+
+    def counted_run(self: LeanFold, *args: Any) -> tuple[int, int]:
+        stopped_at, folded = fold_run(self, *args)  # the record it stops at goes to fold_record
+        taken.extend([True] * folded)
+        return stopped_at, folded
+
     monkeypatch.setattr(LeanFold, "fold_record", counted)
+    monkeypatch.setattr(LeanFold, "fold_run", counted_run)
     folded, _ = folded_both_ways(records_of([(offset, key, event) for offset, (key, event) in enumerate(log)], [True]))
     assert taken == [True] * 8 + [False, False] + [True] * 3
     assert folded.applied == len(log) - 1  # the partition delete is noted
