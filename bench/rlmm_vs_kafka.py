@@ -249,7 +249,6 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, pl
     try:
         hosted = {*plan.hosted(), write_target}
         manager.on_partition_leadership_changes(hosted, set())
-        manager.wait_caught_up(NODE_TIMEOUT_S)
         deadline = time.monotonic() + NODE_TIMEOUT_S
         # One partition at a time, as the harness waits for TBRLMM (not every partition found ready again at each
         # poll: work on the node's cores that the harness does not do).
@@ -259,6 +258,10 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, pl
                     raise SystemExit("tierlog node did not get ready in time")
                 time.sleep(0.002)
         ready_s = time.perf_counter() - started
+        # A new node's hosted partitions may be ready before the rest of the view is loaded (MetadataApplier's
+        # hosted partitions first): the figures below are taken once the node holds the whole view, as before.
+        manager.wait_caught_up(NODE_TIMEOUT_S)
+        caught_up_s = time.perf_counter() - started
         rss_after_ready = rss_mib()
 
         def lookup(x: Lookup) -> bool:
@@ -310,7 +313,8 @@ def tierlog_node(bootstrap: str, topic: str, partitions: int, state_dir: str, pl
         rss_end = rss_mib()
     finally:
         manager.close()
-    return {**busy_figures, **newcomer_figures, "ready_s": round(ready_s, 3), "in_memory_s": round(in_memory_s, 3),
+    return {**busy_figures, **newcomer_figures, "ready_s": round(ready_s, 3), "caught_up_s": round(caught_up_s, 3),
+            "in_memory_s": round(in_memory_s, 3),
             "hosted_partitions": len(plan.hosted()), "hosted_live_segments": hosted_live,
             "first_lookups": len(first_ns), "first_lookup_hits": first_hits,
             "first_lookup_p50_us": _pct(first_ns, 0.5) / 1e3, "first_lookup_p99_us": _pct(first_ns, 0.99) / 1e3,
@@ -920,6 +924,13 @@ def ratio_table(result: dict[str, Any], fraction: str) -> str:
             m["tierlog_cold_compacted"]["events_per_s"], k.get("events_per_s"), "higher", "{:,.0f}")
     row("bootstrap from snapshot + tail (events/s)", s["events_per_s"], k.get("events_per_s"), "higher", "{:,.0f}")
     row("cold rebuild to ready (s)", t["ready_s"], k.get("ready_s"), "lower", "{:.1f}")
+    row("cold rebuild to the whole view loaded (s; TBRLMM: to ready)", t["caught_up_s"], k.get("ready_s"), "lower",
+        "{:.1f}")
+    if "tierlog_cold_compacted" in m:
+        row("cold rebuild, compacted topic, to ready (s)", m["tierlog_cold_compacted"]["ready_s"], k.get("ready_s"),
+            "lower", "{:.1f}")
+        row("cold rebuild, compacted topic, to the whole view loaded (s; TBRLMM: to ready)",
+            m["tierlog_cold_compacted"]["caught_up_s"], k.get("ready_s"), "lower", "{:.1f}")
     row("bootstrap from snapshot + tail to ready (s)", s["ready_s"], k.get("ready_s"), "lower", "{:.1f}")
     row("restart to ready (s)", tr["ready_s"], kr.get("ready_s"), "lower", "{:.2f}")
     row("restart to every hosted partition in memory (s; TBRLMM: to ready)", tr["in_memory_s"], kr.get("ready_s"),

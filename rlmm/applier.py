@@ -17,7 +17,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
@@ -105,7 +105,7 @@ class MetadataApplier:
         self, settings: ApplierSettings, view: MetadataView, consumer: EventConsumer, offsets: OffsetReader,
         writer: MetadataWriter, lock: threading.Condition,
         registered: dict[TopicIdPartition, int | None], metadata_partition: Callable[[TopicIdPartition], int],
-        on_targets: Callable[[], None] | None = None,
+        on_targets: Callable[[], None] | None = None, on_unready: Callable[[Collection[bytes]], None] | None = None,
     ) -> None:
         _fix_mmap_threshold()
         self._settings = settings
@@ -117,7 +117,12 @@ class MetadataApplier:
         self._registered = registered
         self._metadata_partition = metadata_partition
         self._on_targets = on_targets  # called under the lock once registered partitions were given their targets
+        self._on_unready = on_unready  # called under the lock with partitions loaded ahead, then taken back
         view.discard_unfinished_load()  # whatever reads the partitions it names next, they start from nothing
+        view.discard_preloaded()
+        # User partitions (view keys) a load of workers put in the view ahead of the other records of their metadata
+        # partitions, each complete up to where the backlog ends (_load_in_workers): read under the lock.
+        self._ahead: set[bytes] = set()
         self.applied: dict[int, int] = dict(view.applied_offsets(settings.metadata_topic))
         self.halted: dict[int, MetadataLogError] = {}
         # Records applied to the view and records the state machine dropped, since this manager started.
@@ -144,10 +149,8 @@ class MetadataApplier:
         self._ungrouped: list[int] = []
         self._backlog: dict[int, int] = {}
         self._backlog_ends: dict[int, int] = {}  # where the backlog's partitions ended when it began
-        # Whether the grouped read's groups go to worker processes that read them themselves (_load_in_workers), and
-        # whether they are being loaded so now.
+        # Whether the grouped read's groups go to worker processes that read them themselves (_load_in_workers).
         self._in_workers = False
-        self._loading_in_workers = False
         # A new node's fold worker for its backlog's windows (rlmm.fresh_load), started before it reads a large one
         # (its interpreter then boots while the backlog is read; started once the first window holds enough records,
         # it was often still booting when the window ended).
@@ -239,12 +242,6 @@ class MetadataApplier:
             group.add(taken[-1])
             room -= expected
         return taken
-
-    @property
-    def reading_groups(self) -> bool:
-        """Whether a grouped read is on: the metadata partitions of groups read before are not read meanwhile, so
-        a write to one of their user partitions would wait for the last group; none is ready until then."""
-        return self._group is not None or self._in_workers or self._loading_in_workers
 
     def _loads_fresh(self) -> bool:
         """Whether the window being read may load fresh: nothing applied yet, or a group of partitions never
@@ -371,40 +368,61 @@ class MetadataApplier:
         GROUP_WORKERS worker processes (rlmm.fresh_load.read_group) and ingested here as it comes: both cores read and
         fold, and this process never holds the backlog's records. A group no worker loaded (one failed, stalled or
         could not start; a record's rule raised; its user partitions have records on groups loaded before) is read
-        here afterwards, as any grouped read's; then every partition is read on from where its group ended."""
+        here afterwards, as any grouped read's; then every partition is read on from where its group ended.
+
+        The partitions the node hosts come first. A group is handed out with those of its user partitions that are
+        registered by then (GroupRequest.first); where the others hold most of its records, the worker loads only
+        these, which are then ready (`ready_ahead`) though their offsets are not written, and once every group was
+        handed out, the group goes out again for the rest (GroupRequest.rest_of), whose load writes the offsets. So a
+        node hosting a tenth of the partitions serves them once the topic was read and a tenth of it folded. If
+        anything keeps a group's rest from a worker, what was loaded ahead is removed again first (not ready until
+        then) and the group read here, as any other."""
         self._in_workers = False
         workers = [worker for worker in (fresh_load.FoldWorker.start() for _ in range(GROUP_WORKERS)) if worker]
         shares = self._view.path.parent / f"{self._view.path.name}.fold"
-        busy: dict[fresh_load.FoldWorker, tuple[list[int], float]] = {}
+        # Per worker: its group, when it was handed out, the partitions asked for first and the partitions loaded
+        # ahead whose group's rest it loads (None: it loads the group's first).
+        busy: dict[fresh_load.FoldWorker, tuple[list[int], float, frozenset[bytes], frozenset[bytes] | None]] = {}
+        later: list[tuple[list[int], frozenset[bytes]]] = []  # groups whose hosted partitions were loaded ahead
         left_here: list[int] = []
         kept = span = 0
         if workers:
             log.info("metadata topic %s: a large backlog to load: %d worker processes read and load it, a group of "
                      "its partitions each at a time", self._settings.metadata_topic, len(workers))
-        self._loading_in_workers = True
+        self._take_back(frozenset(self._view.preloaded()))  # a load before this one's (rewound)
         # Into a view that held no user partition's entries when the load began: the keys of the user partitions the
         # groups loaded since, so that a group's are checked against them in memory (asking RocksDB took a third of
         # the node's CPU in a rebuild at 1M live segments: a seek per partition and column family, over every table
         # ingested). None: the view is asked (MetadataView.holds_any).
         loaded: set[bytes] | None = None if self._view.holds_user_entries() else set()
+        metadata_partitions: dict[TopicIdPartition, int] = {}
         try:
             with cyclic_gc_paused(), self._borrowing(), self._compactions_deferred():
-                while workers and (busy or self._ungrouped) and not self._stop.is_set():
-                    for worker in [w for w in workers if w not in busy and self._ungrouped]:
-                        kept_share = kept / span if span else None
-                        group = self._take_into(set(), 0, kept_share)
-                        if kept_share is not None and \
-                                sum(self._backlog[p] for p in group) * kept_share > GROUP_WORKER_MAX_KEPT:
-                            left_here += group  # a partition too large for one window: read here, in windows
-                            continue
+                while workers and (busy or self._ungrouped or later) and not self._stop.is_set():
+                    for worker in [w for w in workers if w not in busy]:
+                        rest_of: frozenset[bytes] | None = None
+                        if not self._ungrouped and not later:
+                            break
+                        if self._ungrouped:
+                            kept_share = kept / span if span else None
+                            group = self._take_into(set(), 0, kept_share)
+                            if kept_share is not None and \
+                                    sum(self._backlog[p] for p in group) * kept_share > GROUP_WORKER_MAX_KEPT:
+                                left_here += group  # a partition too large for one window: read here, in windows
+                                continue
+                            first = self._hosted(group, metadata_partitions)
+                        else:
+                            group, rest_of = later.pop(0)
+                            first = frozenset()
                         request = fresh_load.GroupRequest(
                             self._settings.metadata_topic, self._consumer.client_config,
                             {p: self._next_offsets[p] for p in group}, {p: self._backlog_ends[p] for p in group},
-                            GROUP_WORKER_MAX_KEPT)
+                            GROUP_WORKER_MAX_KEPT, first=first, rest_of=rest_of)
                         if worker.submit_group(request, shares):
-                            busy[worker] = (group, time.monotonic())
+                            busy[worker] = (group, time.monotonic(), first, rest_of)
                         else:
                             workers.remove(worker)
+                            self._take_back(rest_of, loaded)
                             left_here += group
                     readable, _, _ = select.select(list(busy), [], [], 0.1)
                     for worker in readable:
@@ -414,10 +432,14 @@ class MetadataApplier:
                             done, answer = True, str(exc)
                         if not done:
                             continue
-                        group, began = busy.pop(worker)
-                        if isinstance(answer, fresh_load.GroupShare) and self._load_group(group, answer, began, loaded):
-                            kept += answer.kept
-                            span += sum(self._backlog[partition] for partition in group)
+                        group, began, first, rest_of = busy.pop(worker)
+                        if isinstance(answer, fresh_load.GroupShare) and self._load_group(
+                                group, answer, began, loaded, first if answer.ahead else None, rest_of):
+                            if rest_of is None:  # a group's first load read all of it
+                                kept += answer.kept
+                                span += sum(self._backlog[partition] for partition in group)
+                            if answer.ahead:
+                                later.append((group, first))
                             worker.tidy()
                             continue
                         if not isinstance(answer, fresh_load.GroupShare):
@@ -427,8 +449,9 @@ class MetadataApplier:
                             worker.close()
                         else:
                             worker.tidy()
+                        self._take_back(rest_of, loaded)
                         left_here += group
-                    for worker, (group, began) in list(busy.items()):
+                    for worker, (group, began, _, rest_of) in list(busy.items()):
                         if time.monotonic() - began > fresh_load.GROUP_ANSWER_S:
                             log.warning("metadata topic %s: a worker did not load metadata partitions %s in %.0f s; "
                                         "reading them in this process", self._settings.metadata_topic, group,
@@ -436,22 +459,64 @@ class MetadataApplier:
                             del busy[worker]
                             workers.remove(worker)
                             worker.close()
+                            self._take_back(rest_of, loaded)
                             left_here += group
         finally:
-            self._loading_in_workers = False
             for worker in workers:
                 worker.close()
             shutil.rmtree(shares, ignore_errors=True)
-        self._ungrouped = sorted(left_here + self._ungrouped + [p for group, _ in busy.values() for p in group])
-        if not self._stop.is_set():
-            self._next_group(kept / span if span else None)
+        unfinished = [*later, *((group, rest_of) for group, _, _, rest_of in busy.values() if rest_of is not None)]
+        if self._stop.is_set():  # what was loaded ahead stays for now: the next start removes it
+            return
+        for group, ahead in unfinished:
+            self._take_back(ahead, loaded)
+            left_here += group
+        self._ungrouped = sorted(left_here + self._ungrouped + [p for group, _, _, rest_of in busy.values()
+                                                                 if rest_of is None for p in group])
+        self._next_group(kept / span if span else None)
 
-    def _load_group(self, group: list[int], answer: fresh_load.GroupShare, began: float,
-                    loaded: set[bytes] | None) -> bool:
+    def _hosted(self, group: list[int], metadata_partitions: dict[TopicIdPartition, int]) -> frozenset[bytes]:
+        """The view keys of the registered user partitions whose records are on the metadata partitions of `group`
+        (`metadata_partitions` remembers where each one's are)."""
+        with self._lock:
+            registered = list(self._registered)
+
+        def where(tp: TopicIdPartition) -> int:
+            found = metadata_partitions.get(tp)
+            if found is None:
+                found = metadata_partitions[tp] = self._metadata_partition(tp)
+            return found
+
+        return frozenset(vf.tp_key_of(tp) for tp in registered if where(tp) in group)
+
+    def ready_ahead(self, tp_key: bytes, metadata_partition: int, target: int) -> bool:
+        """Whether the partition was loaded ahead of the rest of its metadata partition (`_load_in_workers`) and so
+        holds every record up to `target` (call under the lock)."""
+        return tp_key in self._ahead and self._backlog_ends.get(metadata_partition, -1) >= target
+
+    def _take_back(self, ahead: frozenset[bytes] | None, loaded: set[bytes] | None = None) -> None:
+        """Remove partitions loaded ahead from the view: their metadata partitions are read again, a way that loads
+        them too. They are not ready until then."""
+        if not ahead:
+            return
+        self._view.discard_preloaded(ahead)
+        if loaded is not None:
+            loaded -= ahead
+        with self._lock:
+            self._ahead -= ahead
+            if self._on_unready is not None:
+                self._on_unready(ahead)
+            self._lock.notify_all()
+
+    def _load_group(self, group: list[int], answer: fresh_load.GroupShare, began: float, loaded: set[bytes] | None,
+                    ahead: frozenset[bytes] | None = None, completes: frozenset[bytes] | None = None) -> bool:
         """Ingest a group a worker loaded, with the offsets it reached; False, with nothing written, when its records
         must be applied here instead: a record's rule raised in the worker, or its user partitions have records on
         metadata partitions loaded before (`loaded`: the keys of those the groups before it loaded, added to here;
-        None: the view is asked)."""
+        None: the view is asked). With `ahead`, the answer holds these partitions of the group only: ingested without
+        offsets, and ready from now on. With `completes`, it holds the rest of a group whose partitions `completes`
+        were loaded ahead; then a record that halts its metadata partition sends the group here too (the partitions
+        loaded ahead hold records past it)."""
         topic = self._settings.metadata_topic
         folded = answer.share.folded
         if folded.failed:
@@ -463,26 +528,41 @@ class MetadataApplier:
             log.warning("metadata topic %s: user partitions of metadata partitions %s have records on metadata "
                         "partitions loaded before; reading them in this process", topic, group)
             return False
+        if folded.unreadable and (ahead is not None or completes is not None):
+            log.warning("metadata topic %s: a record of metadata partitions %s cannot be read (%s); reading them in "
+                        "this process", topic, group, "; ".join(why for _, why in folded.unreadable.values()))
+            return False
         noted, outcomes, requests = self._noted(answer.noted, folded)
         for partition, (offset, why) in folded.unreadable.items():
             # What came before it in its partition is loaded; the node resumes from it once fixed.
             self._halt(partition, offset, f"cannot read record ({why})")
-        next_offsets = {partition: self._backlog_ends[partition] for partition in group
-                        if partition not in self.halted}
+        next_offsets = {} if ahead is not None else {partition: self._backlog_ends[partition] for partition in group
+                                                     if partition not in self.halted}
         next_offsets.update((partition, offset) for partition, (offset, _) in folded.unreadable.items())
         try:
-            self._view.load_fresh(topic, FreshTables({}, {}), next_offsets, answer.share.tables,
-                                  answer.share.partitions)
+            if ahead is not None:
+                self._view.preload(topic, answer.share.tables, answer.share.partitions)
+            else:
+                self._view.load_fresh(topic, FreshTables({}, {}), next_offsets, answer.share.tables,
+                                      answer.share.partitions, completes or ())
         except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
             raise _CommitFailure(str(exc)) from None
         if loaded is not None:
             loaded.update(answer.share.partitions)
         self._next_offsets.update(next_offsets)
+        if ahead is not None:
+            # Every record of these partitions below the group's ends was in the load (those without any too).
+            with self._lock:
+                self._ahead |= ahead
+                if self._on_targets is not None:
+                    self._on_targets()
         self._stamp()
         self._after_commit(noted, requests, outcomes, next_offsets, folded.applied)
         log.info("metadata topic %s: a backlog window of %d records of metadata partitions %s read by a worker (%s); "
-                 "the newest of each key, %d records, loaded fresh in %.1f s", topic, answer.read,
-                 ", ".join(map(str, group)), answer.how, answer.kept, time.monotonic() - began)
+                 "the newest of each key, %d records, %s in %.1f s", topic, answer.read, ", ".join(map(str, group)),
+                 answer.how, answer.kept, f"those of the {len(ahead)} partitions hosted loaded ahead"
+                 if ahead is not None else "the rest loaded" if completes else "loaded fresh",
+                 time.monotonic() - began)
         return True
 
     @contextmanager

@@ -6,13 +6,14 @@ node's worker processes read theirs (rlmm.fresh_load.read_group).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
-
-from confluent_kafka import Message
+from typing import TYPE_CHECKING, NamedTuple
 
 from rlmm import codec
 from rlmm.events import SEGMENT_KEY_PREFIX, segment_key_ids
 from rlmm.view import ConsumedRecord, MetadataView
+
+if TYPE_CHECKING:  # a fold worker reads without the consumer, and does not import it (rlmm.fresh_load)
+    from confluent_kafka import Message
 
 
 class WindowRecord(NamedTuple):

@@ -37,22 +37,24 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from collections import Counter
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-from confluent_kafka import KafkaError
+from typing import IO, TYPE_CHECKING, Any
 
 from rlmm import codec, raw_fetch, record_batches, state
+from rlmm import view_format as vf
 from rlmm.backlog_window import CompactedWindow, holds_nothing
 from rlmm.errors import InvalidArgumentError
-from rlmm.event_log import EventConsumer
 from rlmm.events import SEGMENT_KEY_PREFIX, MetadataEvent, RecordKey
-from rlmm.lean_fold import LeanFold
+from rlmm.lean_fold import LeanFold, _lean_fold
 from rlmm.types import RemotePartitionDeleteMetadata
 from rlmm.view import FreshState, write_tables
+
+if TYPE_CHECKING:  # imported where the consumer reads: a worker that reads raw batches starts without it
+    from rlmm.event_log import EventConsumer
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +193,11 @@ class GroupRequest:
     # applier's to read, in windows of its own bound.
     max_kept: int
     directory: str = ""  # where its tables go (FoldWorker.submit_group sets it)
+    # The user partitions (view keys) the node hosts: when the group's other partitions hold most of its records,
+    # only these are loaded (GroupShare.ahead), and the group is handed out again with them as `rest_of`.
+    first: frozenset[bytes] = frozenset()
+    # The group handed out again: its records of these partitions (loaded ahead) are passed over, the rest loaded.
+    rest_of: frozenset[bytes] | None = None
 
 
 @dataclass
@@ -203,6 +210,7 @@ class GroupShare:
     kept: int
     noted: list[Record]
     how: str = "as raw batches"  # how it read them: "as raw batches", or "with the consumer: <why>"
+    ahead: bool = False  # its tables hold the request's `first` partitions only (see GroupRequest)
 
 
 class FoldWorker:
@@ -412,14 +420,69 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     if isinstance(read, str):
         return read
     replay = window.replay_entries()
+    kept = len(replay)
     window.clear()
-    answer = fold_share(replay, Path(request.directory))
+    directory = Path(request.directory)
+    answer: WorkerShare | str | None = None
+    if request.rest_of is not None:
+        replay = _split(replay, request.rest_of)[1]
+    elif request.first:
+        first = _split(replay, request.first)[0]
+        if len(first) * 2 < len(replay):  # the others hold most of the group: worth loading after
+            (directory / "ahead").mkdir()
+            answer = fold_share(first, directory / "ahead")
+            if isinstance(answer, WorkerShare) and (answer.folded.failed or answer.folded.unreadable):
+                answer = None  # a record that halts its partition: the whole group at once, as ever
+            else:
+                replay = first
+    ahead = answer is not None
+    if answer is None:
+        answer = fold_share(replay, directory)
     if isinstance(answer, str):
         return answer
     noted = [replay[index] for index, _, _, _ in answer.folded.noted]
     answer.folded.noted = [(number, None, None, outcome) for number, (_, _, _, outcome) in
                            enumerate(answer.folded.noted)]
-    return GroupShare(answer, read, len(replay), noted, how)
+    return GroupShare(answer, read, kept, noted, how, ahead)
+
+
+def _split(records: list[Record], first: frozenset[bytes]) -> tuple[list[Record], list[Record]]:
+    """`records` by the user partition their keys name (as RecordKey.decode reads them): those of partitions in
+    `first`, and those of none (the rules' decoder words them, with the first), then the others; each in order."""
+    if _lean_fold is not None:
+        return _lean_fold.split(records, first, {}, _user_partition_key)
+    return _split_records(records, first)
+
+
+def _split_records(records: list[Record], first: frozenset[bytes]) -> tuple[list[Record], list[Record]]:
+    """_split without rlmm/_lean_fold.c (its reference): a segment key's partition is what comes before its
+    segment id, any other key's its second and third fields. Each partition's text is read once."""
+    named: dict[bytes, bytes | None] = {}
+    in_first: list[Record] = []
+    others: list[Record] = []
+    for record in records:
+        raw_key = record[2]
+        if raw_key.startswith(SEGMENT_KEY_PREFIX) and len(raw_key) > 45 and raw_key[-37] == 58:  # ":" + an id
+            text = raw_key[8:-37]
+        else:
+            text = b":".join(raw_key.split(b":", 3)[1:3])
+        tp_key = named.get(text, _UNNAMED)
+        if tp_key is _UNNAMED:
+            tp_key = named[text] = _user_partition_key(text)
+        (in_first if tp_key is None or tp_key in first else others).append(record)
+    return in_first, others
+
+
+_UNNAMED: Any = object()
+
+
+def _user_partition_key(text: bytes) -> bytes | None:
+    """The view key of `<topic id>:<partition>` as a record key names it, or None for text naming no partition."""
+    try:
+        topic_id, partition = text.decode().split(":")
+        return vf.tp_key(uuid.UUID(topic_id), int(partition))
+    except (UnicodeDecodeError, ValueError, struct.error):
+        return None
 
 
 # A run of records kept in one call (rlmm/_record_batches.c where it is built; record_batches.keep is its reference).
@@ -464,6 +527,8 @@ def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: Compac
 
 def _read_consumed(request: GroupRequest, window: CompactedWindow) -> int | str:
     """The group's records from the consumer into `window`: how many were read, or why the group was given up."""
+    from confluent_kafka import KafkaError
+
     starts, ends = request.starts, request.ends
     consumer = _consumer_for(request)
     try:
@@ -521,6 +586,8 @@ _consumer: tuple[tuple[str, str], EventConsumer] | None = None
 
 
 def _consumer_for(request: GroupRequest) -> EventConsumer:
+    from rlmm.event_log import EventConsumer
+
     global _consumer
     wanted = (request.topic, repr(sorted(request.client_config.items())))
     if _consumer is None or _consumer[0] != wanted:

@@ -13,7 +13,7 @@ import shutil
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -189,7 +189,7 @@ class RemoteLogMetadataManager:
             ApplierSettings(self.metadata_topic, topic.topic_id, self.broker_id, self._cfg["apply.batch.max.records"],
                             self._cfg["apply.rebuild.worker"]),
             self._view, consumer, offsets, self._writer, self._lock, self._registered, self._metadata_partition,
-            self._targets_set_locked,
+            self._targets_set_locked, self._taken_back_locked,
         )
         # The view keeps one read model for its life; lookups go to it, and to these dicts, directly. It holds in
         # memory only the partitions this node hosts (registered, until stopped); the rest of the view stays on disk.
@@ -326,8 +326,17 @@ class RemoteLogMetadataManager:
     def _ready_locked(self, tp: TopicIdPartition) -> bool:
         target = self._registered.get(tp)
         mp = self._metadata_partition(tp)
-        return target is not None and mp not in self._applier.halted and self._applier.applied.get(mp, 0) >= target \
-            and not self._applier.reading_groups
+        # Ready once its metadata partition is applied up to the target, or its records up to it were loaded ahead
+        # of the rest (MetadataApplier._load_in_workers). While a backlog loads, the records after it wait: this
+        # node's own writes to a ready partition are acknowledged once the backlog is loaded.
+        return target is not None and mp not in self._applier.halted and (
+            self._applier.applied.get(mp, 0) >= target or self._applier.ready_ahead(vf.tp_key_of(tp), mp, target))
+
+    def _taken_back_locked(self, tp_keys: Collection[bytes]) -> None:
+        """The applier took back partitions a rebuild had loaded ahead of the rest (MetadataApplier._take_back): not
+        ready until their metadata partitions are read again, so no longer served without the lock."""
+        for tp_key in tp_keys:
+            self._readable_now.pop((int.from_bytes(tp_key[:16], "big"), int.from_bytes(tp_key[16:], "big")), None)
 
     def _snapshot(self, tp: TopicIdPartition) -> PartitionSnapshot:
         """The partition's lookup snapshot, once registration, deletion, halt and readiness allow reads.
@@ -381,7 +390,8 @@ class RemoteLogMetadataManager:
         if halted is not None:
             raise halted
         target = self._registered[tp]
-        if target is None or self._applier.applied.get(mp, 0) < target:
+        if target is None or (self._applier.applied.get(mp, 0) < target
+                              and not self._applier.ready_ahead(vf.tp_key_of(tp), mp, target)):
             raise RemoteStorageNotReadyError(
                 f"remote log metadata for {tp} is still loading on broker {self.broker_id} "
                 f"(metadata partition {mp} applied to offset {self._applier.applied.get(mp, 0)}); retry"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from types import ModuleType
@@ -127,6 +128,20 @@ def _with_tls_context(settings: dict[str, Any]) -> dict[str, Any]:
     return {**settings, "ssl_context": context}
 
 
+def _import_kafka_python(sasl_mechanism: str | None) -> None:
+    """Import kafka-python's client. Its import takes botocore along (half of a fold worker's start, which is on a
+    rebuild's way) for one SASL mechanism only, AWS_MSK_IAM: for any other, it is imported without."""
+    without = sasl_mechanism != "AWS_MSK_IAM" and "kafka.client_async" not in sys.modules and \
+        "botocore.session" not in sys.modules
+    if without:
+        sys.modules["botocore.session"] = None  # type: ignore[assignment]  # its import raises ImportError
+    try:
+        import kafka.client_async  # noqa: F401
+    finally:
+        if without:
+            del sys.modules["botocore.session"]
+
+
 class RawReader:
     """Fetches metadata partitions of `topic` whole, as raw batches, from their leaders."""
 
@@ -137,6 +152,7 @@ class RawReader:
         settings = kafka_python_settings(client_config)
         if settings["security_protocol"] in ("SSL", "SASL_SSL"):
             settings = _with_tls_context(settings)
+        _import_kafka_python(settings.get("sasl_mechanism"))
         from kafka.client_async import KafkaClient
         from kafka.errors import KafkaError
 

@@ -15,7 +15,7 @@ import shutil
 import threading
 import uuid
 from collections import deque
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
@@ -59,6 +59,12 @@ _PAST_PARTITION = b"\xff" * 44  # after a user partition's key, after every key 
 # (no topic's offsets: those start with the topic's name): a load cut short leaves them part-written, and the next
 # fresh load removes them first. The offsets the load reaches, written last, remove the key.
 _LOADING_KEY = b"\0loading"
+# User partitions a new node's load put in the view ahead of the other records of their metadata partitions (the
+# partitions its broker hosts: MetadataApplier._load_in_workers), their keys concatenated under this key of the same
+# family. Each is complete up to where the load's backlog ends, but the offsets that make a node resume from them come
+# with the rest of its metadata partition, which removes it from here; a node that starts with partitions named here
+# removes their entries (discard_preloaded), and its load reads them again.
+_PRELOADED_KEY = b"\0preloaded"
 _SOURCE_KEY = b"tierlog.view.source\0"  # + metadata topic name
 _DELETED = None
 
@@ -439,7 +445,8 @@ class MetadataView:
         return FreshTables(partitions, files)
 
     def load_fresh(self, metadata_topic: str, fresh: FreshState | FreshTables, next_offsets: Mapping[int, int],
-                   tables: Mapping[str, Path] | None = None, their_partitions: Iterable[bytes] = ()) -> None:
+                   tables: Mapping[str, Path] | None = None, their_partitions: Iterable[bytes] = (),
+                   completes: Collection[bytes] = ()) -> None:
         """Load a state folded in memory into a view that applied none of its metadata partitions and holds none of
         its user partitions yet (a new node's first window, or a group of partitions never applied), with the
         offsets it reaches, and let the read model take its partitions. Like a snapshot's entries, the state is
@@ -448,21 +455,68 @@ class MetadataView:
         from) is removed first.
 
         `tables` (table files by column family) hold `their_partitions`, folded by another process
-        (rlmm.fresh_load): ingested with the state's, and read from RocksDB when first asked for."""
+        (rlmm.fresh_load): ingested with the state's, and read from RocksDB when first asked for. `completes`: the
+        user partitions loaded ahead (`preload`) that these offsets now cover."""
         applied = self.applied_offsets(metadata_topic)
         if not applied.keys().isdisjoint(next_offsets):
             raise ViewFormatError(f"view at {self.path} applied records of {metadata_topic} partitions "
                                   f"{sorted(applied.keys() & next_offsets.keys())} already; a fresh state loads only "
                                   "metadata partitions never applied")
-        if not applied and self.holds_entries():
+        preloaded = self.preloaded()
+        if not applied and not preloaded and self.holds_entries():
             self._discard_entries()
         written = fresh if isinstance(fresh, FreshTables) else self.fresh_tables(fresh)
         loading = [*written.partitions, *their_partitions]
-        if applied and self.holds_any(loading):
+        if (applied or preloaded) and self.holds_any(loading):
             raise ViewFormatError(f"view at {self.path} holds user partitions of this fresh state already")
-        self._ingest(metadata_topic, [*written.files.items(), *(tables or {}).items()], next_offsets, loading)
+        self._ingest(metadata_topic, [*written.files.items(), *(tables or {}).items()], next_offsets, loading,
+                     completes)
         self.model.adopt(written.partitions)
         self.model.forget(their_partitions)
+
+    def preload(self, metadata_topic: str, tables: Mapping[str, Path], tp_keys: Sequence[bytes]) -> None:
+        """Ingest tables (by column family) holding only these user partitions, of metadata partitions this view
+        never applied, ahead of those partitions' other records: each complete up to where the load's backlog ends.
+        No offsets: a later `load_fresh` of the rest of their metadata partitions `completes` them; until then they are
+        named under _PRELOADED_KEY, and a node that starts so removes them (`discard_preloaded`). The caller knows
+        the view holds none of them yet (asking RocksDB for each costs a seek per table ingested)."""
+        with self._write_lock:
+            noted = WriteBatch(raw_mode=True)
+            noted.put(_PRELOADED_KEY, b"".join([*self.preloaded(), *tp_keys]), self._handles[vf.APPLIED])
+            self._write(noted)
+            self._ingest(metadata_topic, tables.items(), {}, tp_keys)
+        self.model.forget(tp_keys)
+
+    def preloaded(self) -> list[bytes]:
+        """The user partitions loaded ahead and not yet completed (`preload`)."""
+        return _tp_keys(self._cf[vf.APPLIED].get(_PRELOADED_KEY))
+
+    def discard_preloaded(self, tp_keys: Collection[bytes] | None = None) -> None:
+        """Remove the entries of these user partitions loaded ahead and not completed (all such without
+        `tp_keys`): a node starting with some (its load was cut short), or a load that reads their metadata
+        partitions again another way."""
+        preloaded = self.preloaded()
+        gone = [tp_key for tp_key in preloaded if tp_keys is None or tp_key in tp_keys]
+        if not gone:
+            return
+        log.warning("view at %s: removing %d user partitions loaded ahead of the rest of their metadata partitions",
+                    self.path, len(gone))
+        batch = WriteBatch(raw_mode=True)
+        self._delete_partitions(batch, gone)
+        self._note_preloaded(batch, [tp_key for tp_key in preloaded if tp_key not in set(gone)])
+        self._write(batch)
+        self.model.forget(gone)
+
+    def _note_preloaded(self, batch: WriteBatch, tp_keys: Sequence[bytes]) -> None:
+        if tp_keys:
+            batch.put(_PRELOADED_KEY, b"".join(tp_keys), self._handles[vf.APPLIED])
+        else:
+            batch.delete(_PRELOADED_KEY, self._handles[vf.APPLIED])
+
+    def _delete_partitions(self, batch: WriteBatch, tp_keys: Iterable[bytes]) -> None:
+        for tp_key in tp_keys:
+            for family in (*vf.CONTENT_FAMILIES, vf.PARTITION_META):
+                batch.delete_range(tp_key, tp_key + _PAST_PARTITION, self._handles[family])
 
     def _discard_entries(self) -> None:
         batch = WriteBatch(raw_mode=True)
@@ -514,16 +568,13 @@ class MetadataView:
     def discard_unfinished_load(self) -> None:
         """Remove what a fresh load cut short left (its user partitions' entries, part-written, without the offsets
         that would make a node resume from them)."""
-        loading = self._cf[vf.APPLIED].get(_LOADING_KEY)
-        if loading is None:
+        tp_keys = _tp_keys(self._cf[vf.APPLIED].get(_LOADING_KEY))
+        if not tp_keys:
             return
-        tp_keys = [loading[i:i + vf.TP_KEY_LEN] for i in range(0, len(loading), vf.TP_KEY_LEN)]
         log.warning("view at %s: removing what a fresh load cut short left of %d user partitions", self.path,
                     len(tp_keys))
         batch = WriteBatch(raw_mode=True)
-        for tp_key in tp_keys:
-            for family in (*vf.CONTENT_FAMILIES, vf.PARTITION_META):
-                batch.delete_range(tp_key, tp_key + _PAST_PARTITION, self._handles[family])
+        self._delete_partitions(batch, tp_keys)
         batch.delete(_LOADING_KEY, self._handles[vf.APPLIED])
         self._write(batch)
         self.model.forget(tp_keys)
@@ -615,9 +666,10 @@ class MetadataView:
         return tables
 
     def _ingest(self, metadata_topic: str, files: Iterable[tuple[str, Path]], next_offsets: Mapping[int, int],
-                loading: Sequence[bytes] = ()) -> None:
+                loading: Sequence[bytes] = (), completes: Collection[bytes] = ()) -> None:
         """Move table files (column family, file) into the view, then write the offsets they reach. `loading`: the
-        user partitions the files hold, noted first (_LOADING_KEY)."""
+        user partitions the files hold, noted first (_LOADING_KEY); `completes`: the partitions loaded ahead that
+        the offsets cover (no longer named under _PRELOADED_KEY)."""
         with self._write_lock:
             if loading:
                 noted = WriteBatch(raw_mode=True)
@@ -637,6 +689,8 @@ class MetadataView:
                           self._handles[vf.APPLIED])
             if loading:
                 batch.delete(_LOADING_KEY, self._handles[vf.APPLIED])
+            if completes:
+                self._note_preloaded(batch, [tp_key for tp_key in self.preloaded() if tp_key not in completes])
             self._write(batch)
 
 
@@ -698,6 +752,12 @@ class ViewPointInTime:
     def snapshot_entries(self) -> Iterator[tuple[str, bytes, bytes]]:
         """What a bootstrap snapshot holds (rlmm.snapshot): the content, then each user partition's bookkeeping."""
         return _snapshot_entries(self._families)
+
+
+def _tp_keys(joined: bytes | None) -> list[bytes]:
+    """User partitions' keys stored concatenated (_LOADING_KEY, _PRELOADED_KEY)."""
+    joined = joined or b""
+    return [joined[i:i + vf.TP_KEY_LEN] for i in range(0, len(joined), vf.TP_KEY_LEN)]
 
 
 def _applied_offsets(families: Mapping[str, Any], metadata_topic: str) -> dict[int, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -90,7 +90,7 @@ def test_a_group_whose_load_was_cut_short_is_removed_and_loaded_again(
     loads: list[int] = []
 
     def cut_short(self: MetadataView, topic: str, files: Iterable[tuple[str, Path]], next_offsets: Mapping[int, int],
-                  loading: Sequence[bytes] = ()) -> None:
+                  loading: Sequence[bytes] = (), completes: Collection[bytes] = ()) -> None:
         loads.append(len(loads))
         if len(loads) == 2:
             def first_then_fail() -> Iterator[tuple[str, Path]]:
@@ -98,7 +98,7 @@ def test_a_group_whose_load_was_cut_short_is_removed_and_loaded_again(
                 raise OSError("No space left on device")
 
             files = first_then_fail()
-        ingest(self, topic, files, next_offsets, loading)
+        ingest(self, topic, files, next_offsets, loading, completes)
 
     monkeypatch.setattr(MetadataView, "_ingest", cut_short)
     with caplog.at_level(logging.INFO, logger="rlmm"):

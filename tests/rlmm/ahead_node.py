@@ -1,0 +1,55 @@
+"""A new node whose backlog's rest never loads, for the crash test of partitions loaded ahead: kill it at any moment.
+
+Usage: ahead_node.py CONFIG_JSON HOSTED_JSON (the hosted partitions as [topic id, topic, partition]). With the
+workers loading every group (MetadataApplier._load_in_workers), the rest of each group (after the hosted partitions,
+loaded ahead) waits for ever. Prints READY once every hosted partition is ready.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from rlmm import RemoteLogMetadataManager, TopicIdPartition, applier, fresh_load
+from rlmm.applier import MetadataApplier
+
+
+def main() -> None:
+    config, hosted = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    tps = {TopicIdPartition(uuid.UUID(topic_id), topic, partition) for topic_id, topic, partition in hosted}
+    fresh_load.WORKER_MIN_KEPT = 1  # as the tests' backlogs: every one large
+    applier.GROUP_WORKERS = 2
+    load_group, registered = MetadataApplier._load_group, threading.Event()
+
+    def never_the_rest(self: MetadataApplier, *args: Any) -> bool:
+        if args[-1] is not None:  # `completes`: the rest of a group loaded ahead
+            threading.Event().wait()
+        return load_group(self, *args)
+
+    hosted_of = MetadataApplier._hosted
+
+    def after_registration(self: MetadataApplier, *args: Any) -> frozenset[bytes]:
+        registered.wait(60)
+        return hosted_of(self, *args)
+
+    MetadataApplier._load_group = never_the_rest  # type: ignore[method-assign,assignment]
+    MetadataApplier._hosted = after_registration  # type: ignore[method-assign,assignment]
+    manager = RemoteLogMetadataManager(config)
+    manager.on_partition_leadership_changes(tps, set())
+    registered.set()
+    deadline = time.monotonic() + 60
+    while not all(manager.is_ready(tp) for tp in tps):
+        if time.monotonic() > deadline:
+            sys.exit("the hosted partitions did not get ready")
+        time.sleep(0.01)
+    sys.stdout.write("READY\n")
+    sys.stdout.flush()
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
