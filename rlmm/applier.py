@@ -306,7 +306,12 @@ class MetadataApplier:
         return next_backoff_s
 
     def rewind(self) -> None:
-        """Read again from the view's stored offsets: a batch consumed but not committed is re-applied."""
+        """Read again from the view's stored offsets: a batch consumed but not committed is re-applied (and what a
+        new node's load put in the view ahead of the rest, loaded again with it)."""
+        try:
+            self._take_back(frozenset(self._view.preloaded()))
+        except Exception as exc:  # the view cannot be written now: a fresh load of those partitions refuses, retried
+            log.warning("view at %s: cannot remove the partitions loaded ahead yet (%s)", self._view.path, exc)
         with self._lock:
             applied = dict(self.applied)
             halted = list(self.halted)
@@ -389,7 +394,6 @@ class MetadataApplier:
         if workers:
             log.info("metadata topic %s: a large backlog to load: %d worker processes read and load it, a group of "
                      "its partitions each at a time", self._settings.metadata_topic, len(workers))
-        self._take_back(frozenset(self._view.preloaded()))  # a load before this one's (rewound)
         # Into a view that held no user partition's entries when the load began: the keys of the user partitions the
         # groups loaded since, so that a group's are checked against them in memory (asking RocksDB took a third of
         # the node's CPU in a rebuild at 1M live segments: a seek per partition and column family, over every table
@@ -544,7 +548,7 @@ class MetadataApplier:
                 self._view.preload(topic, answer.share.tables, answer.share.partitions)
             else:
                 self._view.load_fresh(topic, FreshTables({}, {}), next_offsets, answer.share.tables,
-                                      answer.share.partitions, completes or ())
+                                      answer.share.partitions, completes or (), known_new=loaded is not None)
         except Exception as exc:  # rocksdict raises bare Exception for RocksDB I/O errors
             raise _CommitFailure(str(exc)) from None
         if loaded is not None:

@@ -427,14 +427,14 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     if request.rest_of is not None:
         replay = _split(replay, request.rest_of)[1]
     elif request.first:
-        first = _split(replay, request.first)[0]
-        if len(first) * 2 < len(replay):  # the others hold most of the group: worth loading after
+        first_records = _split(replay, request.first)[0]
+        if len(first_records) * 2 < len(replay):  # the others hold most of the group: worth loading after
             (directory / "ahead").mkdir()
-            answer = fold_share(first, directory / "ahead")
+            answer = fold_share(first_records, directory / "ahead")
             if isinstance(answer, WorkerShare) and (answer.folded.failed or answer.folded.unreadable):
                 answer = None  # a record that halts its partition: the whole group at once, as ever
             else:
-                replay = first
+                replay = first_records
     ahead = answer is not None
     if answer is None:
         answer = fold_share(replay, directory)
