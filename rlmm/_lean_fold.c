@@ -22,14 +22,6 @@
  * epochs ascending and each epoch's entries as listed, with the entry's segment id. Building them in Python was a
  * fifth of a worker's time in a rebuild. TypeError for containers, ids or numbers of other types, OverflowError for
  * a number its packing cannot hold.
- *
- *   split(records, first, named, name) -> (records of partitions in `first` or of none, the others)
- *
- * A group's records (rlmm.fresh_load's Records: tuples whose third item is the record key's bytes), in order, by the
- * user partition their key names: the text `<topic id>:<partition>` before a segment key's id, else the key's second
- * and third fields, looked up in `named` (text -> the partition's view key, or None for text naming none), and where
- * not found there named by `name(text)` and remembered. fresh_load._user_partitions_of is its reference. TypeError for
- * a record of another shape; an exception `name` raises is raised as it is.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -653,84 +645,6 @@ done:
     return result;
 }
 
-/* --- split: a group's records by whether the node hosts their user partition ----------------------------------- */
-
-/* The text of `<topic id>:<partition>` in a record key (rlmm.events.RecordKey), as a new bytes object: before a
- * segment key's id, else its second and third fields; NULL with an exception only when memory runs out. */
-static PyObject *
-partition_text(PyObject *raw_key)
-{
-    const char *key = PyBytes_AS_STRING(raw_key);
-    Py_ssize_t length = PyBytes_GET_SIZE(raw_key);
-    if (length > 8 + 1 + SEGMENT_TEXT && memcmp(key, "segment:", 8) == 0 && key[length - SEGMENT_TEXT - 1] == ':') {
-        return PyBytes_FromStringAndSize(key + 8, length - 8 - SEGMENT_TEXT - 1);
-    }
-    const char *first = memchr(key, ':', (size_t)length);
-    if (first == NULL) {
-        return PyBytes_FromStringAndSize("", 0);
-    }
-    const char *second = memchr(first + 1, ':', (size_t)(key + length - first - 1));
-    if (second == NULL) {
-        return PyBytes_FromStringAndSize(first + 1, key + length - first - 1);
-    }
-    const char *third = memchr(second + 1, ':', (size_t)(key + length - second - 1));
-    return PyBytes_FromStringAndSize(first + 1, (third == NULL ? key + length : third) - first - 1);
-}
-
-static PyObject *
-lean_split(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 4 || !PyList_CheckExact(args[0]) || !PyAnySet_CheckExact(args[1]) || !PyDict_CheckExact(args[2])
-        || !PyCallable_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "split(records: list, first: set, named: dict, name)");
-        return NULL;
-    }
-    PyObject *records = args[0], *first = args[1], *named = args[2], *name = args[3];
-    PyObject *in_first = PyList_New(0), *others = PyList_New(0);
-    if (in_first == NULL || others == NULL) {
-        goto fail;
-    }
-    /* The list may change under `name` (Python code): its length is read each time, and the record in hand held. */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
-        PyObject *record = PyList_GET_ITEM(records, i);
-        if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) < 3
-            || !PyBytes_CheckExact(PyTuple_GET_ITEM(record, 2))) {
-            PyErr_SetString(PyExc_TypeError, "split: a record is not a tuple whose third item is its key's bytes");
-            goto fail;
-        }
-        Py_INCREF(record);
-        PyObject *text = partition_text(PyTuple_GET_ITEM(record, 2));
-        PyObject *tp_key = NULL;
-        if (text != NULL) {
-            tp_key = PyDict_GetItemWithError(named, text);  /* borrowed */
-            if (tp_key != NULL) {
-                Py_INCREF(tp_key);
-            } else if (!PyErr_Occurred()) {
-                tp_key = PyObject_CallOneArg(name, text);
-                if (tp_key != NULL && PyDict_SetItem(named, text, tp_key) < 0) {
-                    Py_CLEAR(tp_key);
-                }
-            }
-            Py_DECREF(text);
-        }
-        int wanted = tp_key == NULL ? -1 : tp_key == Py_None ? 1 : PySet_Contains(first, tp_key);
-        Py_XDECREF(tp_key);
-        if (wanted < 0 || PyList_Append(wanted ? in_first : others, record) < 0) {
-            Py_DECREF(record);
-            goto fail;
-        }
-        Py_DECREF(record);
-    }
-    PyObject *result = PyTuple_Pack(2, in_first, others);
-    Py_DECREF(in_first);
-    Py_DECREF(others);
-    return result;
-fail:
-    Py_XDECREF(in_first);
-    Py_XDECREF(others);
-    return NULL;
-}
-
 static PyMethodDef lean_fold_methods[] = {
     {"finished", (PyCFunction)(void (*)(void))lean_finished, METH_FASTCALL,
      PyDoc_STR("finished(lean, named, ruled, new, offset, raw_key, datum, value, skipped_before) -> the partition's "
@@ -738,8 +652,6 @@ static PyMethodDef lean_fold_methods[] = {
     {"fold_run", (PyCFunction)(void (*)(void))lean_fold_run, METH_FASTCALL,
      PyDoc_STR("fold_run(lean, named, ruled, new, records, start, stop_at, touched, header, read, program, "
                "header_length) -> (index of the first record not folded here, how many were)")},
-    {"split", (PyCFunction)(void (*)(void))lean_split, METH_FASTCALL,
-     PyDoc_STR("split(records, first, named, name) -> (the records of partitions in `first` or of none, the others)")},
     {"rows", (PyCFunction)(void (*)(void))lean_rows, METH_FASTCALL,
      PyDoc_STR("rows(key, segments, index) -> (segment keys, segment values, index keys, index values): a partition "
                "held leanly as its entries of the segments and epoch_index families, each in key order")},

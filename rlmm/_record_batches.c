@@ -284,23 +284,88 @@ failed:
     return NULL;
 }
 
-/* keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix)
+/* The text `<topic id>:<partition>` of a record key (rlmm.events.RecordKey), as a new bytes object: before a segment
+ * key's id (":" and 36 characters), else the key's second and third fields; rlmm.record_batches.partition_text is its
+ * reference. NULL with an exception only when memory runs out. */
+static PyObject *
+partition_text(PyObject *raw_key)
+{
+    const char *key = PyBytes_AS_STRING(raw_key);
+    Py_ssize_t length = PyBytes_GET_SIZE(raw_key);
+    if (length > 45 && memcmp(key, "segment:", 8) == 0 && key[length - 37] == ':') {
+        return PyBytes_FromStringAndSize(key + 8, length - 45);
+    }
+    const char *first = memchr(key, ':', (size_t)length);
+    if (first == NULL) {
+        return PyBytes_FromStringAndSize("", 0);
+    }
+    const char *end = key + length;
+    const char *second = memchr(first + 1, ':', (size_t)(end - first - 1));
+    const char *third = second == NULL ? NULL : memchr(second + 1, ':', (size_t)(end - second - 1));
+    return PyBytes_FromStringAndSize(first + 1, (third == NULL ? end : third) - first - 1);
+}
+
+/* Whether the user partition `key` names is in `first`, or it names none (1), or not (0); -1 with an exception.
+ * `named` remembers each partition's text: text -> its view key, or None; `name(text)` names one not there. */
+static int
+in_first(PyObject *key, PyObject *first, PyObject *named, PyObject *name)
+{
+    PyObject *text = partition_text(key);
+    if (text == NULL) {
+        return -1;
+    }
+    PyObject *tp_key = PyDict_GetItemWithError(named, text);  /* borrowed */
+    if (tp_key != NULL) {
+        Py_INCREF(tp_key);
+    } else if (!PyErr_Occurred()) {
+        tp_key = PyObject_CallOneArg(name, text);
+        if (tp_key != NULL && PyDict_SetItem(named, text, tp_key) < 0) {
+            Py_CLEAR(tp_key);
+        }
+    }
+    Py_DECREF(text);
+    if (tp_key == NULL) {
+        return -1;
+    }
+    int found = tp_key == Py_None ? 1 : PySet_Contains(first, tp_key);
+    Py_DECREF(tp_key);
+    return found;
+}
+
+/* keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix, only=None)
  *     -> (expected, cleaned)
  *
  * rlmm.record_batches.keep (its reference) in C: the newest record of each key of `records`, consecutive records of
- * one metadata partition, as a rebuild's compacted window keeps them. */
+ * one metadata partition, as a rebuild's compacted window keeps them; with `only` = (first, named, name, wanted), only
+ * the records whose key's user partition is in `first` (or names none: `in_first`) if `wanted`, else the others. */
 static PyObject *
 batches_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyLong_CheckExact(args[2])
-        || !PyList_CheckExact(args[3]) || !PyLong_CheckExact(args[4]) || !PyBool_Check(args[5])
-        || !PyBytes_CheckExact(args[6])) {
+    PyObject *only = nargs == 8 ? args[7] : Py_None;
+    if ((nargs != 7 && nargs != 8) || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1])
+        || !PyLong_CheckExact(args[2]) || !PyList_CheckExact(args[3]) || !PyLong_CheckExact(args[4])
+        || !PyBool_Check(args[5]) || !PyBytes_CheckExact(args[6])
+        || (only != Py_None && (!PyTuple_CheckExact(only) || PyTuple_GET_SIZE(only) != 4
+                                || !PyAnySet_CheckExact(PyTuple_GET_ITEM(only, 0))
+                                || !PyDict_CheckExact(PyTuple_GET_ITEM(only, 1))
+                                || !PyCallable_Check(PyTuple_GET_ITEM(only, 2))
+                                || !PyBool_Check(PyTuple_GET_ITEM(only, 3))))) {
         PyErr_SetString(PyExc_TypeError, "keep(newest: dict, superseded_tombstones: list, partition: int, records: "
-                                         "list, expected: int, cleaned: bool, tombstone_prefix: bytes)");
+                                         "list, expected: int, cleaned: bool, tombstone_prefix: bytes, only: "
+                                         "(first: set, named: dict, name, wanted: bool) | None = None)");
         return NULL;
     }
     PyObject *newest = args[0], *superseded = args[1], *partition = args[2], *records = args[3];
     PyObject *prefix = args[6];
+    /* Held: `name` may run any Python code. */
+    PyObject *first = NULL, *named = NULL, *name = NULL;
+    int wanted = 0;
+    if (only != Py_None) {
+        first = PyTuple_GET_ITEM(only, 0);
+        named = PyTuple_GET_ITEM(only, 1);
+        name = PyTuple_GET_ITEM(only, 2);
+        wanted = PyTuple_GET_ITEM(only, 3) == Py_True;
+    }
     int cleaned = args[5] == Py_True;
     int overflow = 0;
     long long expected = PyLong_AsLongLongAndOverflow(args[4], &overflow);
@@ -313,6 +378,7 @@ batches_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (empty == NULL) {
         return NULL;
     }
+    Py_INCREF(only);
     const char *prefix_data = PyBytes_AS_STRING(prefix);
     Py_ssize_t prefix_size = PyBytes_GET_SIZE(prefix);
     /* The list is read by index each time round: a dict's key comparison below can run Python code. */
@@ -340,6 +406,16 @@ batches_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         expected = offset + 1;
         if (key == Py_None) {
             key = empty;
+        }
+        if (first != NULL) {
+            int found = in_first(key, first, named, name);
+            if (found != wanted) {
+                Py_DECREF(record);
+                if (found < 0) {
+                    goto failed;
+                }
+                continue;
+            }
         }
         if (value == Py_None && PyBytes_GET_SIZE(key) >= prefix_size
             && memcmp(PyBytes_AS_STRING(key), prefix_data, (size_t)prefix_size) == 0) {
@@ -382,9 +458,11 @@ batches_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_DECREF(empty);
+    Py_DECREF(only);
     return Py_BuildValue("(LO)", expected, cleaned ? Py_True : Py_False);
 failed:
     Py_DECREF(empty);
+    Py_DECREF(only);
     return NULL;
 }
 
@@ -393,7 +471,7 @@ static PyMethodDef batches_methods[] = {
      PyDoc_STR("read(data, start, end, decompress) -> (records, next_offset, transactional): the (offset, key, "
                "value) records of a Fetch response's whole batches for one partition")},
     {"keep", (PyCFunction)(void (*)(void))batches_keep, METH_FASTCALL,
-     PyDoc_STR("keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix) -> "
+     PyDoc_STR("keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix, only=None) -> "
                "(expected, cleaned): the newest record of each key of records, as a compacted window keeps them")},
     {NULL, NULL, 0, NULL},
 };

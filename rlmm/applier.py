@@ -376,12 +376,12 @@ class MetadataApplier:
         here afterwards, as any grouped read's; then every partition is read on from where its group ended.
 
         The partitions the node hosts come first. A group is handed out with those of its user partitions that are
-        registered by then (GroupRequest.first); where the others hold most of its records, the worker loads only
-        these, which are then ready (`ready_ahead`) though their offsets are not written, and once every group was
-        handed out, the group goes out again for the rest (GroupRequest.rest_of), whose load writes the offsets. So a
-        node hosting a tenth of the partitions serves them once the topic was read and a tenth of it folded. If
-        anything keeps a group's rest from a worker, what was loaded ahead is removed again first (not ready until
-        then) and the group read here, as any other."""
+        registered by then (GroupRequest.first), unless they are half of its partitions or more (as the groups loaded
+        so far tell); the worker keeps and loads only their records, which are then ready (`ready_ahead`) though their
+        offsets are not written, and once every group was handed out, the group goes out again for the rest
+        (GroupRequest.rest_of), whose load writes the offsets. So a node hosting a tenth of the partitions serves them
+        once the topic was read and a tenth of it kept and folded. If anything keeps a group's rest from a worker,
+        what was loaded ahead is removed again first (not ready until then) and the group read here, as any other."""
         self._in_workers = False
         workers = [worker for worker in (fresh_load.FoldWorker.start() for _ in range(GROUP_WORKERS)) if worker]
         shares = self._view.path.parent / f"{self._view.path.name}.fold"
@@ -391,6 +391,9 @@ class MetadataApplier:
         later: list[tuple[list[int], frozenset[bytes]]] = []  # groups whose hosted partitions were loaded ahead
         left_here: list[int] = []
         kept = span = 0
+        # The user partitions the groups loaded ahead named, and their metadata partitions: a group whose hosted
+        # partitions are about half of its partitions or more is loaded at once, not in two steps.
+        named_partitions = named_here = 0
         if workers:
             log.info("metadata topic %s: a large backlog to load: %d worker processes read and load it, a group of "
                      "its partitions each at a time", self._settings.metadata_topic, len(workers))
@@ -415,6 +418,9 @@ class MetadataApplier:
                                 left_here += group  # a partition too large for one window: read here, in windows
                                 continue
                             first = self._hosted(group, metadata_partitions)
+                            if first and named_here and \
+                                    len(first) * 2 >= named_partitions * len(group) / named_here:
+                                first = frozenset()  # most of the group's partitions: loaded with the rest at once
                         else:
                             group, rest_of = later.pop(0)
                             first = frozenset()
@@ -440,8 +446,13 @@ class MetadataApplier:
                         if isinstance(answer, fresh_load.GroupShare) and self._load_group(
                                 group, answer, began, loaded, first if answer.ahead else None, rest_of):
                             if rest_of is None:  # a group's first load read all of it
-                                kept += answer.kept
+                                # Loaded ahead, it kept its hosted partitions' records only: the records it read
+                                # stand for what the whole group keeps (as many or more), which sizes the groups.
+                                kept += answer.read if answer.ahead else answer.kept
                                 span += sum(self._backlog[partition] for partition in group)
+                                if answer.partitions_named:
+                                    named_partitions += answer.partitions_named
+                                    named_here += len(group)
                             if answer.ahead:
                                 later.append((group, first))
                             worker.tidy()

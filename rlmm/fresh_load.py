@@ -49,7 +49,7 @@ from rlmm import view_format as vf
 from rlmm.backlog_window import CompactedWindow, holds_nothing
 from rlmm.errors import InvalidArgumentError
 from rlmm.events import SEGMENT_KEY_PREFIX, MetadataEvent, RecordKey
-from rlmm.lean_fold import LeanFold, _lean_fold
+from rlmm.lean_fold import LeanFold
 from rlmm.types import RemotePartitionDeleteMetadata
 from rlmm.view import FreshState, write_tables
 
@@ -193,8 +193,8 @@ class GroupRequest:
     # applier's to read, in windows of its own bound.
     max_kept: int
     directory: str = ""  # where its tables go (FoldWorker.submit_group sets it)
-    # The user partitions (view keys) the node hosts: when the group's other partitions hold most of its records,
-    # only these are loaded (GroupShare.ahead), and the group is handed out again with them as `rest_of`.
+    # The user partitions (view keys) the node hosts: only their records are loaded (GroupShare.ahead), and the group
+    # is handed out again with them as `rest_of`.
     first: frozenset[bytes] = frozenset()
     # The group handed out again: its records of these partitions (loaded ahead) are passed over, the rest loaded.
     rest_of: frozenset[bytes] | None = None
@@ -211,6 +211,7 @@ class GroupShare:
     noted: list[Record]
     how: str = "as raw batches"  # how it read them: "as raw batches", or "with the consumer: <why>"
     ahead: bool = False  # its tables hold the request's `first` partitions only (see GroupRequest)
+    partitions_named: int = 0  # how many user partitions the group's records name (known where `first` or `rest_of`)
 
 
 class FoldWorker:
@@ -405,75 +406,43 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     records the log cleaner removed), fold them and write their tables; its answer, or why it gave up. The records
     come as raw batches (rlmm.raw_fetch) where that reader gives what the consumer would, else from the consumer."""
     window = CompactedWindow(_no_own_write, holds_nothing)  # a new node's view holds no segment yet
+    # The records the window keeps: of the node's hosted partitions (`first`), of the others (`rest_of`), or all.
+    named: dict[bytes, bytes | None] = {}
+    only: record_batches.Only | None = None
+    if request.rest_of is not None:
+        only = (request.rest_of, named, _user_partition_key, False)
+    elif request.first:
+        only = (request.first, named, _user_partition_key, True)
     read: int | str | None = None
     reader, how = _raw_reader_for(request)
     if reader is not None:
         try:
-            read = _read_raw(reader, request, window)
+            read = _read_raw(reader, request, window, only)
         except Exception as exc:  # RawFetchUnusable, or a fault of the raw reader itself: the consumer reads it
             how = f"with the consumer: {exc}" if isinstance(exc, raw_fetch.RawFetchUnusable) else \
                 f"with the consumer: the raw reader failed: {exc!r}"
             _close_raw_reader()
             window = CompactedWindow(_no_own_write, holds_nothing)
     if read is None:
-        read = _read_consumed(request, window)
+        read = _read_consumed(request, window, only)
     if isinstance(read, str):
         return read
     replay = window.replay_entries()
-    kept = len(replay)
     window.clear()
-    directory = Path(request.directory)
-    answer: WorkerShare | str | None = None
-    if request.rest_of is not None:
-        replay = _split(replay, request.rest_of)[1]
-    elif request.first:
-        first_records = _split(replay, request.first)[0]
-        if len(first_records) * 2 < len(replay):  # the others hold most of the group: worth loading after
-            (directory / "ahead").mkdir()
-            answer = fold_share(first_records, directory / "ahead")
-            if isinstance(answer, WorkerShare) and (answer.folded.failed or answer.folded.unreadable):
-                answer = None  # a record that halts its partition: the whole group at once, as ever
-            else:
-                replay = first_records
-    ahead = answer is not None
-    if answer is None:
-        answer = fold_share(replay, directory)
+    ahead = bool(request.first) and request.rest_of is None
+    answer = fold_share(replay, Path(request.directory))
+    if ahead and isinstance(answer, WorkerShare) and (answer.folded.failed or answer.folded.unreadable):
+        # A record that halts its metadata partition: the whole group at once, as ever (read again for it).
+        whole = Path(request.directory) / "whole"
+        whole.mkdir()
+        return read_group(dataclasses.replace(request, first=frozenset(), directory=str(whole)))
     if isinstance(answer, str):
         return answer
     noted = [replay[index] for index, _, _, _ in answer.folded.noted]
     answer.folded.noted = [(number, None, None, outcome) for number, (_, _, _, outcome) in
                            enumerate(answer.folded.noted)]
-    return GroupShare(answer, read, kept, noted, how, ahead)
-
-
-def _split(records: list[Record], first: frozenset[bytes]) -> tuple[list[Record], list[Record]]:
-    """`records` by the user partition their keys name (as RecordKey.decode reads them): those of partitions in
-    `first`, and those of none (the rules' decoder words them, with the first), then the others; each in order."""
-    if _lean_fold is not None:
-        return _lean_fold.split(records, first, {}, _user_partition_key)
-    return _split_records(records, first)
-
-
-def _split_records(records: list[Record], first: frozenset[bytes]) -> tuple[list[Record], list[Record]]:
-    """_split without rlmm/_lean_fold.c (its reference): a segment key's partition is what comes before its
-    segment id, any other key's its second and third fields. Each partition's text is read once."""
-    named: dict[bytes, bytes | None] = {}
-    in_first: list[Record] = []
-    others: list[Record] = []
-    for record in records:
-        raw_key = record[2]
-        if raw_key.startswith(SEGMENT_KEY_PREFIX) and len(raw_key) > 45 and raw_key[-37] == 58:  # ":" + an id
-            text = raw_key[8:-37]
-        else:
-            text = b":".join(raw_key.split(b":", 3)[1:3])
-        tp_key = named.get(text, _UNNAMED)
-        if tp_key is _UNNAMED:
-            tp_key = named[text] = _user_partition_key(text)
-        (in_first if tp_key is None or tp_key in first else others).append(record)
-    return in_first, others
-
-
-_UNNAMED: Any = object()
+    return GroupShare(answer, read, len(replay), noted, how, ahead,
+                      sum(tp_key is not None for tp_key in named.values()))
 
 
 def _user_partition_key(text: bytes) -> bytes | None:
@@ -494,10 +463,11 @@ class _Kept:
     (a call per record was a tenth of a worker's read), and where each metadata partition's offsets are. No record is
     one of this node's writes, and a segment tombstone names a segment the new node's view does not hold."""
 
-    def __init__(self, window: CompactedWindow, starts: dict[int, int]) -> None:
+    def __init__(self, window: CompactedWindow, starts: dict[int, int], only: record_batches.Only | None) -> None:
         plain = window.plain_tables()
         assert plain is not None, "a new window holds no record of this node's writes"
         self.newest, self.superseded_tombstones, _ = plain
+        self.only = only  # which user partitions' records it keeps (record_batches.keep), None: all
         self.next_offsets = dict(starts)
         # Metadata partitions where a gap in the offsets showed the log cleaner at work, until read to their end: a
         # record there may stand for older records of its key (CompactedWindow).
@@ -507,15 +477,16 @@ class _Kept:
         """Keep the newest record of each key of `records`: consecutive records of `partition`, ascending."""
         self.next_offsets[partition], cleaned = _keep(self.newest, self.superseded_tombstones, partition, records,
                                                       self.next_offsets[partition], partition in self.after_cleaning,
-                                                      SEGMENT_KEY_PREFIX)
+                                                      SEGMENT_KEY_PREFIX, self.only)
         if cleaned:
             self.after_cleaning.add(partition)
 
 
-def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: CompactedWindow) -> int | str:
-    """The group's records as raw batches into `window`: how many were read, or why the group was given up.
-    RawFetchUnusable, with the window part filled, when the consumer must read the group instead."""
-    kept = _Kept(window, request.starts)
+def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: CompactedWindow,
+              only: record_batches.Only | None) -> int | str:
+    """The group's records as raw batches into `window` (those `only` keeps): how many were read, or why the group
+    was given up. RawFetchUnusable, with the window part filled, when the consumer must read the group instead."""
+    kept = _Kept(window, request.starts, only)
     read = 0
     for partition, records in reader.read(request.starts, request.ends, GROUP_IDLE_S):
         kept.run(partition, records)
@@ -525,15 +496,16 @@ def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: Compac
     return read
 
 
-def _read_consumed(request: GroupRequest, window: CompactedWindow) -> int | str:
-    """The group's records from the consumer into `window`: how many were read, or why the group was given up."""
+def _read_consumed(request: GroupRequest, window: CompactedWindow, only: record_batches.Only | None) -> int | str:
+    """The group's records from the consumer into `window` (those `only` keeps): how many were read, or why the group
+    was given up."""
     from confluent_kafka import KafkaError
 
     starts, ends = request.starts, request.ends
     consumer = _consumer_for(request)
     try:
         consumer.assign(starts, sorted(starts))
-        kept = _Kept(window, starts)
+        kept = _Kept(window, starts, only)
         left = {partition for partition in starts if ends[partition] > starts[partition]}
         partition: int
         offset: int

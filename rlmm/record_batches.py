@@ -155,14 +155,21 @@ def _bytes(data: bytes, at: int, limit: int) -> tuple[bytes | None, int]:
     return bytes(data[at:at + length]), at + length
 
 
+# keep's `only`: (the user partitions' view keys, each partition text's view key or None as named so far, what names
+# one, whether the records of those partitions are kept or the others).
+Only = tuple[frozenset[bytes] | set[bytes], dict[bytes, bytes | None], Callable[[bytes], bytes | None], bool]
+
+
 def keep(newest: dict[bytes, tuple[Any, ...]], superseded_tombstones: list[tuple[Any, ...]], partition: int,
-         records: list[Record], expected: int, cleaned: bool, tombstone_prefix: bytes) -> tuple[int, bool]:
+         records: list[Record], expected: int, cleaned: bool, tombstone_prefix: bytes, only: Only | None = None
+         ) -> tuple[int, bool]:
     """Keep the newest record of each key of `records` (consecutive records of metadata partition `partition`) in
     `newest`, as a rebuild's compacted window keeps them (rlmm.backlog_window.CompactedWindow): a tombstone of a key
     with `tombstone_prefix` (a segment's) drops its key; a tombstone another record supersedes goes to
     `superseded_tombstones`. Each kept record is (partition, offset, key, value, None, whether the log cleaner may
     have removed records before it). `expected` is the offset the records should start at, `cleaned` whether a gap
-    showed the cleaner at work before them: both as they stand after the records are returned.
+    showed the cleaner at work before them: both as they stand after the records are returned. With `only`, the
+    records of the partitions it names (or of none: `in_first`) are kept, or the others (its last item False).
     rlmm/_record_batches.c keeps them in C when it is built."""
     for offset, key, value in records:
         if offset != expected:
@@ -170,6 +177,8 @@ def keep(newest: dict[bytes, tuple[Any, ...]], superseded_tombstones: list[tuple
         expected = offset + 1
         if key is None:
             key = b""
+        if only is not None and in_first(key, *only[:3]) != only[3]:
+            continue
         if value is None and key.startswith(tombstone_prefix):
             newest.pop(key, None)
             continue
@@ -178,3 +187,25 @@ def keep(newest: dict[bytes, tuple[Any, ...]], superseded_tombstones: list[tuple
             superseded_tombstones.append(before)
         newest[key] = (partition, offset, key, value, None, cleaned if before is None else before[3] is not None)
     return expected, cleaned
+
+
+def in_first(key: bytes, first: frozenset[bytes] | set[bytes], named: dict[bytes, bytes | None],
+             name: Callable[[bytes], bytes | None]) -> bool:
+    """Whether the user partition a record key names is in `first`, or it names none: its text (`partition_text`)
+    looked up in `named`, and where not there named by `name` (None: no user partition) and remembered."""
+    text = partition_text(key)
+    tp_key = named.get(text, _UNNAMED)
+    if tp_key is _UNNAMED:
+        tp_key = named[text] = name(text)
+    return tp_key is None or tp_key in first
+
+
+_UNNAMED: Any = object()
+
+
+def partition_text(key: bytes) -> bytes:
+    """The `<topic id>:<partition>` of a record key (rlmm.events.RecordKey): what comes before a segment key's id,
+    else the key's second and third fields."""
+    if key.startswith(b"segment:") and len(key) > 45 and key[-37] == 58:  # ":" and an id's 36 characters
+        return key[8:-37]
+    return b":".join(key.split(b":", 3)[1:3])

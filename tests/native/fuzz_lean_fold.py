@@ -2,8 +2,7 @@
 folds it (the same key returned, the same partitions held after), and otherwise changes nothing; it refuses
 arguments of other types with TypeError and raises what a call it makes raises. fold_run() folds a run of records
 exactly as finished() does one by one, stopping where that stops; rows() gives exactly lean_fold._rows's entries, and
-refuses containers, ids and numbers of other types or ranges; split() parts a group's records exactly as
-fresh_load._split_records does, over keys of every form a record may carry.
+refuses containers, ids and numbers of other types or ranges.
 
 Each input builds a LeanFold's state by folding a few records in Python, then hands one more record to both: datums
 drawn around every check (texts that are not an id's, numbers at the edges of their ranges, keys that do not match,
@@ -19,7 +18,7 @@ from typing import Any
 
 import atheris
 
-from rlmm import _lean_fold, fresh_load
+from rlmm import _lean_fold
 from rlmm.lean_fold import LeanFold, _Partition, _rows
 from rlmm.types import INT32_MAX, INT64_MAX
 from rlmm.view import FreshState
@@ -218,69 +217,14 @@ def _fold_run_input(data: atheris.FuzzedDataProvider) -> None:
     assert _state(lean) == _state(reference), (lean._lean, reference._lean)
 
 
-KEY_TOPIC_IDS = [b"5f0c3e9a-1b2c-4d5e-8f90-a1b2c3d4e5f6", b"00000000-0000-0000-0000-00000000000a",
-                 b"5F0C3E9A-1B2C-4D5E-8F90-A1B2C3D4E5F6", b"{5f0c3e9a-1b2c-4d5e-8f90-a1b2c3d4e5f6}",
-                 b"5f0c3e9a1b2c4d5e8f90a1b2c3d4e5f6", b"not-an-id", b"", b"\xff\xfe"]
-KEY_PARTITIONS = [b"0", b"7", b"+7", b" 7", b"007", b"-1", b"4294967295", b"4294967296", b"x", b"", b"1_0"]
-KEY_TAILS = [b"00112233-4455-6677-8899-aabbccddeeff", b"3", b"", b"00112233-4455-6677-8899-aabbccddee:f"]
-
-
-def _split_input(data: atheris.FuzzedDataProvider) -> None:
-    """split() against fresh_load._split_records: the same records on each side, in order; TypeError for a record
-    of another shape; what `name` raises, raised."""
-    records: list[Any] = []
-    for number in range(data.ConsumeIntInRange(0, 12)):
-        kind = _pick(data, [b"segment", b"epochs", b"partition-delete", b"other", b""])
-        fields = [kind, _pick(data, KEY_TOPIC_IDS), _pick(data, KEY_PARTITIONS)]
-        fields += [_pick(data, KEY_TAILS)] * data.ConsumeIntInRange(0, 2)
-        key = b":".join(fields)
-        if data.ConsumeIntInRange(0, 9) == 0:
-            key = data.ConsumeBytes(data.ConsumeIntInRange(0, 60))
-        records.append((number % 2, number, key, b"v", None, True))
-    named = {fresh_load._user_partition_key(b"%s:%s" % (_pick(data, KEY_TOPIC_IDS), _pick(data, KEY_PARTITIONS)))
-             for _ in range(data.ConsumeIntInRange(0, 4))}
-    first = frozenset(key for key in named if key is not None)
-    misuse = data.ConsumeIntInRange(0, 9)
-    if misuse == 1 and records:
-        records[data.ConsumeIntInRange(0, len(records) - 1)] = _pick(data, [None, (0, 1), (0, 1, "key"), [0, 1, b"k"]])
-        try:
-            _lean_fold.split(records, first, {}, fresh_load._user_partition_key)
-        except TypeError:
-            return
-        raise AssertionError(f"split accepted {records!r}")
-    if misuse == 2:
-        def raising(text: bytes) -> Any:
-            raise KeyError(text)
-
-        try:
-            got = _lean_fold.split(records, first, {}, raising)
-        except KeyError:
-            return
-        assert not records, got
-        return
-    if misuse == 3:
-        args: list[Any] = [records, first, {}, fresh_load._user_partition_key]
-        args[data.ConsumeIntInRange(0, 3)] = _pick(data, [None, (), "x", 1])
-        try:
-            _lean_fold.split(*args)
-        except TypeError:
-            return
-        raise AssertionError(f"split accepted {args!r}")
-    assert _lean_fold.split(records, first, {}, fresh_load._user_partition_key) == \
-        fresh_load._split_records(records, first), records
-
-
 def one_input(raw: bytes) -> None:
     data = atheris.FuzzedDataProvider(raw)
-    which = data.ConsumeIntInRange(0, 6)
+    which = data.ConsumeIntInRange(0, 5)
     if which == 4:
         _rows_input(data)
         return
     if which == 5:
         _fold_run_input(data)
-        return
-    if which == 6:
-        _split_input(data)
         return
     misuse = data.ConsumeIntInRange(0, 12)
     lean = _fold()

@@ -5,7 +5,8 @@ exception the decompressor raised), and refuses arguments of other types with Ty
 Inputs are batches encoded here from the fuzzer's choices (so that most reach the records), then garbled, cut short or
 joined to raw bytes; a decompressor drawn per input gives records uncompressed, decompresses for real, returns what
 is not bytes, or raises. A quarter of the inputs go to keep() instead, against rlmm.record_batches.keep: runs of
-records with gaps, tombstones and repeated keys over a window already holding some."""
+records with gaps, tombstones and repeated keys over a window already holding some, half of them keeping only the
+records of some user partitions, or only the others (keep's `only`), over keys of every shape."""
 
 from __future__ import annotations
 
@@ -83,8 +84,18 @@ def _outcome(read: Any, *args: Any) -> tuple[Any, ...]:
         return (type(exc).__name__, str(exc))
 
 
-KEYS = [b"segment:a", b"segment:b", b"epochs:a", b"", b"segment:", b"segmen"]
+SEGMENT_ID = b"00112233-4455-6677-8899-aabbccddeeff"
+KEYS = [b"segment:a", b"segment:b", b"epochs:a", b"", b"segment:", b"segmen",
+        # user partitions' keys (rlmm.events.RecordKey), and keys near their shapes
+        b"segment:t1:0:" + SEGMENT_ID, b"segment:t1:1:" + SEGMENT_ID, b"segment:t2:0:" + SEGMENT_ID[:-1] + b"0",
+        b"epochs:t1:0:3", b"epochs:t1:1", b"partition-delete:t2:0", b"segment:t1:0:x", b"x:t1", b":::",
+        b"segment:" + SEGMENT_ID + b":" + SEGMENT_ID]
 PREFIX = b"segment:"
+
+
+def _named_by(text: bytes) -> bytes | None:
+    """A naming of partition texts for keep's `only`: some name none."""
+    return None if b"x" in text or not text else b"key-" + text
 
 
 def _kept(data: atheris.FuzzedDataProvider) -> tuple[Any, ...]:
@@ -108,12 +119,34 @@ def _keep_input(data: atheris.FuzzedDataProvider) -> None:
         offset += data.PickValueInList([0, 1, 1, 1, 2, 7]) if records else 0
         records.append((offset, data.PickValueInList([*KEYS, None]), data.PickValueInList([None, b"x", b"y", b""])))
     args: list[Any] = [newest, [], data.PickValueInList([0, 3, 49]), records, expected, data.ConsumeBool(), PREFIX]
+    if data.ConsumeBool():  # only the records of some user partitions, or only the others
+        first = {b"key-t1:0", b"key-t2:0", b"key-t1:1"}
+        first = {key for key in first if data.ConsumeBool()}
+        named: dict[bytes, Any] = {b"t1:1": data.PickValueInList([None, b"key-t1:1", b"elsewhere"])}
+        name: Any = _named_by
+        if misuse < 7 and data.ConsumeIntInRange(0, 9) == 0:  # the same exception from both
+            def name(text: bytes) -> Any:
+                raise KeyError(text)
+        args.append((data.PickValueInList([frozenset(first), first]), named, name, data.ConsumeBool()))
     if misuse < 7:
         copied = copy.deepcopy(args)
         expected_outcome = _outcome(record_batches.keep, *copied)
         got = _outcome(_record_batches.keep, *args)
         assert got == expected_outcome and args[:2] == copied[:2], (args, copied, got, expected_outcome)
+        if len(args) == 8:
+            assert args[7][1] == copied[7][1], (args[7][1], copied[7][1])  # the same partitions named
         return
+    if misuse > 7:  # records or entries of other shapes: met by every record's keeping
+        args = args[:7]
+    if misuse == 7 and len(args) == 8 and data.ConsumeBool():  # an `only` of another shape
+        args[7] = data.PickValueInList([(), (frozenset(),), [frozenset(), {}, _named_by, True],
+                                        (frozenset(), {}, _named_by, 1), (frozenset(), [], _named_by, True),
+                                        ([], {}, _named_by, True), (frozenset(), {}, None, True), "only"])
+        try:
+            _record_batches.keep(*args)
+        except TypeError:
+            return
+        raise AssertionError(f"keep accepted only={args[7]!r}")
     if misuse == 7:  # containers, numbers or a prefix of other types
         changed = data.ConsumeIntInRange(0, 6)
         replaced, args[changed] = args[changed], data.PickValueInList([None, 1.5, "x", (), {}, [], 1 << 70])
@@ -128,7 +161,7 @@ def _keep_input(data: atheris.FuzzedDataProvider) -> None:
             newest[next(iter(newest))] = data.PickValueInList([(), None, (1, 2, 3)])
             records.insert(0, (0, next(iter(newest)), b"v"))
     else:  # another number of arguments
-        args = args[:data.ConsumeIntInRange(0, 6)] if data.ConsumeBool() else [*args, None]
+        args = args[:data.ConsumeIntInRange(0, 6)] if data.ConsumeBool() else [*args, None, None][:9]
     try:
         _record_batches.keep(*args)
     except (TypeError, ValueError):

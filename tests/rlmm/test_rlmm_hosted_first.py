@@ -1,10 +1,11 @@
 """A new node loads the partitions its broker hosts first (MetadataApplier._load_in_workers): each group of metadata
-partitions goes to a worker with the hosted partitions among its user partitions, and where the others hold most of
-its records, the worker loads the hosted partitions' records alone; they are ready then, answering as the writer
-does, though no offset of their metadata partitions is written. Once every group had its first load, each goes out
-again for the rest, whose load writes the offsets. The view is then the one a load of whole groups builds. A node
-stopped in between removes what it loaded ahead when it starts again; a group whose rest no worker loads is taken
-back (its partitions not ready meanwhile) and read by the applier.
+partitions goes to a worker with the hosted partitions among its user partitions, and the worker keeps and loads
+their records alone; they are ready then, answering as the writer does, though no offset of their metadata
+partitions is written. Once every group had its first load, each goes out
+again for the rest, whose load writes the offsets. Where the hosted partitions are half of a group's partitions or more
+(as the groups loaded before tell), the group is loaded at once. The view is then the one a load of whole groups
+builds. A node stopped in between removes what it loaded ahead when it starts again; a group whose rest no worker
+loads is taken back (its partitions not ready meanwhile) and read by the applier.
 """
 
 from __future__ import annotations
@@ -68,18 +69,24 @@ def registered_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Even
 
 @pytest.fixture
 def rest_held(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """The rest of each group loaded ahead waits until this is set."""
+    """The rest of each group loaded ahead goes to its worker only once this is set (until then the worker is busy
+    with it as far as the node can tell)."""
     release = threading.Event()
-    load_group = MetadataApplier._load_group
+    submit = fresh_load.FoldWorker.submit_group
+    held: list[threading.Thread] = []
 
-    def held(self: MetadataApplier, *args: Any) -> bool:
-        if args[-1] is not None:  # `completes`: the rest of a group whose hosted partitions were loaded ahead
-            release.wait(60)
-        return bool(load_group(self, *args))
+    def later(self: fresh_load.FoldWorker, request: fresh_load.GroupRequest, under: Path) -> bool:
+        if request.rest_of is None:
+            return submit(self, request, under)
+        held.append(threading.Thread(target=lambda: release.wait(60) and submit(self, request, under), daemon=True))
+        held[-1].start()
+        return True
 
-    monkeypatch.setattr(MetadataApplier, "_load_group", held)
+    monkeypatch.setattr(fresh_load.FoldWorker, "submit_group", later)
     yield release
     release.set()
+    for thread in held:
+        thread.join(60)
 
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -118,6 +125,8 @@ def test_the_partitions_a_new_node_hosts_are_ready_before_the_rest_of_its_backlo
         assert_answers_like(rebuilt, writer, hosted)
         rest_held.set()
         rebuilt.wait_caught_up(60)
+        wait_until(lambda: sum("the rest loaded" in message for message in messages(caplog)) == 2, timeout=10,
+                   description="the groups' lines logged")  # each once its offsets are written
     assert rebuilt.view_digest() == writer.view_digest()
     assert rebuilt.applied_offsets() == writer.applied_offsets()
     assert rebuilt.view.preloaded() == []
@@ -128,19 +137,26 @@ def test_the_partitions_a_new_node_hosts_are_ready_before_the_rest_of_its_backlo
     assert sum("the rest loaded" in message for message in loaded) == 2, loaded
 
 
-def test_a_group_whose_hosted_partitions_hold_most_of_it_is_loaded_at_once(
-    make_manager: MakeManager, caplog: pytest.LogCaptureFixture, registered_first: threading.Event,
+def test_a_group_whose_hosted_partitions_are_most_of_its_partitions_is_loaded_at_once(
+    make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    registered_first: threading.Event,
 ) -> None:
+    monkeypatch.setattr(applier, "GROUP_WORKERS", 1)  # one group after the other: the first tells the second
     writer, tps = written_history(make_manager, 480, three_on_each(), uploads=6)
     with caplog.at_level(logging.INFO, logger="rlmm.applier"):
         rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
-        rebuilt.on_partition_leadership_changes(set(tps[:2]) | set(tps[3:5]), set())  # two thirds of each group
+        rebuilt.on_partition_leadership_changes(set(tps[:2]) | set(tps[3:5]), set())  # two of each group's three
         registered_first.set()
         rebuilt.wait_caught_up(60)
+        wait_until(lambda: any("the rest loaded" in message for message in messages(caplog)), timeout=10,
+                   description="the last group's line logged")  # once its offsets are written
     assert rebuilt.view_digest() == writer.view_digest()
     loaded = messages(caplog)
-    assert sum("loaded fresh" in message for message in loaded) == 2, loaded
-    assert not any("ahead" in message for message in loaded), loaded
+    # Nothing is known of the first group's partitions: its hosted ones are loaded ahead; they are two of its three,
+    # and the second group is loaded at once.
+    assert [("those of the 2 partitions hosted loaded ahead" in message, "the rest loaded" in message,
+             "loaded fresh" in message) for message in loaded if "read by a worker" in message] == \
+        [(True, False, False), (False, False, True), (False, True, False)], loaded
 
 
 def test_a_group_whose_rest_no_worker_loads_is_taken_back_and_read_by_the_applier(
@@ -177,7 +193,7 @@ def test_a_node_killed_after_loading_ahead_removes_what_it_loaded_and_rebuilds_t
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     writer, tps = written_history(make_manager, 500, three_on_each(), uploads=6)
-    hosted = [tps[0], tps[1], tps[3]]  # most of the first group (loaded at once), a third of the second (ahead)
+    hosted = [tps[0], tps[3]]  # a third of each group: the first loaded whole, the second's rest never
     state_dir = tmp_path / "killed"
     config = manager_config(kafka_bootstrap, state_dir, metadata_topic, partitions=2, broker_id=1, **WINDOWED)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), str(HERE.parent), str(HERE)])}
