@@ -390,7 +390,8 @@ class MetadataApplier:
         busy: dict[fresh_load.FoldWorker, tuple[list[int], float, frozenset[bytes], frozenset[bytes] | None]] = {}
         later: list[tuple[list[int], frozenset[bytes]]] = []  # groups whose hosted partitions were loaded ahead
         left_here: list[int] = []
-        kept = span = 0
+        kept: float = 0
+        span = 0
         # The user partitions the groups loaded ahead named, and their metadata partitions: a group whose hosted
         # partitions are about half of its partitions or more is loaded at once, not in two steps.
         named_partitions = named_here = 0
@@ -446,9 +447,7 @@ class MetadataApplier:
                         if isinstance(answer, fresh_load.GroupShare) and self._load_group(
                                 group, answer, began, loaded, first if answer.ahead else None, rest_of):
                             if rest_of is None:  # a group's first load read all of it
-                                # Loaded ahead, it kept its hosted partitions' records only: the records it read
-                                # stand for what the whole group keeps (as many or more), which sizes the groups.
-                                kept += answer.read if answer.ahead else answer.kept
+                                kept += self._kept_whole(answer)
                                 span += sum(self._backlog[partition] for partition in group)
                                 if answer.partitions_named:
                                     named_partitions += answer.partitions_named
@@ -489,6 +488,17 @@ class MetadataApplier:
         self._ungrouped = sorted(left_here + self._ungrouped + [p for group, _, _, rest_of in busy.values()
                                                                  if rest_of is None for p in group])
         self._next_group(kept / span if span else None)
+
+    @staticmethod
+    def _kept_whole(answer: fresh_load.GroupShare) -> float:
+        """How many records the whole group keeps (which sizes the groups after it). Loaded ahead, it kept its hosted
+        partitions' only: as many per partition for the others, or (none of its partitions hosted held a record) the
+        records it read, as many or more."""
+        if not answer.ahead:
+            return answer.kept
+        if not answer.first_named:
+            return answer.read
+        return min(answer.read, answer.kept * answer.partitions_named / answer.first_named)
 
     def _hosted(self, group: list[int], metadata_partitions: dict[TopicIdPartition, int]) -> frozenset[bytes]:
         """The view keys of the registered user partitions whose records are on the metadata partitions of `group`

@@ -212,6 +212,7 @@ class GroupShare:
     how: str = "as raw batches"  # how it read them: "as raw batches", or "with the consumer: <why>"
     ahead: bool = False  # its tables hold the request's `first` partitions only (see GroupRequest)
     partitions_named: int = 0  # how many user partitions the group's records name (known where `first` or `rest_of`)
+    first_named: int = 0  # how many of them are of the request's `first`
 
 
 class FoldWorker:
@@ -442,7 +443,8 @@ def read_group(request: GroupRequest) -> GroupShare | str:
     answer.folded.noted = [(number, None, None, outcome) for number, (_, _, _, outcome) in
                            enumerate(answer.folded.noted)]
     return GroupShare(answer, read, len(replay), noted, how, ahead,
-                      sum(tp_key is not None for tp_key in named.values()))
+                      sum(tp_key is not None for tp_key in named.values()),
+                      sum(tp_key in request.first for tp_key in named.values()))
 
 
 def _user_partition_key(text: bytes) -> bytes | None:
