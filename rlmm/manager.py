@@ -336,7 +336,8 @@ class RemoteLogMetadataManager:
         """The applier took back partitions a rebuild had loaded ahead of the rest (MetadataApplier._take_back): not
         ready until their metadata partitions are read again, so no longer served without the lock."""
         for tp_key in tp_keys:
-            self._readable_now.pop((int.from_bytes(tp_key[:16], "big"), int.from_bytes(tp_key[16:], "big")), None)
+            topic_id, partition = vf.tp_of_key(tp_key)
+            self._readable_now.pop((topic_id.int, partition), None)
 
     def _snapshot(self, tp: TopicIdPartition) -> PartitionSnapshot:
         """The partition's lookup snapshot, once registration, deletion, halt and readiness allow reads.
@@ -389,9 +390,7 @@ class RemoteLogMetadataManager:
         halted = self._applier.halted.get(mp)
         if halted is not None:
             raise halted
-        target = self._registered[tp]
-        if target is None or (self._applier.applied.get(mp, 0) < target
-                              and not self._applier.ready_ahead(vf.tp_key_of(tp), mp, target)):
+        if not self._ready_locked(tp):
             raise RemoteStorageNotReadyError(
                 f"remote log metadata for {tp} is still loading on broker {self.broker_id} "
                 f"(metadata partition {mp} applied to offset {self._applier.applied.get(mp, 0)}); retry"

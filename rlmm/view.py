@@ -505,8 +505,7 @@ class MetadataView:
                     self.path, len(gone))
         batch = WriteBatch(raw_mode=True)
         self._delete_partitions(batch, gone)
-        left = set(preloaded) - set(gone)
-        self._note_preloaded(batch, [tp_key for tp_key in preloaded if tp_key in left])
+        self._note_preloaded(batch, [] if tp_keys is None else [key for key in preloaded if key not in tp_keys])
         self._write(batch)
         self.model.forget(gone)
 
