@@ -11,6 +11,14 @@
  * when none is whole); whether it stopped at a transactional or control batch. decompress(codec, payload) gives a
  * compressed batch's records as bytes. TypeError for arguments of other types; ValueError for bytes that do not frame
  * exactly, with the reference's message.
+ *
+ *   keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix, only=None)
+ *   read_keep(data, start, end, decompress, newest, superseded_tombstones, partition, expected, cleaned,
+ *             tombstone_prefix, only) -> (records read, next_offset, transactional, expected, cleaned)
+ *
+ * keep is rlmm.record_batches.keep: a compacted window's keeping of a run of records. read_keep reads and keeps in one
+ * pass, making no object of a record `only` passes by (most of them, where a node loads the partitions its broker
+ * hosts first): what read then keep give, and the same exceptions.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -66,232 +74,45 @@ varint(const unsigned char *data, Py_ssize_t limit, Py_ssize_t *at, int most, in
     return -1;
 }
 
-/* A key, value or header part: a new reference (Py_None for length -1) in *out; -1 with an error set. */
+/* A key, value or header part at *at: where its bytes start (NULL for length -1) and how many; *at moves past it.
+ * -1 with ValueError set when it runs past `limit`. */
 static int
-part(const unsigned char *data, Py_ssize_t size, Py_ssize_t *at, Py_ssize_t limit, PyObject **out)
+span(const unsigned char *data, Py_ssize_t size, Py_ssize_t *at, Py_ssize_t limit, const char **start,
+     Py_ssize_t *length)
 {
-    int64_t length;
-    if (varint(data, size, at, 5, &length) < 0) {
+    int64_t raw_length;
+    if (varint(data, size, at, 5, &raw_length) < 0) {
         return -1;
     }
-    if (length == -1) {
-        *out = Py_NewRef(Py_None);
+    if (raw_length == -1) {
+        *start = NULL;
+        *length = 0;
         return 0;
     }
-    if (length < 0 || *at + length > limit) {
+    if (raw_length < 0 || *at + raw_length > limit) {
         PyErr_Format(PyExc_ValueError, "a key, value or header of %lld bytes runs past its record",
-                     (long long)length);
+                     (long long)raw_length);
         return -1;
     }
-    *out = PyBytes_FromStringAndSize((const char *)data + *at, (Py_ssize_t)length);
-    if (*out == NULL) {
-        return -1;
-    }
-    *at += (Py_ssize_t)length;
+    *start = (const char *)data + *at;
+    *length = (Py_ssize_t)raw_length;
+    *at += *length;
     return 0;
 }
 
-/* The records of one batch's body, appended to `records` when their offsets are in [start, end). */
-static int
-records_of(const unsigned char *body, Py_ssize_t size, int64_t base, int32_t count, int64_t start, int64_t end,
-           PyObject *records)
-{
-    Py_ssize_t at = 0;
-    for (int32_t n = 0; n < count; n++) {
-        int64_t length, timestamp, delta, headers;
-        if (varint(body, size, &at, 5, &length) < 0) {
-            return -1;
-        }
-        if (length < 0 || at + length > size) {
-            PyErr_Format(PyExc_ValueError, "a record of batch %lld says it holds %lld bytes, past its batch",
-                         (long long)base, (long long)length);
-            return -1;
-        }
-        Py_ssize_t record_end = at + (Py_ssize_t)length;
-        at += 1; /* attributes */
-        if (varint(body, size, &at, 10, &timestamp) < 0 || varint(body, size, &at, 5, &delta) < 0) {
-            return -1;
-        }
-        PyObject *key = NULL, *value = NULL;
-        if (part(body, size, &at, record_end, &key) < 0) {
-            return -1;
-        }
-        if (part(body, size, &at, record_end, &value) < 0 || varint(body, size, &at, 5, &headers) < 0) {
-            Py_DECREF(key);
-            Py_XDECREF(value);
-            return -1;
-        }
-        if (headers < 0) {
-            PyErr_Format(PyExc_ValueError, "a record of batch %lld says it holds %lld headers", (long long)base,
-                         (long long)headers);
-            goto failed;
-        }
-        for (int64_t h = 0; h < headers; h++) {
-            PyObject *name = NULL, *header_value = NULL;
-            if (part(body, size, &at, record_end, &name) < 0) {
-                goto failed;
-            }
-            if (name == Py_None) {
-                Py_DECREF(name);
-                PyErr_Format(PyExc_ValueError, "a record of batch %lld holds a header without a name",
-                             (long long)base);
-                goto failed;
-            }
-            Py_DECREF(name);
-            if (part(body, size, &at, record_end, &header_value) < 0) {
-                goto failed;
-            }
-            Py_DECREF(header_value);
-        }
-        if (at != record_end) {
-            PyErr_Format(PyExc_ValueError, "a record of batch %lld holds %zd bytes more than it frames",
-                         (long long)base, record_end - at);
-            goto failed;
-        }
-        int64_t offset = base + delta; /* base <= MAX_BASE_OFFSET and |delta| < 2**35: no overflow */
-        if (offset >= start && offset < end) {
-            PyObject *offset_object = PyLong_FromLongLong(offset);
-            if (offset_object == NULL) {
-                goto failed;
-            }
-            PyObject *record = PyTuple_New(3);
-            if (record == NULL) {
-                Py_DECREF(offset_object);
-                goto failed;
-            }
-            PyTuple_SET_ITEM(record, 0, offset_object); /* the tuple takes each reference */
-            PyTuple_SET_ITEM(record, 1, key);
-            PyTuple_SET_ITEM(record, 2, value);
-            int appended = PyList_Append(records, record);
-            Py_DECREF(record);
-            if (appended < 0) {
-                return -1;
-            }
-        }
-        else {
-            Py_DECREF(key);
-            Py_DECREF(value);
-        }
-        continue;
-    failed:
-        Py_DECREF(key);
-        Py_DECREF(value);
-        return -1;
-    }
-    if (at != size) {
-        PyErr_Format(PyExc_ValueError, "batch %lld holds %zd bytes after its %d records", (long long)base, size - at,
-                     (int)count);
-        return -1;
-    }
-    return 0;
-}
-
+/* A part as a new reference: bytes, or Py_None for a null one. */
 static PyObject *
-batches_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+part_object(const char *start, Py_ssize_t length)
 {
-    if (nargs != 4 || !PyBytes_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2])
-        || !PyCallable_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "read(data: bytes, start: int, end: int, decompress: callable)");
-        return NULL;
-    }
-    int64_t start = PyLong_AsLongLong(args[1]);
-    int64_t end = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[2]);
-    if (PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "read: start and end must be int64 offsets");
-        return NULL;
-    }
-    PyObject *data = args[0], *decompress = args[3];
-    const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t size = PyBytes_GET_SIZE(data), at = 0;
-    int64_t next_offset = -1;
-    int transactional = 0;
-    PyObject *records = PyList_New(0);
-    if (records == NULL) {
-        return NULL;
-    }
-    while (size - at >= 12) {
-        const unsigned char *batch = bytes + at;
-        int64_t base = be64(batch);
-        int32_t length = be32(batch + 8);
-        if (length < HEADER_BYTES - 12) {
-            PyErr_Format(PyExc_ValueError, "a batch at offset %lld says it holds %d bytes, fewer than its header",
-                         (long long)base, (int)length);
-            goto failed;
-        }
-        if (size - at - 12 < length) {
-            break; /* cut at the fetch's byte limit: the next fetch reads it whole */
-        }
-        int magic = (signed char)batch[16];
-        int attributes = (int16_t)(((unsigned)batch[21] << 8) | batch[22]);
-        int32_t last_delta = be32(batch + 23);
-        int32_t count = be32(batch + 57);
-        if (base < 0 || base > MAX_BASE_OFFSET) {
-            PyErr_Format(PyExc_ValueError, "a batch at offset %lld: not an offset this reader takes (0..%lld)",
-                         (long long)base, (long long)MAX_BASE_OFFSET);
-            goto failed;
-        }
-        if (magic != MAGIC) {
-            PyErr_Format(PyExc_ValueError, "a batch at offset %lld of magic %d; this reader reads magic %d",
-                         (long long)base, magic, MAGIC);
-            goto failed;
-        }
-        if (attributes & (TRANSACTIONAL | CONTROL)) {
-            transactional = 1;
-            break;
-        }
-        if (count < 0 || last_delta < 0) {
-            PyErr_Format(PyExc_ValueError, "a batch at offset %lld of %d records, last offset delta %d",
-                         (long long)base, (int)count, (int)last_delta);
-            goto failed;
-        }
-        const unsigned char *body = batch + HEADER_BYTES;
-        Py_ssize_t body_size = 12 + (Py_ssize_t)length - HEADER_BYTES;
-        int codec = attributes & CODEC_MASK;
-        int read;
-        if (codec) {
-            PyObject *payload = PyBytes_FromStringAndSize((const char *)body, body_size);
-            if (payload == NULL) {
-                goto failed;
-            }
-            PyObject *unpacked = PyObject_CallFunction(decompress, "iO", codec, payload);
-            Py_DECREF(payload);
-            if (unpacked == NULL) {
-                goto failed;
-            }
-            if (!PyBytes_CheckExact(unpacked)) {
-                PyErr_Format(PyExc_ValueError, "a batch at offset %lld: decompressed to %s, not bytes",
-                             (long long)base, Py_TYPE(unpacked)->tp_name);
-                Py_DECREF(unpacked);
-                goto failed;
-            }
-            /* Held until its records are read: the tuples hold copies of their parts. */
-            read = records_of((const unsigned char *)PyBytes_AS_STRING(unpacked), PyBytes_GET_SIZE(unpacked), base,
-                              count, start, end, records);
-            Py_DECREF(unpacked);
-        }
-        else {
-            read = records_of(body, body_size, base, count, start, end, records);
-        }
-        if (read < 0) {
-            goto failed;
-        }
-        next_offset = base + last_delta + 1;
-        at += 12 + (Py_ssize_t)length;
-    }
-    return Py_BuildValue("(NLO)", records, (long long)next_offset, transactional ? Py_True : Py_False);
-failed:
-    Py_DECREF(records);
-    return NULL;
+    return start == NULL ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(start, length);
 }
 
 /* The text `<topic id>:<partition>` of a record key (rlmm.events.RecordKey), as a new bytes object: before a segment
  * key's id (":" and 36 characters), else the key's second and third fields; rlmm.record_batches.partition_text is its
  * reference. NULL with an exception only when memory runs out. */
 static PyObject *
-partition_text(PyObject *raw_key)
+partition_text(const char *key, Py_ssize_t length)
 {
-    const char *key = PyBytes_AS_STRING(raw_key);
-    Py_ssize_t length = PyBytes_GET_SIZE(raw_key);
     if (length > 45 && memcmp(key, "segment:", 8) == 0 && key[length - 37] == ':') {
         return PyBytes_FromStringAndSize(key + 8, length - 45);
     }
@@ -305,12 +126,13 @@ partition_text(PyObject *raw_key)
     return PyBytes_FromStringAndSize(first + 1, (third == NULL ? end : third) - first - 1);
 }
 
-/* Whether the user partition `key` names is in `first`, or it names none (1), or not (0); -1 with an exception.
- * `named` remembers each partition's text: text -> its view key, or None; `name(text)` names one not there. */
+/* Whether the user partition the record key key[0:length] names is in `first`, or it names none (1), or not (0); -1
+ * with an exception. `named` remembers each partition's text: text -> its view key, or None; `name(text)` names one
+ * not there. */
 static int
-in_first(PyObject *key, PyObject *first, PyObject *named, PyObject *name)
+in_first(const char *key, Py_ssize_t length, PyObject *first, PyObject *named, PyObject *name)
 {
-    PyObject *text = partition_text(key);
+    PyObject *text = partition_text(key, length);
     if (text == NULL) {
         return -1;
     }
@@ -332,6 +154,364 @@ in_first(PyObject *key, PyObject *first, PyObject *named, PyObject *name)
     return found;
 }
 
+/* A compacted window's keeping of one metadata partition's records (keep, read_keep): borrowed from the call's
+ * arguments (held by its caller until it returns; `only`'s items by the tuple), and where the partition's offsets
+ * stand. */
+typedef struct {
+    PyObject *newest, *superseded, *partition, *prefix;
+    PyObject *first, *named, *name; /* `only`'s, or NULL: every record kept */
+    int wanted;
+    long long expected;
+    int cleaned;
+} Keeper;
+
+static const char KEEPER_ARGUMENTS[] = "newest: dict, superseded_tombstones: list, partition: int, expected: int, "
+                                       "cleaned: bool, tombstone_prefix: bytes, only: (first: set, named: dict, "
+                                       "name, wanted: bool) | None";
+
+/* A Keeper of the arguments; -1 with TypeError or ValueError naming what is wrong. */
+static int
+keeper_of(Keeper *keeper, PyObject *newest, PyObject *superseded, PyObject *partition, PyObject *expected,
+          PyObject *cleaned, PyObject *prefix, PyObject *only, const char *call)
+{
+    if (!PyDict_CheckExact(newest) || !PyList_CheckExact(superseded) || !PyLong_CheckExact(partition)
+        || !PyLong_CheckExact(expected) || !PyBool_Check(cleaned) || !PyBytes_CheckExact(prefix)
+        || (only != Py_None && (!PyTuple_CheckExact(only) || PyTuple_GET_SIZE(only) != 4
+                                || !PyAnySet_CheckExact(PyTuple_GET_ITEM(only, 0))
+                                || !PyDict_CheckExact(PyTuple_GET_ITEM(only, 1))
+                                || !PyCallable_Check(PyTuple_GET_ITEM(only, 2))
+                                || !PyBool_Check(PyTuple_GET_ITEM(only, 3))))) {
+        PyErr_Format(PyExc_TypeError, "%s: its arguments are %s", call, KEEPER_ARGUMENTS);
+        return -1;
+    }
+    int overflow = 0;
+    keeper->expected = PyLong_AsLongLongAndOverflow(expected, &overflow);
+    if (overflow || (keeper->expected == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "expected: not an offset (int64)");
+        return -1;
+    }
+    keeper->newest = newest;
+    keeper->superseded = superseded;
+    keeper->partition = partition;
+    keeper->prefix = prefix;
+    keeper->cleaned = cleaned == Py_True;
+    keeper->first = keeper->named = keeper->name = NULL;
+    keeper->wanted = 0;
+    if (only != Py_None) {
+        keeper->first = PyTuple_GET_ITEM(only, 0);
+        keeper->named = PyTuple_GET_ITEM(only, 1);
+        keeper->name = PyTuple_GET_ITEM(only, 2);
+        keeper->wanted = PyTuple_GET_ITEM(only, 3) == Py_True;
+    }
+    return 0;
+}
+
+/* The next record's offset: a gap from the one expected shows the cleaner at work. Then whether its key
+ * key[0:length] (b"" for a null key) is one the keeper keeps (1) or passes by (0); -1 with an exception. */
+static int
+keeper_wants(Keeper *keeper, long long offset, const char *key, Py_ssize_t length)
+{
+    if (offset != keeper->expected) {
+        keeper->cleaned = 1;
+    }
+    keeper->expected = offset + 1;
+    if (keeper->first == NULL) {
+        return 1;
+    }
+    int found = in_first(key, length, keeper->first, keeper->named, keeper->name);
+    return found < 0 ? -1 : found == keeper->wanted;
+}
+
+/* Keeps a wanted record (its key bytes, never None): a segment tombstone drops its key; a tombstone another record
+ * supersedes goes to the superseded list. 0, or -1 with an exception. */
+static int
+keeper_store(Keeper *keeper, PyObject *offset_object, PyObject *key, PyObject *value)
+{
+    PyObject *newest = keeper->newest;
+    Py_ssize_t prefix_size = PyBytes_GET_SIZE(keeper->prefix);
+    if (value == Py_None && PyBytes_GET_SIZE(key) >= prefix_size
+        && memcmp(PyBytes_AS_STRING(key), PyBytes_AS_STRING(keeper->prefix), (size_t)prefix_size) == 0) {
+        int held = PyDict_Contains(newest, key);
+        return held < 0 || (held > 0 && PyDict_DelItem(newest, key) < 0) ? -1 : 0;
+    }
+    PyObject *before = PyDict_GetItemWithError(newest, key);  /* borrowed */
+    if (before == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    int after_cleaning = keeper->cleaned;
+    if (before != NULL) {
+        if (!PyTuple_CheckExact(before) || PyTuple_GET_SIZE(before) < 4) {
+            PyErr_SetString(PyExc_TypeError, "newest holds an entry that is not a kept record's tuple");
+            return -1;
+        }
+        after_cleaning = PyTuple_GET_ITEM(before, 3) != Py_None;
+        if (!after_cleaning && PyList_Append(keeper->superseded, before) < 0) {
+            return -1;
+        }
+    }
+    PyObject *entry = PyTuple_Pack(6, keeper->partition, offset_object, key, value, Py_None,
+                                   after_cleaning ? Py_True : Py_False);
+    if (entry == NULL) {
+        return -1;
+    }
+    int stored = PyDict_SetItem(newest, key, entry);
+    Py_DECREF(entry);
+    return stored;
+}
+
+/* A record read from a batch, into `records` (a list) or kept by `keeper`: 0, or -1 with an exception. */
+static int
+take(PyObject *records, Keeper *keeper, int64_t offset, const char *key, Py_ssize_t key_length, const char *value,
+     Py_ssize_t value_length)
+{
+    if (keeper != NULL) {
+        int wanted = keeper_wants(keeper, offset, key == NULL ? "" : key, key_length);
+        if (wanted <= 0) {
+            return wanted;
+        }
+    }
+    PyObject *offset_object = PyLong_FromLongLong(offset);
+    PyObject *key_object = keeper != NULL && key == NULL ? PyBytes_FromStringAndSize("", 0)
+                                                         : part_object(key, key_length);
+    PyObject *value_object = part_object(value, value_length);
+    int taken = -1;
+    if (offset_object != NULL && key_object != NULL && value_object != NULL) {
+        if (keeper != NULL) {
+            taken = keeper_store(keeper, offset_object, key_object, value_object);
+        }
+        else {
+            PyObject *record = PyTuple_Pack(3, offset_object, key_object, value_object);
+            taken = record == NULL ? -1 : PyList_Append(records, record);
+            Py_XDECREF(record);
+        }
+    }
+    Py_XDECREF(offset_object);
+    Py_XDECREF(key_object);
+    Py_XDECREF(value_object);
+    return taken;
+}
+
+/* The records of one batch's body with offsets in [start, end), taken (`take`); how many in *read. */
+static int
+records_of(const unsigned char *body, Py_ssize_t size, int64_t base, int32_t count, int64_t start, int64_t end,
+           PyObject *records, Keeper *keeper, Py_ssize_t *read)
+{
+    Py_ssize_t at = 0;
+    for (int32_t n = 0; n < count; n++) {
+        int64_t length, timestamp, delta, headers;
+        if (varint(body, size, &at, 5, &length) < 0) {
+            return -1;
+        }
+        if (length < 0 || at + length > size) {
+            PyErr_Format(PyExc_ValueError, "a record of batch %lld says it holds %lld bytes, past its batch",
+                         (long long)base, (long long)length);
+            return -1;
+        }
+        Py_ssize_t record_end = at + (Py_ssize_t)length;
+        at += 1; /* attributes */
+        if (varint(body, size, &at, 10, &timestamp) < 0 || varint(body, size, &at, 5, &delta) < 0) {
+            return -1;
+        }
+        const char *key, *value;
+        Py_ssize_t key_length, value_length;
+        if (span(body, size, &at, record_end, &key, &key_length) < 0
+            || span(body, size, &at, record_end, &value, &value_length) < 0
+            || varint(body, size, &at, 5, &headers) < 0) {
+            return -1;
+        }
+        if (headers < 0) {
+            PyErr_Format(PyExc_ValueError, "a record of batch %lld says it holds %lld headers", (long long)base,
+                         (long long)headers);
+            return -1;
+        }
+        for (int64_t h = 0; h < headers; h++) {
+            const char *name, *header_value;
+            Py_ssize_t name_length, header_length;
+            if (span(body, size, &at, record_end, &name, &name_length) < 0) {
+                return -1;
+            }
+            if (name == NULL) {
+                PyErr_Format(PyExc_ValueError, "a record of batch %lld holds a header without a name",
+                             (long long)base);
+                return -1;
+            }
+            if (span(body, size, &at, record_end, &header_value, &header_length) < 0) {
+                return -1;
+            }
+        }
+        if (at != record_end) {
+            PyErr_Format(PyExc_ValueError, "a record of batch %lld holds %zd bytes more than it frames",
+                         (long long)base, record_end - at);
+            return -1;
+        }
+        int64_t offset = base + delta; /* base <= MAX_BASE_OFFSET and |delta| < 2**35: no overflow */
+        if (offset >= start && offset < end) {
+            if (take(records, keeper, offset, key, key_length, value, value_length) < 0) {
+                return -1;
+            }
+            *read += 1;
+        }
+    }
+    if (at != size) {
+        PyErr_Format(PyExc_ValueError, "batch %lld holds %zd bytes after its %d records", (long long)base, size - at,
+                     (int)count);
+        return -1;
+    }
+    return 0;
+}
+
+/* read's and read_keep's pass over a Fetch response's bytes for one partition: the records of its whole batches with
+ * offsets in [start, end) taken (`take`), how many in *read; the offset after the last whole batch in *next_offset
+ * (-1 when none is whole); *transactional set when it stopped at a transactional or control batch. */
+static int
+batches(PyObject *data, int64_t start, int64_t end, PyObject *decompress, PyObject *records, Keeper *keeper,
+        Py_ssize_t *read, int64_t *next_offset, int *transactional)
+{
+    const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t size = PyBytes_GET_SIZE(data), at = 0;
+    *read = 0;
+    *next_offset = -1;
+    *transactional = 0;
+    while (size - at >= 12) {
+        const unsigned char *batch = bytes + at;
+        int64_t base = be64(batch);
+        int32_t length = be32(batch + 8);
+        if (length < HEADER_BYTES - 12) {
+            PyErr_Format(PyExc_ValueError, "a batch at offset %lld says it holds %d bytes, fewer than its header",
+                         (long long)base, (int)length);
+            return -1;
+        }
+        if (size - at - 12 < length) {
+            break; /* cut at the fetch's byte limit: the next fetch reads it whole */
+        }
+        int magic = (signed char)batch[16];
+        int attributes = (int16_t)(((unsigned)batch[21] << 8) | batch[22]);
+        int32_t last_delta = be32(batch + 23);
+        int32_t count = be32(batch + 57);
+        if (base < 0 || base > MAX_BASE_OFFSET) {
+            PyErr_Format(PyExc_ValueError, "a batch at offset %lld: not an offset this reader takes (0..%lld)",
+                         (long long)base, (long long)MAX_BASE_OFFSET);
+            return -1;
+        }
+        if (magic != MAGIC) {
+            PyErr_Format(PyExc_ValueError, "a batch at offset %lld of magic %d; this reader reads magic %d",
+                         (long long)base, magic, MAGIC);
+            return -1;
+        }
+        if (attributes & (TRANSACTIONAL | CONTROL)) {
+            *transactional = 1;
+            break;
+        }
+        if (count < 0 || last_delta < 0) {
+            PyErr_Format(PyExc_ValueError, "a batch at offset %lld of %d records, last offset delta %d",
+                         (long long)base, (int)count, (int)last_delta);
+            return -1;
+        }
+        const unsigned char *body = batch + HEADER_BYTES;
+        Py_ssize_t body_size = 12 + (Py_ssize_t)length - HEADER_BYTES;
+        int codec = attributes & CODEC_MASK;
+        int done;
+        if (codec) {
+            PyObject *payload = PyBytes_FromStringAndSize((const char *)body, body_size);
+            if (payload == NULL) {
+                return -1;
+            }
+            PyObject *unpacked = PyObject_CallFunction(decompress, "iO", codec, payload);
+            Py_DECREF(payload);
+            if (unpacked == NULL) {
+                return -1;
+            }
+            if (!PyBytes_CheckExact(unpacked)) {
+                PyErr_Format(PyExc_ValueError, "a batch at offset %lld: decompressed to %s, not bytes",
+                             (long long)base, Py_TYPE(unpacked)->tp_name);
+                Py_DECREF(unpacked);
+                return -1;
+            }
+            /* Held until its records are read: what is taken holds copies of their parts. */
+            done = records_of((const unsigned char *)PyBytes_AS_STRING(unpacked), PyBytes_GET_SIZE(unpacked), base,
+                              count, start, end, records, keeper, read);
+            Py_DECREF(unpacked);
+        }
+        else {
+            done = records_of(body, body_size, base, count, start, end, records, keeper, read);
+        }
+        if (done < 0) {
+            return -1;
+        }
+        *next_offset = base + last_delta + 1;
+        at += 12 + (Py_ssize_t)length;
+    }
+    return 0;
+}
+
+/* read's and read_keep's first four arguments: 0, or -1 with TypeError or ValueError. */
+static int
+read_arguments(PyObject *const *args, const char *call, int64_t *start, int64_t *end)
+{
+    if (!PyBytes_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2])
+        || !PyCallable_Check(args[3])) {
+        PyErr_Format(PyExc_TypeError, "%s: data must be bytes, start and end ints, decompress a callable", call);
+        return -1;
+    }
+    *start = PyLong_AsLongLong(args[1]);
+    *end = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "%s: start and end must be int64 offsets", call);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+batches_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "read(data: bytes, start: int, end: int, decompress: callable)");
+        return NULL;
+    }
+    int64_t start, end, next_offset;
+    if (read_arguments(args, "read", &start, &end) < 0) {
+        return NULL;
+    }
+    PyObject *records = PyList_New(0);
+    if (records == NULL) {
+        return NULL;
+    }
+    Py_ssize_t read;
+    int transactional;
+    if (batches(args[0], start, end, args[3], records, NULL, &read, &next_offset, &transactional) < 0) {
+        Py_DECREF(records);
+        return NULL;
+    }
+    return Py_BuildValue("(NLO)", records, (long long)next_offset, transactional ? Py_True : Py_False);
+}
+
+/* read_keep(data, start, end, decompress, newest, superseded_tombstones, partition, expected, cleaned,
+ *           tombstone_prefix, only) -> (records read, next_offset, transactional, expected, cleaned) */
+static PyObject *
+batches_read_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "read_keep(data, start, end, decompress, newest, superseded_tombstones, "
+                                         "partition, expected, cleaned, tombstone_prefix, only)");
+        return NULL;
+    }
+    int64_t start, end, next_offset;
+    Keeper keeper;
+    if (read_arguments(args, "read_keep", &start, &end) < 0
+        || keeper_of(&keeper, args[4], args[5], args[6], args[7], args[8], args[9], args[10], "read_keep") < 0) {
+        return NULL;
+    }
+    Py_ssize_t read;
+    int transactional;
+    if (batches(args[0], start, end, args[3], NULL, &keeper, &read, &next_offset, &transactional) < 0) {
+        return NULL;
+    }
+    return Py_BuildValue("(nLOLO)", read, (long long)next_offset, transactional ? Py_True : Py_False,
+                         keeper.expected, keeper.cleaned ? Py_True : Py_False);
+}
+
 /* keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix, only=None)
  *     -> (expected, cleaned)
  *
@@ -341,129 +521,56 @@ in_first(PyObject *key, PyObject *first, PyObject *named, PyObject *name)
 static PyObject *
 batches_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *only = nargs == 8 ? args[7] : Py_None;
-    if ((nargs != 7 && nargs != 8) || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1])
-        || !PyLong_CheckExact(args[2]) || !PyList_CheckExact(args[3]) || !PyLong_CheckExact(args[4])
-        || !PyBool_Check(args[5]) || !PyBytes_CheckExact(args[6])
-        || (only != Py_None && (!PyTuple_CheckExact(only) || PyTuple_GET_SIZE(only) != 4
-                                || !PyAnySet_CheckExact(PyTuple_GET_ITEM(only, 0))
-                                || !PyDict_CheckExact(PyTuple_GET_ITEM(only, 1))
-                                || !PyCallable_Check(PyTuple_GET_ITEM(only, 2))
-                                || !PyBool_Check(PyTuple_GET_ITEM(only, 3))))) {
-        PyErr_SetString(PyExc_TypeError, "keep(newest: dict, superseded_tombstones: list, partition: int, records: "
-                                         "list, expected: int, cleaned: bool, tombstone_prefix: bytes, only: "
-                                         "(first: set, named: dict, name, wanted: bool) | None = None)");
+    Keeper keeper;
+    if ((nargs != 7 && nargs != 8) || !PyList_CheckExact(args[3])) {
+        PyErr_Format(PyExc_TypeError, "keep(newest, superseded_tombstones, partition, records: list, expected, "
+                                      "cleaned, tombstone_prefix, only=None): the others are %s", KEEPER_ARGUMENTS);
         return NULL;
     }
-    PyObject *newest = args[0], *superseded = args[1], *partition = args[2], *records = args[3];
-    PyObject *prefix = args[6];
-    /* Held: `name` may run any Python code. */
-    PyObject *first = NULL, *named = NULL, *name = NULL;
-    int wanted = 0;
-    if (only != Py_None) {
-        first = PyTuple_GET_ITEM(only, 0);
-        named = PyTuple_GET_ITEM(only, 1);
-        name = PyTuple_GET_ITEM(only, 2);
-        wanted = PyTuple_GET_ITEM(only, 3) == Py_True;
-    }
-    int cleaned = args[5] == Py_True;
-    int overflow = 0;
-    long long expected = PyLong_AsLongLongAndOverflow(args[4], &overflow);
-    if (overflow || (expected == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "expected: not an offset (int64)");
+    if (keeper_of(&keeper, args[0], args[1], args[2], args[4], args[5], args[6], nargs == 8 ? args[7] : Py_None,
+                  "keep") < 0) {
         return NULL;
     }
-    PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
+    PyObject *records = args[3], *empty = PyBytes_FromStringAndSize(NULL, 0);
     if (empty == NULL) {
         return NULL;
     }
-    Py_INCREF(only);
-    const char *prefix_data = PyBytes_AS_STRING(prefix);
-    Py_ssize_t prefix_size = PyBytes_GET_SIZE(prefix);
-    /* The list is read by index each time round: a dict's key comparison below can run Python code. */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+    int failed = 0;
+    /* The list is read by index each time round: a dict's key comparison or `name` can run Python code. */
+    for (Py_ssize_t i = 0; !failed && i < PyList_GET_SIZE(records); i++) {
         PyObject *record = PyList_GET_ITEM(records, i);
-        if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 3 || !PyLong_CheckExact(PyTuple_GET_ITEM(record, 0))) {
+        if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 3
+            || !PyLong_CheckExact(PyTuple_GET_ITEM(record, 0))) {
             PyErr_Format(PyExc_TypeError, "record %zd: not an (offset, key, value) tuple", i);
-            goto failed;
+            failed = 1;
+            break;
         }
         Py_INCREF(record);
         PyObject *offset_object = PyTuple_GET_ITEM(record, 0), *key = PyTuple_GET_ITEM(record, 1);
         PyObject *value = PyTuple_GET_ITEM(record, 2);
+        int overflow = 0;
         long long offset = PyLong_AsLongLongAndOverflow(offset_object, &overflow);
         if (overflow || (offset == -1 && PyErr_Occurred()) || offset == LLONG_MAX
             || !(key == Py_None || PyBytes_CheckExact(key)) || !(value == Py_None || PyBytes_CheckExact(value))) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "record %zd: its offset is not below int64's greatest, or its key or "
                                           "value is neither bytes nor None", i);
-            Py_DECREF(record);
-            goto failed;
+            failed = 1;
         }
-        if (offset != expected) {
-            cleaned = 1;
-        }
-        expected = offset + 1;
-        if (key == Py_None) {
-            key = empty;
-        }
-        if (first != NULL) {
-            int found = in_first(key, first, named, name);
-            if (found != wanted) {
-                Py_DECREF(record);
-                if (found < 0) {
-                    goto failed;
-                }
-                continue;
+        else {
+            if (key == Py_None) {
+                key = empty;
             }
+            int wanted = keeper_wants(&keeper, offset, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+            failed = wanted < 0 || (wanted > 0 && keeper_store(&keeper, offset_object, key, value) < 0);
         }
-        if (value == Py_None && PyBytes_GET_SIZE(key) >= prefix_size
-            && memcmp(PyBytes_AS_STRING(key), prefix_data, (size_t)prefix_size) == 0) {
-            int held = PyDict_Contains(newest, key);
-            int failed_here = held < 0 || (held > 0 && PyDict_DelItem(newest, key) < 0);
-            Py_DECREF(record);
-            if (failed_here) {
-                goto failed;
-            }
-            continue;
-        }
-        PyObject *before = PyDict_GetItemWithError(newest, key);  /* borrowed */
-        if (before == NULL && PyErr_Occurred()) {
-            Py_DECREF(record);
-            goto failed;
-        }
-        int after_cleaning = cleaned;
-        if (before != NULL) {
-            if (!PyTuple_CheckExact(before) || PyTuple_GET_SIZE(before) < 4) {
-                PyErr_SetString(PyExc_TypeError, "newest holds an entry that is not a kept record's tuple");
-                Py_DECREF(record);
-                goto failed;
-            }
-            after_cleaning = PyTuple_GET_ITEM(before, 3) != Py_None;
-            if (!after_cleaning && PyList_Append(superseded, before) < 0) {
-                Py_DECREF(record);
-                goto failed;
-            }
-        }
-        PyObject *entry = PyTuple_Pack(6, partition, offset_object, key, value, Py_None,
-                                       after_cleaning ? Py_True : Py_False);
         Py_DECREF(record);
-        if (entry == NULL) {
-            goto failed;
-        }
-        int stored = PyDict_SetItem(newest, key, entry);
-        Py_DECREF(entry);
-        if (stored < 0) {
-            goto failed;
-        }
     }
     Py_DECREF(empty);
-    Py_DECREF(only);
-    return Py_BuildValue("(LO)", expected, cleaned ? Py_True : Py_False);
-failed:
-    Py_DECREF(empty);
-    Py_DECREF(only);
-    return NULL;
+    if (failed) {
+        return NULL;
+    }
+    return Py_BuildValue("(LO)", keeper.expected, keeper.cleaned ? Py_True : Py_False);
 }
 
 static PyMethodDef batches_methods[] = {
@@ -473,6 +580,10 @@ static PyMethodDef batches_methods[] = {
     {"keep", (PyCFunction)(void (*)(void))batches_keep, METH_FASTCALL,
      PyDoc_STR("keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix, only=None) -> "
                "(expected, cleaned): the newest record of each key of records, as a compacted window keeps them")},
+    {"read_keep", (PyCFunction)(void (*)(void))batches_read_keep, METH_FASTCALL,
+     PyDoc_STR("read_keep(data, start, end, decompress, newest, superseded_tombstones, partition, expected, cleaned, "
+               "tombstone_prefix, only) -> (read, next_offset, transactional, expected, cleaned): read, then keep, "
+               "in one pass")},
     {NULL, NULL, 0, NULL},
 };
 

@@ -221,7 +221,7 @@ class FoldWorker:
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self._process = process
-        self._directory: Path | None = None
+        self._directories: list[Path] = []  # of the requests it was handed and that the applier has not tidied
         self._buffer = b""
         self._greeted = False  # its hello was read (the first answer)
         self._handed = 0  # requests handed to it, each with a directory of its own
@@ -280,7 +280,7 @@ class FoldWorker:
         self._handed += 1
         directory = under / f"{self._process.pid}.{self._handed}"
         directory.mkdir(parents=True)
-        self._directory = directory
+        self._directories.append(directory)
         return directory
 
     def fileno(self) -> int:
@@ -341,10 +341,10 @@ class FoldWorker:
             return None
 
     def tidy(self) -> None:
-        """Remove what the worker was given and wrote for its last request (the applier ingested its tables)."""
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
+        """Remove what the worker was given and wrote for the oldest request it answered (the applier ingested its
+        tables): it may have been handed the next one already."""
+        if self._directories:
+            shutil.rmtree(self._directories.pop(0), ignore_errors=True)
 
     def close(self) -> None:
         """Stop the worker (if still running) and remove what it was given and wrote."""
@@ -357,7 +357,8 @@ class FoldWorker:
         for pipe in (self._process.stdin, self._process.stdout):
             if pipe is not None:
                 pipe.close()
-        self.tidy()
+        while self._directories:
+            self.tidy()
 
 
 def has_second_core() -> bool:
@@ -456,8 +457,9 @@ def _user_partition_key(text: bytes) -> bytes | None:
         return None
 
 
-# A run of records kept in one call (rlmm/_record_batches.c where it is built; record_batches.keep is its reference).
-_keep = record_batches.keep if raw_fetch._record_batches is None else raw_fetch._record_batches.keep
+# A run of records kept in one call, and a partition's Fetch bytes read and kept in one (rlmm/_record_batches.c where it
+# is built; rlmm.record_batches is their reference).
+_batches: Any = record_batches if raw_fetch._record_batches is None else raw_fetch._record_batches
 
 
 class _Kept:
@@ -477,11 +479,21 @@ class _Kept:
 
     def run(self, partition: int, records: list[tuple[int, bytes | None, bytes | None]]) -> None:
         """Keep the newest record of each key of `records`: consecutive records of `partition`, ascending."""
-        self.next_offsets[partition], cleaned = _keep(self.newest, self.superseded_tombstones, partition, records,
-                                                      self.next_offsets[partition], partition in self.after_cleaning,
-                                                      SEGMENT_KEY_PREFIX, self.only)
+        self.next_offsets[partition], cleaned = _batches.keep(
+            self.newest, self.superseded_tombstones, partition, records, self.next_offsets[partition],
+            partition in self.after_cleaning, SEGMENT_KEY_PREFIX, self.only)
         if cleaned:
             self.after_cleaning.add(partition)
+
+    def take(self, partition: int, data: bytes, start: int, end: int) -> tuple[int, int, bool]:
+        """`run` of the records a Fetch response's bytes hold for `partition` (raw_fetch.Take), read as they are kept:
+        how many were read."""
+        read, after, transactional, self.next_offsets[partition], cleaned = _batches.read_keep(
+            data, start, end, record_batches.decompress, self.newest, self.superseded_tombstones, partition,
+            self.next_offsets[partition], partition in self.after_cleaning, SEGMENT_KEY_PREFIX, self.only)
+        if cleaned:
+            self.after_cleaning.add(partition)
+        return read, after, transactional
 
 
 def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: CompactedWindow,
@@ -490,9 +502,8 @@ def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: Compac
     was given up. RawFetchUnusable, with the window part filled, when the consumer must read the group instead."""
     kept = _Kept(window, request.starts, only)
     read = 0
-    for partition, records in reader.read(request.starts, request.ends, GROUP_IDLE_S):
-        kept.run(partition, records)
-        read += len(records)
+    for _, records in reader.take(request.starts, request.ends, GROUP_IDLE_S, kept.take):
+        read += records
         if window.kept() > request.max_kept:
             return f"its window keeps more than {request.max_kept} records"
     return read

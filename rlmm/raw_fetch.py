@@ -17,9 +17,9 @@ import logging
 import ssl
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from rlmm import record_batches
 
@@ -69,6 +69,11 @@ _RETRY_BACKOFF_S = 0.1
 _CONNECT_WAIT_S = 1.0  # for a connection to a leader, before its partitions' leaders are looked up again
 
 Records = list[tuple[int, bytes | None, bytes | None]]
+Taken = TypeVar("Taken")
+# What a read does with the bytes a Fetch response holds for one partition: (partition, data, start, end) -> (what it
+# took of the records with offsets in [start, end), the offset after the last whole batch or -1, whether it stopped at
+# a transactional or control batch); ValueError for bytes that do not frame exactly (rlmm.record_batches.read).
+Take = Callable[[int, bytes, int, int], tuple[Taken, int, bool]]
 
 
 class RawFetchUnusable(Exception):
@@ -142,13 +147,17 @@ def _import_kafka_python(sasl_mechanism: str | None) -> None:
             del sys.modules["botocore.session"]
 
 
+def _records(partition: int, data: bytes, start: int, end: int) -> tuple[Records, int, bool]:
+    assert _record_batches is not None, "a RawReader starts only where it is built"
+    return _record_batches.read(data, start, end, record_batches.decompress)
+
+
 class RawReader:
     """Fetches metadata partitions of `topic` whole, as raw batches, from their leaders."""
 
     def __init__(self, topic: str, client_config: Mapping[str, Any], timeout_s: float) -> None:
         if _record_batches is None:
             raise RawFetchUnusable("rlmm._record_batches is not built (no C compiler at install)")
-        self._read_batches = _record_batches.read
         settings = kafka_python_settings(client_config)
         if settings["security_protocol"] in ("SSL", "SASL_SSL"):
             settings = _with_tls_context(settings)
@@ -184,6 +193,12 @@ class RawReader:
         """Each partition's records from its start to its end, in order within a partition, as they come: (partition,
         records), records with offsets in [start, end). RawFetchUnusable for anything the consumer would read
         differently, or no bytes for `idle_s`."""
+        return self.take(starts, ends, idle_s, _records)
+
+    def take(self, starts: Mapping[int, int], ends: Mapping[int, int], idle_s: float, take: Take[Taken]
+             ) -> Iterator[tuple[int, Taken]]:
+        """`read`, with what `take` takes of each partition's records (in order within a partition, as they come)
+        where read has them: (partition, taken) when it took any."""
         next_offsets = {p: starts[p] for p in starts if ends[p] > starts[p]}
         heard = time.monotonic()
         leaders = self._leaders(next_offsets, heard + idle_s)
@@ -215,8 +230,7 @@ class RawReader:
                         raise RawFetchUnusable(f"metadata partition {partition}: error code {error}")
                     start, end = next_offsets[partition], ends[partition]
                     try:
-                        records, after, transactional = self._read_batches(
-                            data, start, end, record_batches.decompress)
+                        taken, after, transactional = take(partition, data, start, end)
                     except ValueError as exc:
                         raise RawFetchUnusable(f"metadata partition {partition} at offset {start}: {exc}") from exc
                     if transactional:
@@ -228,8 +242,8 @@ class RawReader:
                             del next_offsets[partition]
                         else:
                             next_offsets[partition] = after
-                    if records:
-                        yield partition, records
+                    if taken:
+                        yield partition, taken
             if stale:
                 time.sleep(_RETRY_BACKOFF_S)
                 leaders = self._leaders(next_offsets, heard + idle_s)

@@ -189,6 +189,18 @@ def keep(newest: dict[bytes, tuple[Any, ...]], superseded_tombstones: list[tuple
     return expected, cleaned
 
 
+def read_keep(data: bytes, start: int, end: int, unpack: Decompress, newest: dict[bytes, tuple[Any, ...]],
+              superseded_tombstones: list[tuple[Any, ...]], partition: int, expected: int, cleaned: bool,
+              tombstone_prefix: bytes, only: Only | None) -> tuple[int, int, bool, int, bool]:
+    """`read`, then `keep` of what it read: how many records were read, the offset after the last whole batch, whether
+    it stopped at a transactional or control batch, then the offset expected next and whether a gap showed the cleaner.
+    rlmm/_record_batches.c does both in one pass when it is built, making no object of a record `only` passes by."""
+    records, next_offset, transactional = read(data, start, end, unpack)
+    expected, cleaned = keep(newest, superseded_tombstones, partition, records, expected, cleaned, tombstone_prefix,
+                             only)
+    return len(records), next_offset, transactional, expected, cleaned
+
+
 def in_first(key: bytes, first: frozenset[bytes] | set[bytes], named: dict[bytes, bytes | None],
              name: Callable[[bytes], bytes | None]) -> bool:
     """Whether the user partition a record key names is in `first`, or it names none: its text (`partition_text`)

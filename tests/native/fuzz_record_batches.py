@@ -6,7 +6,9 @@ Inputs are batches encoded here from the fuzzer's choices (so that most reach th
 joined to raw bytes; a decompressor drawn per input gives records uncompressed, decompresses for real, returns what
 is not bytes, or raises. A quarter of the inputs go to keep() instead, against rlmm.record_batches.keep: runs of
 records with gaps, tombstones and repeated keys over a window already holding some, half of them keeping only the
-records of some user partitions, or only the others (keep's `only`), over keys of every shape."""
+records of some user partitions, or only the others (keep's `only`), over keys of every shape. Half of the
+well-formed batches are also read and kept in one pass (read_keep), against rlmm.record_batches.read_keep: the same
+outcome, window and named partitions; read_keep refuses arguments of other types or number."""
 
 from __future__ import annotations
 
@@ -104,14 +106,63 @@ def _kept(data: atheris.FuzzedDataProvider) -> tuple[Any, ...]:
     return 0, data.ConsumeIntInRange(0, 50), key, data.PickValueInList([None, b"v", b"w"]), None, data.ConsumeBool()
 
 
-def _keep_input(data: atheris.FuzzedDataProvider) -> None:
-    """keep() changes `newest` and the superseded tombstones as rlmm.record_batches.keep does, and gives the same
-    offsets and flag; misuse is a TypeError or ValueError."""
-    misuse = data.ConsumeIntInRange(0, 9)
+def _only(data: atheris.FuzzedDataProvider, raising: bool) -> tuple[Any, ...]:
+    """A keep's `only`: some user partitions' records kept, or the others; with `raising`, at times a `name` that
+    raises (the same exception from both)."""
+    first = {key for key in (b"key-t1:0", b"key-t2:0", b"key-t1:1") if data.ConsumeBool()}
+    named: dict[bytes, Any] = {b"t1:1": data.PickValueInList([None, b"key-t1:1", b"elsewhere"])}
+    name: Any = _named_by
+    if raising and data.ConsumeIntInRange(0, 9) == 0:
+        def name(text: bytes) -> Any:
+            raise KeyError(text)
+    return data.PickValueInList([frozenset(first), first]), named, name, data.ConsumeBool()
+
+
+def _window(data: atheris.FuzzedDataProvider) -> dict[bytes, Any]:
     newest: dict[bytes, Any] = {}
     for _ in range(data.ConsumeIntInRange(0, 4)):
         entry = _kept(data)
         newest[entry[2]] = entry
+    return newest
+
+
+def _read_keep_input(data: atheris.FuzzedDataProvider, read_args: list[Any]) -> None:
+    """read_keep() gives what read() then keep() give (rlmm.record_batches.read_keep) and leaves the same window; or
+    refuses misuse with TypeError or ValueError. (A `name` that raises is keep's to meet: read_keep stops at the first
+    exception either way, a window part filled, which its callers discard.)"""
+    misuse = data.ConsumeIntInRange(0, 5)
+    args: list[Any] = [*read_args, _window(data), [], data.PickValueInList([0, 3, 49]),
+                       data.PickValueInList([0, 3, 1 << 40]), data.ConsumeBool(), PREFIX,
+                       _only(data, raising=False) if data.ConsumeBool() else None]
+    if misuse < 4:
+        copied = copy.deepcopy(args[4:])
+        expected_outcome = _outcome(record_batches.read_keep, *args[:4], *copied)
+        got = _outcome(_record_batches.read_keep, *args)
+        assert got == expected_outcome, (args, got, expected_outcome)
+        if got[0] == "read":
+            assert args[4:6] == copied[:2], (args, copied)
+        if got[0] == "read" and args[10] is not None:
+            assert args[10][1] == copied[6][1], (args[10][1], copied[6][1])  # the same partitions named
+        return
+    if misuse == 4:  # an argument of another type
+        changed = data.ConsumeIntInRange(4, 10)
+        replaced, args[changed] = args[changed], data.PickValueInList([None, 1.5, "x", (), {}, [], 1 << 70])
+        if type(args[changed]) is type(replaced) or (changed == 10 and args[changed] is None):
+            return  # an argument of its type all the same
+    else:  # another number of arguments
+        args = args[:data.ConsumeIntInRange(0, 10)] if data.ConsumeBool() else [*args, None]
+    try:
+        _record_batches.read_keep(*args)
+    except (TypeError, ValueError):
+        return
+    raise AssertionError(f"read_keep accepted misuse {misuse}: {args!r}")
+
+
+def _keep_input(data: atheris.FuzzedDataProvider) -> None:
+    """keep() changes `newest` and the superseded tombstones as rlmm.record_batches.keep does, and gives the same
+    offsets and flag; misuse is a TypeError or ValueError."""
+    misuse = data.ConsumeIntInRange(0, 9)
+    newest = _window(data)
     expected = data.PickValueInList([0, 5, 1 << 40, 1 << 62])
     offset = expected if data.ConsumeIntInRange(0, 3) else data.ConsumeIntInRange(0, 9)
     records: list[Any] = []
@@ -120,14 +171,7 @@ def _keep_input(data: atheris.FuzzedDataProvider) -> None:
         records.append((offset, data.PickValueInList([*KEYS, None]), data.PickValueInList([None, b"x", b"y", b""])))
     args: list[Any] = [newest, [], data.PickValueInList([0, 3, 49]), records, expected, data.ConsumeBool(), PREFIX]
     if data.ConsumeBool():  # only the records of some user partitions, or only the others
-        first = {b"key-t1:0", b"key-t2:0", b"key-t1:1"}
-        first = {key for key in first if data.ConsumeBool()}
-        named: dict[bytes, Any] = {b"t1:1": data.PickValueInList([None, b"key-t1:1", b"elsewhere"])}
-        name: Any = _named_by
-        if misuse < 7 and data.ConsumeIntInRange(0, 9) == 0:  # the same exception from both
-            def name(text: bytes) -> Any:
-                raise KeyError(text)
-        args.append((data.PickValueInList([frozenset(first), first]), named, name, data.ConsumeBool()))
+        args.append(_only(data, raising=misuse < 7))
     if misuse < 7:
         copied = copy.deepcopy(args)
         expected_outcome = _outcome(record_batches.keep, *copied)
@@ -187,6 +231,9 @@ def one_input(raw: bytes) -> None:
     end = data.PickValueInList([1 << 62, 1 << 62, 1 << 62, 10, 0, (1 << 63) - 1])
     decompress = _decompressor(data.PickValueInList([0, 0, 0, 1, 2, 3]))
     args: list[Any] = [bytes(encoded), start, end, decompress]
+    if misuse < 4 and data.ConsumeBool():
+        _read_keep_input(data, args)
+        return
     if misuse < 4:  # well-formed arguments: the same outcome either way
         expected = _outcome(record_batches.read, *args)
         got = _outcome(_record_batches.read, *args)

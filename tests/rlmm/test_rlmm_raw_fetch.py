@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from rlmm_testkit import produce_to
 
-from rlmm import fresh_load, raw_fetch
+from rlmm import fresh_load, raw_fetch, record_batches
+from rlmm import view_format as vf
+from rlmm.backlog_window import CompactedWindow, holds_nothing
+from rlmm.events import SEGMENT_KEY_PREFIX, RecordKey
 
 Records = list[tuple[int, bytes | None, bytes | None]]
 
@@ -101,6 +106,59 @@ def test_raw_batches_give_what_the_consumer_gives_for_every_codec(
         assert [offset for offset, _, _ in expected[1]] == list(range(starts[1], ends[1]))
 
 
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_read_and_kept_in_one_pass_as_the_consumers_records_are_kept(
+    kafka_bootstrap: str, create_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch, codec: str
+) -> None:
+    # A worker reads each partition's bytes and keeps them in one pass (record_batches.read_keep, making no object of
+    # a record its `only` passes by): the same window as the consumer's records kept, whether it keeps every record,
+    # a few user partitions' or the others'. (Gaps in the offsets, the cleaner's: tests/native/fuzz_record_batches.py.)
+    topic = create_topic(partitions=2)
+    rng = random.Random(codec)
+    users = [(uuid.UUID(int=rng.getrandbits(128)), number) for number in range(6)]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "compression.type": codec, "linger.ms": 20,
+                         "batch.size": 4000})
+    segments = [uuid.UUID(int=rng.getrandbits(128)) for _ in range(60)]
+    for number in range(1200):  # a user partition's records on one metadata partition, as ever
+        topic_id, user = users[number % len(users)]
+        kind: Any = rng.choice(["segment", "segment", "epochs", "partition-delete"])
+        key = RecordKey(kind, topic_id, user, rng.choice(segments) if kind == "segment" else None).encode()
+        value = None if number % 9 == 4 else rng.randbytes(rng.randrange(1, 200))
+        producer.produce(topic, key=b"x%d" % (number % 2) if number % 101 == 7 else key, value=value,
+                         partition=number % 2)
+    assert producer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 1, 40)]).values():
+        future.result(30)
+    monkeypatch.setattr(raw_fetch, "_PARTITION_MAX_BYTES", 5000)
+    starts, ends = {0: 0, 1: 40}, {0: 600, 1: 590}
+    consumed = {p: _consumed(kafka_bootstrap, topic, p, starts[p], ends[p]) for p in starts}
+    hosted = frozenset(vf.tp_key(topic_id, user) for topic_id, user in users[:2])
+    only: record_batches.Only | None
+    for only in (None, (hosted, {}, fresh_load._user_partition_key, True),
+                 (hosted, {}, fresh_load._user_partition_key, False)):
+        expected = CompactedWindow(fresh_load._no_own_write, holds_nothing)
+        kept = fresh_load._Kept(expected, starts, only and (only[0], {}, only[2], only[3]))
+        for partition, records in consumed.items():
+            kept.next_offsets[partition], cleaned = record_batches.keep(
+                kept.newest, kept.superseded_tombstones, partition, records, kept.next_offsets[partition],
+                partition in kept.after_cleaning, SEGMENT_KEY_PREFIX, kept.only)
+            if cleaned:
+                kept.after_cleaning.add(partition)
+        window = CompactedWindow(fresh_load._no_own_write, holds_nothing)
+        taken = fresh_load._Kept(window, starts, only)
+        reader = raw_fetch.RawReader(topic, {"bootstrap.servers": kafka_bootstrap}, 10)
+        try:
+            read = sum(count for _, count in reader.take(starts, ends, 10, taken.take))
+        finally:
+            reader.close()
+        assert read == sum(ends[p] - starts[p] for p in starts)
+        assert taken.next_offsets == kept.next_offsets == ends and not taken.after_cleaning
+        replayed = window.replay_entries()
+        assert replayed == expected.replay_entries()
+        assert 0 < len(replayed) < 200 if only is not None and only[3] else len(replayed) > 200
+
+
 def test_a_transactions_batches_make_the_reader_unusable_and_the_group_goes_to_the_consumer(
     kafka_bootstrap: str, create_topic: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -181,7 +239,7 @@ def test_a_fault_of_the_raw_reader_itself_leaves_the_group_to_the_consumer(
     def broken(*_args: object, **_kwargs: object) -> None:
         raise ModuleNotFoundError("No module named 'kafka.client_async'")
 
-    monkeypatch.setattr(raw_fetch.RawReader, "__init__" if fault == "start" else "read", broken)
+    monkeypatch.setattr(raw_fetch.RawReader, "__init__" if fault == "start" else "take", broken)
     answer = _read_group(kafka_bootstrap, topic, {0: 5}, tmp_path)
     assert answer.read == 5
     assert answer.how.startswith("with the consumer: the raw reader") and "kafka.client_async" in answer.how
