@@ -107,69 +107,133 @@ part_object(const char *start, Py_ssize_t length)
     return start == NULL ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(start, length);
 }
 
-/* The text `<topic id>:<partition>` of a record key (rlmm.events.RecordKey), as a new bytes object: before a segment
- * key's id (":" and 36 characters), else the key's second and third fields; rlmm.record_batches.partition_text is its
- * reference. NULL with an exception only when memory runs out. */
-static PyObject *
-partition_text(const char *key, Py_ssize_t length)
+/* Where the text `<topic id>:<partition>` of a record key (rlmm.events.RecordKey) is in it: before a segment key's id
+ * (":" and 36 characters), else the key's second and third fields; rlmm.record_batches.partition_text is its
+ * reference. */
+static void
+partition_span(const char *key, Py_ssize_t length, const char **text, Py_ssize_t *text_length)
 {
     if (length > 45 && memcmp(key, "segment:", 8) == 0 && key[length - 37] == ':') {
-        return PyBytes_FromStringAndSize(key + 8, length - 45);
+        *text = key + 8;
+        *text_length = length - 45;
+        return;
     }
     const char *first = memchr(key, ':', (size_t)length);
     if (first == NULL) {
-        return PyBytes_FromStringAndSize("", 0);
+        *text = key;
+        *text_length = 0;
+        return;
     }
     const char *end = key + length;
     const char *second = memchr(first + 1, ':', (size_t)(end - first - 1));
     const char *third = second == NULL ? NULL : memchr(second + 1, ':', (size_t)(end - second - 1));
-    return PyBytes_FromStringAndSize(first + 1, (third == NULL ? end : third) - first - 1);
+    *text = first + 1;
+    *text_length = (third == NULL ? end : third) - first - 1;
 }
 
-/* Whether the user partition the record key key[0:length] names is in `first`, or it names none (1), or not (0); -1
- * with an exception. `named` remembers each partition's text: text -> its view key, or None; `name(text)` names one
- * not there. */
-static int
-in_first(const char *key, Py_ssize_t length, PyObject *first, PyObject *named, PyObject *name)
+/* The view key `named` holds for a partition text (a new reference: bytes, or None for text naming no partition);
+ * where it holds none, `name(text)` names it and it is remembered there (*named_now set). NULL with an exception. */
+static PyObject *
+named_key(const char *text, Py_ssize_t text_length, PyObject *named, PyObject *name, int *named_now)
 {
-    PyObject *text = partition_text(key, length);
-    if (text == NULL) {
-        return -1;
+    PyObject *text_object = PyBytes_FromStringAndSize(text, text_length);
+    if (text_object == NULL) {
+        return NULL;
     }
-    PyObject *tp_key = PyDict_GetItemWithError(named, text);  /* borrowed */
+    PyObject *tp_key = PyDict_GetItemWithError(named, text_object);  /* borrowed */
     if (tp_key != NULL) {
         Py_INCREF(tp_key);
     } else if (!PyErr_Occurred()) {
-        tp_key = PyObject_CallOneArg(name, text);
-        if (tp_key != NULL && PyDict_SetItem(named, text, tp_key) < 0) {
+        *named_now = 1;
+        tp_key = PyObject_CallOneArg(name, text_object);
+        if (tp_key != NULL && PyDict_SetItem(named, text_object, tp_key) < 0) {
             Py_CLEAR(tp_key);
         }
     }
-    Py_DECREF(text);
-    if (tp_key == NULL) {
-        return -1;
-    }
-    int found = tp_key == Py_None ? 1 : PySet_Contains(first, tp_key);
-    Py_DECREF(tp_key);
-    return found;
+    Py_DECREF(text_object);
+    return tp_key;
 }
 
+/* A metadata partition's records name a few dozen user partitions, over and over: each text's view key is remembered
+ * for the call in a small table (by a hash of the text) and `named` asked only for a text not there, so that a record
+ * costs no new object. The table is emptied whenever `name` runs (any Python code may change `named`). */
+#define NAMED_SLOTS 64
+#define NAMED_TEXT_BYTES 64
+
+typedef struct {
+    Py_ssize_t length; /* of the text; -1: empty */
+    char text[NAMED_TEXT_BYTES];
+    PyObject *tp_key; /* held */
+} NamedSlot;
+
 /* A compacted window's keeping of one metadata partition's records (keep, read_keep): borrowed from the call's
- * arguments (held by its caller until it returns; `only`'s items by the tuple), and where the partition's offsets
- * stand. */
+ * arguments (held by its caller until it returns; `only`'s items by the tuple), where the partition's offsets stand,
+ * and the view keys of the partition texts met (keeper_release lets them go). */
 typedef struct {
     PyObject *newest, *superseded, *partition, *prefix;
     PyObject *first, *named, *name; /* `only`'s, or NULL: every record kept */
     int wanted;
     long long expected;
     int cleaned;
+    NamedSlot slots[NAMED_SLOTS];
 } Keeper;
+
+static void
+keeper_forget(Keeper *keeper)
+{
+    for (int i = 0; i < NAMED_SLOTS; i++) {
+        keeper->slots[i].length = -1;
+        Py_CLEAR(keeper->slots[i].tp_key);
+    }
+}
+
+/* Whether the user partition the record key key[0:length] names is in `first`, or it names none (1), or not (0); -1
+ * with an exception. */
+static int
+keeper_in_first(Keeper *keeper, const char *key, Py_ssize_t length)
+{
+    const char *text;
+    Py_ssize_t text_length;
+    partition_span(key, length, &text, &text_length);
+    NamedSlot *slot = NULL;
+    PyObject *tp_key = NULL;
+    if (text_length <= NAMED_TEXT_BYTES) {
+        /* A topic id's first characters and the text's last (the partition's number), mixed: texts alike there share
+         * a slot, which the comparison below tells apart. */
+        uint64_t head = 0, tail = 0;
+        memcpy(&head, text, (size_t)(text_length < 8 ? text_length : 8));
+        memcpy(&tail, text + (text_length < 8 ? 0 : text_length - 8), (size_t)(text_length < 8 ? text_length : 8));
+        uint64_t hash = (head * 0x9E3779B97F4A7C15ull) ^ (tail * 0xC2B2AE3D27D4EB4Full) ^ (uint64_t)text_length;
+        slot = &keeper->slots[(hash >> 32) % NAMED_SLOTS];
+        if (slot->length == text_length && memcmp(slot->text, text, (size_t)text_length) == 0) {
+            tp_key = Py_NewRef(slot->tp_key);
+        }
+    }
+    if (tp_key == NULL) {
+        int named_now = 0;
+        tp_key = named_key(text, text_length, keeper->named, keeper->name, &named_now);
+        if (tp_key == NULL) {
+            return -1;
+        }
+        if (named_now) {
+            keeper_forget(keeper);
+        }
+        if (slot != NULL) {
+            Py_XSETREF(slot->tp_key, Py_NewRef(tp_key));
+            memcpy(slot->text, text, (size_t)text_length);
+            slot->length = text_length;
+        }
+    }
+    int found = tp_key == Py_None ? 1 : PySet_Contains(keeper->first, tp_key);
+    Py_DECREF(tp_key);
+    return found;
+}
 
 static const char KEEPER_ARGUMENTS[] = "newest: dict, superseded_tombstones: list, partition: int, expected: int, "
                                        "cleaned: bool, tombstone_prefix: bytes, only: (first: set, named: dict, "
                                        "name, wanted: bool) | None";
 
-/* A Keeper of the arguments; -1 with TypeError or ValueError naming what is wrong. */
+/* A Keeper of the arguments (keeper_forget lets it go); -1 with TypeError or ValueError naming what is wrong. */
 static int
 keeper_of(Keeper *keeper, PyObject *newest, PyObject *superseded, PyObject *partition, PyObject *expected,
           PyObject *cleaned, PyObject *prefix, PyObject *only, const char *call)
@@ -198,6 +262,10 @@ keeper_of(Keeper *keeper, PyObject *newest, PyObject *superseded, PyObject *part
     keeper->cleaned = cleaned == Py_True;
     keeper->first = keeper->named = keeper->name = NULL;
     keeper->wanted = 0;
+    for (int i = 0; i < NAMED_SLOTS; i++) {
+        keeper->slots[i].length = -1;
+        keeper->slots[i].tp_key = NULL;
+    }
     if (only != Py_None) {
         keeper->first = PyTuple_GET_ITEM(only, 0);
         keeper->named = PyTuple_GET_ITEM(only, 1);
@@ -219,7 +287,7 @@ keeper_wants(Keeper *keeper, long long offset, const char *key, Py_ssize_t lengt
     if (keeper->first == NULL) {
         return 1;
     }
-    int found = in_first(key, length, keeper->first, keeper->named, keeper->name);
+    int found = keeper_in_first(keeper, key, length);
     return found < 0 ? -1 : found == keeper->wanted;
 }
 
@@ -505,7 +573,9 @@ batches_read_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t read;
     int transactional;
-    if (batches(args[0], start, end, args[3], NULL, &keeper, &read, &next_offset, &transactional) < 0) {
+    int done = batches(args[0], start, end, args[3], NULL, &keeper, &read, &next_offset, &transactional);
+    keeper_forget(&keeper);
+    if (done < 0) {
         return NULL;
     }
     return Py_BuildValue("(nLOLO)", read, (long long)next_offset, transactional ? Py_True : Py_False,
@@ -533,6 +603,7 @@ batches_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *records = args[3], *empty = PyBytes_FromStringAndSize(NULL, 0);
     if (empty == NULL) {
+        keeper_forget(&keeper);
         return NULL;
     }
     int failed = 0;
@@ -567,6 +638,7 @@ batches_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(record);
     }
     Py_DECREF(empty);
+    keeper_forget(&keeper);
     if (failed) {
         return NULL;
     }
