@@ -404,44 +404,38 @@ class MetadataApplier:
         # ingested). None: the view is asked (MetadataView.holds_any).
         loaded: set[bytes] | None = None if self._view.holds_user_entries() else set()
         metadata_partitions: dict[TopicIdPartition, int] = {}
-
-        def hand_out() -> None:
-            """Hand each idle worker its next group: a group not read yet, else the rest of one loaded ahead."""
-            nonlocal left_here
-            for worker in [w for w in workers if w not in busy]:
-                rest_of: frozenset[bytes] | None = None
-                if not self._ungrouped and not later:
-                    break
-                if self._ungrouped:
-                    kept_share = kept / span if span else None
-                    group = self._take_into(set(), 0, kept_share)
-                    if kept_share is not None and \
-                            sum(self._backlog[p] for p in group) * kept_share > GROUP_WORKER_MAX_KEPT:
-                        left_here += group  # a partition too large for one window: read here, in windows
-                        continue
-                    first = self._hosted(group, metadata_partitions)
-                    if first and named_here and len(first) * 2 >= named_partitions * len(group) / named_here:
-                        first = frozenset()  # most of the group's partitions: loaded with the rest at once
-                else:
-                    group, rest_of = later.pop(0)
-                    first = frozenset()
-                request = fresh_load.GroupRequest(
-                    self._settings.metadata_topic, self._consumer.client_config,
-                    {p: self._next_offsets[p] for p in group}, {p: self._backlog_ends[p] for p in group},
-                    GROUP_WORKER_MAX_KEPT, first=first, rest_of=rest_of)
-                if worker.submit_group(request, shares):
-                    busy[worker] = (group, time.monotonic(), first, rest_of)
-                else:
-                    workers.remove(worker)
-                    self._take_back(rest_of, loaded)
-                    left_here += group
-
         try:
             with cyclic_gc_paused(), self._borrowing(), self._compactions_deferred():
                 while workers and (busy or self._ungrouped or later) and not self._stop.is_set():
-                    hand_out()
+                    for worker in [w for w in workers if w not in busy]:
+                        rest_of: frozenset[bytes] | None = None
+                        if not self._ungrouped and not later:
+                            break
+                        if self._ungrouped:
+                            kept_share = kept / span if span else None
+                            group = self._take_into(set(), 0, kept_share)
+                            if kept_share is not None and \
+                                    sum(self._backlog[p] for p in group) * kept_share > GROUP_WORKER_MAX_KEPT:
+                                left_here += group  # a partition too large for one window: read here, in windows
+                                continue
+                            first = self._hosted(group, metadata_partitions)
+                            if first and named_here and \
+                                    len(first) * 2 >= named_partitions * len(group) / named_here:
+                                first = frozenset()  # most of the group's partitions: loaded with the rest at once
+                        else:
+                            group, rest_of = later.pop(0)
+                            first = frozenset()
+                        request = fresh_load.GroupRequest(
+                            self._settings.metadata_topic, self._consumer.client_config,
+                            {p: self._next_offsets[p] for p in group}, {p: self._backlog_ends[p] for p in group},
+                            GROUP_WORKER_MAX_KEPT, first=first, rest_of=rest_of)
+                        if worker.submit_group(request, shares):
+                            busy[worker] = (group, time.monotonic(), first, rest_of)
+                        else:
+                            workers.remove(worker)
+                            self._take_back(rest_of, loaded)
+                            left_here += group
                     readable, _, _ = select.select(list(busy), [], [], 0.1)
-                    answered = []
                     for worker in readable:
                         try:
                             done, answer = worker.take()
@@ -450,31 +444,27 @@ class MetadataApplier:
                         if not done:
                             continue
                         group, began, first, rest_of = busy.pop(worker)
+                        if isinstance(answer, fresh_load.GroupShare) and self._load_group(
+                                group, answer, began, loaded, first if answer.ahead else None, rest_of):
+                            if rest_of is None:  # a group's first load read all of it
+                                kept += self._kept_whole(answer)
+                                span += sum(self._backlog[partition] for partition in group)
+                                if answer.partitions_named:
+                                    named_partitions += answer.partitions_named
+                                    named_here += len(group)
+                            if answer.ahead:
+                                later.append((group, first))
+                            worker.tidy()
+                            continue
                         if not isinstance(answer, fresh_load.GroupShare):
                             log.warning("metadata topic %s: a worker could not load metadata partitions %s (%s); "
                                         "reading them in this process", self._settings.metadata_topic, group, answer)
                             workers.remove(worker)
                             worker.close()
-                            self._take_back(rest_of, loaded)
-                            left_here += group
-                            continue
-                        if rest_of is None:  # a group's first read, which sizes the groups after it
-                            kept += self._kept_whole(answer)
-                            span += sum(self._backlog[partition] for partition in group)
-                            if answer.partitions_named:
-                                named_partitions += answer.partitions_named
-                                named_here += len(group)
-                        answered.append((worker, group, began, first, rest_of, answer))
-                    # The workers that answered read their next groups while their answers are ingested here.
-                    hand_out()
-                    for worker, group, began, first, rest_of, answer in answered:
-                        if self._load_group(group, answer, began, loaded, first if answer.ahead else None, rest_of):
-                            if answer.ahead:
-                                later.append((group, first))
                         else:
-                            self._take_back(rest_of, loaded)
-                            left_here += group
-                        worker.tidy()
+                            worker.tidy()
+                        self._take_back(rest_of, loaded)
+                        left_here += group
                     for worker, (group, began, _, rest_of) in list(busy.items()):
                         if time.monotonic() - began > fresh_load.GROUP_ANSWER_S:
                             log.warning("metadata topic %s: a worker did not load metadata partitions %s in %.0f s; "

@@ -221,7 +221,7 @@ class FoldWorker:
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self._process = process
-        self._directories: list[Path] = []  # of the requests it was handed and that the applier has not tidied
+        self._directory: Path | None = None
         self._buffer = b""
         self._greeted = False  # its hello was read (the first answer)
         self._handed = 0  # requests handed to it, each with a directory of its own
@@ -280,7 +280,7 @@ class FoldWorker:
         self._handed += 1
         directory = under / f"{self._process.pid}.{self._handed}"
         directory.mkdir(parents=True)
-        self._directories.append(directory)
+        self._directory = directory
         return directory
 
     def fileno(self) -> int:
@@ -341,10 +341,10 @@ class FoldWorker:
             return None
 
     def tidy(self) -> None:
-        """Remove what the worker was given and wrote for the oldest request it answered (the applier ingested its
-        tables): it may have been handed the next one already."""
-        if self._directories:
-            shutil.rmtree(self._directories.pop(0), ignore_errors=True)
+        """Remove what the worker was given and wrote for its last request (the applier ingested its tables)."""
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
 
     def close(self) -> None:
         """Stop the worker (if still running) and remove what it was given and wrote."""
@@ -357,8 +357,7 @@ class FoldWorker:
         for pipe in (self._process.stdin, self._process.stdout):
             if pipe is not None:
                 pipe.close()
-        while self._directories:
-            self.tidy()
+        self.tidy()
 
 
 def has_second_core() -> bool:
@@ -502,8 +501,8 @@ def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: Compac
     was given up. RawFetchUnusable, with the window part filled, when the consumer must read the group instead."""
     kept = _Kept(window, request.starts, only)
     read = 0
-    for _, records in reader.take(request.starts, request.ends, GROUP_IDLE_S, kept.take):
-        read += records
+    for _, count in reader.take(request.starts, request.ends, GROUP_IDLE_S, kept.take):
+        read += count
         if window.kept() > request.max_kept:
             return f"its window keeps more than {request.max_kept} records"
     return read
