@@ -8,10 +8,12 @@ is not bytes, or raises. A quarter of the inputs go to keep() instead, against r
 records with gaps, tombstones and repeated keys over a window already holding some, half of them keeping only the
 records of some user partitions, or only the others (keep's `only`), over keys of every shape. Half of the
 well-formed batches are also read and kept in one pass (read_keep), against rlmm.record_batches.read_keep: the same
-outcome, window and named partitions; read_keep refuses arguments of other types or number."""
+outcome, window and named partitions; read_keep refuses arguments of other types or number, and meets a `name` that
+changes its containers (the window, `first`, `named`) mid-call without reading what it freed."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import struct
 from typing import Any
@@ -130,7 +132,7 @@ def _read_keep_input(data: atheris.FuzzedDataProvider, read_args: list[Any]) -> 
     """read_keep() gives what read() then keep() give (rlmm.record_batches.read_keep) and leaves the same window; or
     refuses misuse with TypeError or ValueError. (A `name` that raises is keep's to meet: read_keep stops at the first
     exception either way, a window part filled, which its callers discard.)"""
-    misuse = data.ConsumeIntInRange(0, 5)
+    misuse = data.ConsumeIntInRange(0, 6)
     args: list[Any] = [*read_args, _window(data), [], data.PickValueInList([0, 3, 49]),
                        data.PickValueInList([0, 3, 1 << 40]), data.ConsumeBool(), PREFIX,
                        _only(data, raising=False) if data.ConsumeBool() else None]
@@ -143,6 +145,22 @@ def _read_keep_input(data: atheris.FuzzedDataProvider, read_args: list[Any]) -> 
             assert args[4:6] == copied[:2], (args, copied)
         if got[0] == "read" and args[10] is not None:
             assert args[10][1] == copied[6][1], (args[10][1], copied[6][1])  # the same partitions named
+        return
+    if misuse == 6:  # a `name` that changes what read_keep reads from: it answers from what it holds, or raises
+        first: set[bytes] = set()
+        named: dict[bytes, Any] = {}
+        drops = data.ConsumeIntInRange(0, 3)
+
+        def name(text: bytes) -> Any:
+            named.clear()
+            first.symmetric_difference_update({b"key-t1:0", b"key-" + text})
+            if drops == 1:  # the window too
+                args[4].pop(next(iter(args[4]), None), None)
+            return _named_by(text) if drops != 2 else bytearray(text)
+
+        args[10] = (first, named, name, data.ConsumeBool())
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            _record_batches.read_keep(*args)
         return
     if misuse == 4:  # an argument of another type
         changed = data.ConsumeIntInRange(4, 10)
