@@ -412,13 +412,18 @@ class MetadataApplier:
                         if not self._ungrouped and not later:
                             break
                         if self._ungrouped:
+                            hosting = self._hosted(metadata_partitions)
+                            # The metadata partitions of the registered partitions first (in order): those are
+                            # ready once their groups were loaded ahead. (A node hosting one partition of its
+                            # last metadata partition waited for every other group, 30 s at 10M live segments.)
+                            self._ungrouped.sort(key=lambda partition: partition not in hosting)
                             kept_share = kept / span if span else None
                             group = self._take_into(set(), 0, kept_share)
                             if kept_share is not None and \
                                     sum(self._backlog[p] for p in group) * kept_share > GROUP_WORKER_MAX_KEPT:
                                 left_here += group  # a partition too large for one window: read here, in windows
                                 continue
-                            first = self._hosted(group, metadata_partitions)
+                            first = frozenset().union(*(hosting.get(p, ()) for p in group))
                             if first and named_here and \
                                     len(first) * 2 >= named_partitions * len(group) / named_here:
                                 first = frozenset()  # most of the group's partitions: loaded with the rest at once
@@ -500,19 +505,18 @@ class MetadataApplier:
             return answer.read
         return min(answer.read, answer.kept * answer.partitions_named / answer.first_named)
 
-    def _hosted(self, group: list[int], metadata_partitions: dict[TopicIdPartition, int]) -> frozenset[bytes]:
-        """The view keys of the registered user partitions whose records are on the metadata partitions of `group`
+    def _hosted(self, metadata_partitions: dict[TopicIdPartition, int]) -> dict[int, set[bytes]]:
+        """The view keys of the registered user partitions, by the metadata partition their records are on
         (`metadata_partitions` remembers where each one's are)."""
         with self._lock:
             registered = list(self._registered)
-
-        def where(tp: TopicIdPartition) -> int:
-            found = metadata_partitions.get(tp)
-            if found is None:
-                found = metadata_partitions[tp] = self._metadata_partition(tp)
-            return found
-
-        return frozenset(vf.tp_key_of(tp) for tp in registered if where(tp) in group)
+        hosted: dict[int, set[bytes]] = {}
+        for tp in registered:
+            where = metadata_partitions.get(tp)
+            if where is None:
+                where = metadata_partitions[tp] = self._metadata_partition(tp)
+            hosted.setdefault(where, set()).add(vf.tp_key_of(tp))
+        return hosted
 
     def ready_ahead(self, tp_key: bytes, metadata_partition: int, target: int) -> bool:
         """Whether the partition was loaded ahead of the rest of its metadata partition (`_load_in_workers`) and so

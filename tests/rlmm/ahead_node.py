@@ -33,7 +33,7 @@ def main() -> None:
 
     hosted_of = MetadataApplier._hosted
 
-    def after_registration(self: MetadataApplier, *args: Any) -> frozenset[bytes]:
+    def after_registration(self: MetadataApplier, *args: Any) -> dict[int, set[bytes]]:
         registered.wait(60)
         return hosted_of(self, *args)
 

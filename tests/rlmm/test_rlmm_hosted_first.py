@@ -58,7 +58,7 @@ def registered_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Even
     registered = threading.Event()
     hosted = MetadataApplier._hosted
 
-    def after_registration(self: MetadataApplier, *args: Any) -> frozenset[bytes]:
+    def after_registration(self: MetadataApplier, *args: Any) -> dict[int, set[bytes]]:
         registered.wait(60)
         return hosted(self, *args)
 
@@ -135,6 +135,31 @@ def test_the_partitions_a_new_node_hosts_are_ready_before_the_rest_of_its_backlo
     loaded = messages(caplog)
     assert sum("those of the 1 partitions hosted loaded ahead" in message for message in loaded) == 2, loaded
     assert sum("the rest loaded" in message for message in loaded) == 2, loaded
+
+
+def test_the_metadata_partitions_of_the_hosted_partitions_are_handed_out_first(
+    make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch, registered_first: threading.Event,
+) -> None:
+    # A node hosting partitions of its last metadata partitions only is ready once those are loaded, not after every
+    # group before them.
+    writer, tps = written_history(make_manager, 470, three_on_each(), uploads=6)
+    handed: list[tuple[list[int], bool]] = []
+    submit = fresh_load.FoldWorker.submit_group
+
+    def noted(self: fresh_load.FoldWorker, request: fresh_load.GroupRequest, under: Path) -> bool:
+        handed.append((sorted(request.starts), bool(request.first)))
+        return submit(self, request, under)
+
+    monkeypatch.setattr(fresh_load.FoldWorker, "submit_group", noted)
+    rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
+    rebuilt.on_partition_leadership_changes({tps[3]}, set())  # on metadata partition 1
+    registered_first.set()
+    wait_until(lambda: rebuilt.is_ready(tps[3]), timeout=60, description=f"{tps[3]} ready")
+    rebuilt.wait_caught_up(60)
+    assert handed[0] == ([1], True), handed  # read first, for its hosted partition
+    assert ([0], False) in handed, handed  # none hosted: loaded whole, after
+    assert rebuilt.view_digest() == writer.view_digest()
+    assert_answers_like(rebuilt, writer, [tps[3]])
 
 
 def test_a_group_whose_hosted_partitions_are_most_of_its_partitions_is_loaded_at_once(
