@@ -375,8 +375,9 @@ class MetadataApplier:
         could not start; a record's rule raised; its user partitions have records on groups loaded before) is read
         here afterwards, as any grouped read's; then every partition is read on from where its group ended.
 
-        The partitions the node hosts come first. A group is handed out with those of its user partitions that are
-        registered by then (GroupRequest.first), unless they are half of its partitions or more (as the groups loaded
+        The partitions the node hosts come first: the metadata partitions their records are on are grouped and handed
+        out before the others. A group is handed out with those of its user partitions that are registered by then
+        (GroupRequest.first), unless they are half of its partitions or more (as the groups loaded
         so far tell); the worker keeps and loads only their records, which are then ready (`ready_ahead`) though their
         offsets are not written, and once every group was handed out, the group goes out again for the rest
         (GroupRequest.rest_of), whose load writes the offsets. So a node hosting a tenth of the partitions serves them
