@@ -124,6 +124,19 @@ class ResumedState:
             blob.release()
             if not self._directory:
                 self.close()
+            else:
+                self._release(offset, length)
+
+    def _release(self, offset: int, length: int) -> None:
+        """Let the pages of a partition's state taken go from this process's memory (read, they stayed mapped until the
+        file was let go: at 1M hosted segments 75 MiB more RSS at ready, the rest taken in the background); read
+        again, they come back from the page cache."""
+        data = self._data
+        if isinstance(data, mmap.mmap) and _MADV_DONTNEED is not None:
+            start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE  # the whole pages within the state's bytes
+            end = (offset + length) // mmap.PAGESIZE * mmap.PAGESIZE
+            if end > start:
+                data.madvise(_MADV_DONTNEED, start, end - start)
 
     def discard(self, tp_key: bytes) -> None:
         """The view changed this partition since the file was written: its state there is stale."""
@@ -136,6 +149,9 @@ class ResumedState:
         data, self._data = self._data, None
         if isinstance(data, mmap.mmap):
             data.close()
+
+
+_MADV_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)  # Linux and most Unixes
 
 
 def take(path: Path, mark: Mark) -> ResumedState | None:
