@@ -339,12 +339,14 @@ take(PyObject *records, Keeper *keeper, int64_t offset, const char *key, Py_ssiz
             return wanted;
         }
     }
+    /* Each made only while no exception is set (a keeper's null key is b""). */
     PyObject *offset_object = PyLong_FromLongLong(offset);
-    PyObject *key_object = keeper != NULL && key == NULL ? PyBytes_FromStringAndSize("", 0)
-                                                         : part_object(key, key_length);
-    PyObject *value_object = part_object(value, value_length);
+    PyObject *key_object = offset_object == NULL ? NULL
+                           : keeper != NULL && key == NULL ? PyBytes_FromStringAndSize("", 0)
+                                                           : part_object(key, key_length);
+    PyObject *value_object = key_object == NULL ? NULL : part_object(value, value_length);
     int taken = -1;
-    if (offset_object != NULL && key_object != NULL && value_object != NULL) {
+    if (value_object != NULL) {
         if (keeper != NULL) {
             taken = keeper_store(keeper, offset_object, key_object, value_object);
         }
