@@ -18,7 +18,8 @@
  *
  * keep is rlmm.record_batches.keep: a compacted window's keeping of a run of records. read_keep reads and keeps in one
  * pass, making no object of a record `only` passes by (most of them, where a node loads the partitions its broker
- * hosts first): what read then keep give, and the same exceptions.
+ * hosts first): what read then keep give. On an exception, what it kept before it stays in newest (its callers
+ * discard the window).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
