@@ -81,6 +81,15 @@ def _decompressor(kind: int) -> Any:
     return [identity, record_batches.decompress, not_bytes, raising][kind]
 
 
+def _refused(call: Any, args: list[Any], misuse: object) -> None:
+    """Misuse of `call` must raise TypeError or ValueError."""
+    try:
+        call(*args)
+    except (TypeError, ValueError):
+        return
+    raise AssertionError(f"{call.__name__} accepted misuse {misuse}: {args!r}")
+
+
 def _outcome(read: Any, *args: Any) -> tuple[Any, ...]:
     try:
         return ("read", read(*args))
@@ -169,11 +178,7 @@ def _read_keep_input(data: atheris.FuzzedDataProvider, read_args: list[Any]) -> 
             return  # an argument of its type all the same
     else:  # another number of arguments
         args = args[:data.ConsumeIntInRange(0, 10)] if data.ConsumeBool() else [*args, None]
-    try:
-        _record_batches.read_keep(*args)
-    except (TypeError, ValueError):
-        return
-    raise AssertionError(f"read_keep accepted misuse {misuse}: {args!r}")
+    _refused(_record_batches.read_keep, args, misuse)
 
 
 def _keep_input(data: atheris.FuzzedDataProvider) -> None:
@@ -224,11 +229,7 @@ def _keep_input(data: atheris.FuzzedDataProvider) -> None:
             records.insert(0, (0, next(iter(newest)), b"v"))
     else:  # another number of arguments
         args = args[:data.ConsumeIntInRange(0, 6)] if data.ConsumeBool() else [*args, None, None][:9]
-    try:
-        _record_batches.keep(*args)
-    except (TypeError, ValueError):
-        return
-    raise AssertionError(f"keep accepted misuse {misuse}: {args!r}")
+    _refused(_record_batches.keep, args, misuse)
 
 
 def one_input(raw: bytes) -> None:
@@ -265,8 +266,4 @@ def one_input(raw: bytes) -> None:
         args[3] = data.PickValueInList([None, 3, b"x"])
     else:  # another number of arguments
         args = args[:data.ConsumeIntInRange(0, 3)] if data.ConsumeBool() else [*args, None]
-    try:
-        _record_batches.read(*args)
-    except (TypeError, ValueError):
-        return
-    raise AssertionError(f"read accepted misuse {misuse}: {args!r}")
+    _refused(_record_batches.read, args, misuse)
