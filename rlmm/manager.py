@@ -70,12 +70,12 @@ LOADER_RETRY_MAX_S = 2.0
 # hosted partition in memory, 15-16 s with this).
 FREEZE_AFTER_LOADS = 64
 # How long a registration may spend holding again the partitions the node kept at its last clean close
-# (rlmm.resume_file: about 0.7 s per 1M hosted segments, up to 1 s on a busy VM): the broker's metadata thread waits
-# for it, and a restart is ready once it returns, so that with the view's opening (0.05-0.1 s) a restart is ready
-# within a second. The rest are taken by the loader in the background, each as it comes to it, sooner when a lookup
-# asks for it; their first lookups meanwhile are answered from disk (at 0.5 s, hosting 1M segments: p99 of first
-# lookups 138 µs, not 7).
-RESUME_AT_ONCE_S = 0.75
+# (rlmm.resume_file: 0.45-0.7 s per 1M hosted segments on this 2-core VM, their answers decoded later by the loader):
+# the broker's metadata thread waits for it, and a restart is ready once it returns, so that with the view's opening
+# and the applier's first poll (0.05-0.15 s) a restart is ready within a second on a busy VM too (at 0.75 s it took
+# 0.8-0.9 s, 1.3 s once). The rest are taken by the loader in the background, each as it comes to it, sooner when a
+# lookup asks for it; their first lookups meanwhile are answered from disk (50-100 µs each).
+RESUME_AT_ONCE_S = 0.6
 # The loader's pause every few dozen segments it decodes (read_model.PAUSE_EVERY, about 0.5 ms of work): a lookup
 # waits at most that long for the interpreter; the pauses add about a tenth to a partition's load.
 LOADER_PAUSE_S = 0.00003

@@ -362,12 +362,21 @@ def _listing(segments: list[bytes]) -> Listing:
     return Listing(segments, sum(map(packed.size_of, segments))) if segments else _NO_LISTING
 
 
-def _decoding_answers(snapshot: PartitionSnapshot, partition: PartitionModel) -> PartitionSnapshot:
-    """`snapshot` with its floors' packed answers decoded, as snapshot_of builds them for a partition granted that."""
-    tp = partition.table().tp
-    floors = {epoch: EpochFloors(epoch_floors.bounds, tuple(
-        packed.unpack(found, tp) if type(found) is bytes else found for found in epoch_floors.segments))
-        for epoch, epoch_floors in snapshot.floors.items()}
+def _decoding_answers(snapshot: PartitionSnapshot, tp: TopicIdPartition, pause: Callable[[], None] | None
+                      ) -> PartitionSnapshot:
+    """`snapshot` with its floors' packed answers decoded relative to `tp` (its table's), as snapshot_of builds them for
+    a partition granted that; `pause`, if given, is called at each epoch's first answer and every UNPACK_PAUSE_EVERY
+    after."""
+    unpack = packed.unpack
+    floors = {}
+    for epoch, epoch_floors in snapshot.floors.items():
+        answers = list(epoch_floors.segments)
+        for at, found in enumerate(answers):
+            if pause is not None and at % UNPACK_PAUSE_EVERY == 0:
+                pause()
+            if type(found) is bytes:
+                answers[at] = unpack(found, tp)
+        floors[epoch] = EpochFloors(epoch_floors.bounds, tuple(answers))
     return replace(snapshot, floors=floors)
 
 
@@ -566,6 +575,10 @@ class ReadModel:
         # What a restarted node served when it closed (rlmm.resume_file), given to each partition as it is hosted
         # again, unless something changed the partition first.
         self._resumed: Resumable | None = None
+        # Partitions taken from it that were granted decoded answers, published with their answers packed until
+        # `host` (in the time it has) or `prepare` decodes them (`_decode_taken`): unpacking the answers took a third
+        # of a restart's registration at 1M hosted segments, which now takes every partition first.
+        self._undecoded: set[bytes] = set()
 
     def _read(self, tp_key: bytes, pause: Callable[[], None] | None) -> PartitionModel | None:
         """The partition as the view holds it now. What follows folds into what this read (a borrowed partition's
@@ -604,7 +617,8 @@ class ReadModel:
     def host(self, tp_keys: Iterable[bytes], resume_for_s: float = math.inf) -> None:
         """Partitions this node now hosts: kept once read (each is read when first asked for, not now). One the node
         served when it closed is held and watched at once as it was then, if nothing changed it since (`resume`), for
-        `resume_for_s` seconds in all; each of the rest is taken from what the node kept when it is prepared."""
+        `resume_for_s` seconds in all, its answers packed, then decoded where granted while time is left; each of
+        the rest is taken (and decoded) from what the node kept when it is prepared."""
         with self.lock:
             if self.hosted is not None:
                 keys = list(tp_keys)
@@ -616,6 +630,11 @@ class ReadModel:
                             break
                         self._resume(tp_key)
                     self._end_resume_once_taken()
+                    # Then their answers, in what time is left (the loader's `prepare` decodes the rest).
+                    for tp_key in list(self._undecoded):
+                        if time.monotonic() >= deadline:
+                            break
+                        self._decode_taken(tp_key, None)
 
     def resume(self, resumed: Resumable | None) -> None:
         """The partitions this node served when it closed, as they were then (rlmm.resume_file: the view has not
@@ -646,7 +665,7 @@ class ReadModel:
         partition, snapshot = found
         self._grant(tp_key, partition)
         if partition is not None and partition.decoded_answers:
-            snapshot = _decoding_answers(snapshot, partition)
+            self._undecoded.add(tp_key)  # published packed: lookups unpack each answer until it is decoded
         self.partitions[tp_key] = partition
         self._publish(tp_key, snapshot)
         return True
@@ -736,14 +755,15 @@ class ReadModel:
         a load or a reset touched it meanwhile (`_reading`): it is then read again under the lock, as `watch` reads.
         Until it enters, the manager answers its lookups from disk."""
         with self.lock:
-            if not self._wanted(tp_key):
-                return
-            if self._take_kept(tp_key):
-                return
-            if tp_key in self.partitions or tp_key in self._reading:  # held already, or read by another thread
+            done = not self._wanted(tp_key) or self._take_kept(tp_key)
+            if not done and (tp_key in self.partitions or tp_key in self._reading):  # held, or read by another thread
                 self._prepare_locked(tp_key, pause)
                 return
-            self._reading[tp_key] = False
+            if not done:
+                self._reading[tp_key] = False
+        if done:
+            self._decode_taken(tp_key, pause)
+            return
         try:
             partition = self._read(tp_key, pause)
             with self.lock:
@@ -761,6 +781,28 @@ class ReadModel:
         finally:
             with self.lock:
                 self._reading.pop(tp_key, None)
+
+    def _decode_taken(self, tp_key: bytes, pause: Callable[[], None] | None) -> None:
+        """Decode the answers of a partition taken from what the node kept (`_resume`) with them packed, without the
+        lock unless the caller holds it (`host`). Published unless a fold replaced the snapshot meanwhile: then decoded again from the new one, at most
+        DECODE_TRIES times in all (past that its packed answers stay: the same answers, each unpacked by its lookup)."""
+        for _try in range(DECODE_TRIES):
+            with self.lock:
+                if tp_key not in self._undecoded:
+                    return
+                snapshot, partition = self.snapshots.get(tp_key), self.partitions.get(tp_key)
+                if snapshot is None or partition is None or not partition.decoded_answers:
+                    self._undecoded.discard(tp_key)
+                    return
+                tp = partition.table().tp
+            decoded = _decoding_answers(snapshot, tp, pause)
+            with self.lock:
+                if self.snapshots.get(tp_key) is snapshot and tp_key in self._undecoded:
+                    self._undecoded.discard(tp_key)
+                    self._publish(tp_key, decoded)
+                    return
+        with self.lock:
+            self._undecoded.discard(tp_key)
 
     def _wanted(self, tp_key: bytes) -> bool:
         return tp_key not in self.snapshots and (self.hosted is None or tp_key in self.hosted)
@@ -812,6 +854,7 @@ class ReadModel:
 
     def _ungrant(self, tp_key: bytes) -> None:
         self._decoded_segments -= self._decoded.pop(tp_key, 0)
+        self._undecoded.discard(tp_key)
 
     def _publish(self, tp_key: bytes, snapshot: PartitionSnapshot) -> None:
         self.snapshots[tp_key] = snapshot
@@ -914,6 +957,10 @@ class ReadModel:
 
 # How many entries `read_partition` decodes between two calls of its `pause`.
 PAUSE_EVERY = 32
+# How many packed answers `_decoding_answers` unpacks between two (about 0.4 ms of work: a pause costs about 80 us).
+UNPACK_PAUSE_EVERY = 256
+# How many times `ReadModel.prepare` decodes a resumed partition's answers while folds keep replacing its snapshot.
+DECODE_TRIES = 3
 
 
 def read_partition(families: dict[str, object], tp_key: bytes, pause: Callable[[], None] | None = None

@@ -4,6 +4,7 @@ whatever changed since (records applied, a view written by something else, a gar
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -14,14 +15,14 @@ from rlmm_testkit import LogWriter, drive, make_tp, register, wait_ready, worklo
 from support import wait_until
 from test_rlmm_hosted_partitions import answers, held, keys, later_uploads
 
-from rlmm import RemoteLogMetadataManager, codec, resume_file
+from rlmm import RemoteLogMetadataManager, codec, read_model, resume_file
 from rlmm import manager as manager_module
 from rlmm import view_format as vf
 from rlmm.archive import to_archived
 from rlmm.errors import RemoteResourceNotFoundError
-from rlmm.read_model import read_partition, snapshot_of
+from rlmm.read_model import PartitionSnapshot, read_partition, snapshot_of
 from rlmm.snapshot import apply_archived
-from rlmm.types import TopicIdPartition
+from rlmm.types import RemoteLogSegmentMetadata, TopicIdPartition
 from rlmm.view import MetadataView
 
 MakeManager = Callable[..., RemoteLogMetadataManager]
@@ -206,6 +207,92 @@ def test_what_a_registration_has_no_time_to_hold_is_taken_from_the_kept_state_la
     assert {tp: answered_by(node, tp) for tp in tps} == before
     assert held(node) == keys(tps)
     assert not node.view.model.resuming(), "each was taken from the kept state"
+
+
+def _answer_kinds(node: RemoteLogMetadataManager, tp: TopicIdPartition) -> set[type]:
+    """The kinds of the answers tp's published snapshot holds: bytes (packed) or RemoteLogSegmentMetadata."""
+    snapshot = node.view.model.snapshots[vf.tp_key_of(tp)]
+    return {type(found) for floors in snapshot.floors.values() for found in floors.segments if found is not None}
+
+
+@pytest.mark.parametrize("at_once", [True, False], ids=["by-the-registration", "when-prepared"])
+def test_the_answers_of_a_resumed_partition_granted_that_are_decoded(
+    make_manager: MakeManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: bool
+) -> None:
+    """A registration takes every kept partition first, its answers packed (unpacking them took a third of its time
+    at 1M hosted segments), then decodes those of the partitions granted decoded answers in the time left; what it
+    had no time for is taken and decoded by `prepare` (the loader's). The answers are the same throughout."""
+    state_dir = tmp_path / "node"
+    tps = [make_tp("orders", p) for p in range(3)]
+    before = _served_then_closed(make_manager, state_dir, tps, 62)
+    if not at_once:
+        monkeypatch.setattr(manager_module, "RESUME_AT_ONCE_S", 0.0)
+    node = make_manager(state_dir=state_dir, partitions=PARTITIONS, **{"lookup.warmup": False})
+    register(node, *tps)
+    model = node.view.model
+    if at_once:
+        assert held(node) == keys(tps)
+    else:
+        assert not held(node)
+        for tp in tps:
+            model.prepare(vf.tp_key_of(tp))
+    for tp in tps:
+        tp_key = vf.tp_key_of(tp)
+        assert _answer_kinds(node, tp) == {RemoteLogSegmentMetadata}
+        assert model.snapshots[tp_key] == snapshot_of(model.partitions[tp_key])
+    assert not model._undecoded
+    assert {tp: answered_by(node, tp) for tp in tps} == before
+
+
+@pytest.mark.parametrize("replaced", [1, read_model.DECODE_TRIES], ids=["once", "every-time"])
+def test_a_snapshot_replaced_while_its_answers_are_decoded_is_decoded_again_or_left_packed(
+    tmp_path: Path, replaced: int
+) -> None:
+    """`prepare` decodes a resumed partition's answers without the lock; a fold that replaces its snapshot meanwhile
+    wins, and the decoding starts again from the new one, DECODE_TRIES times at most: past that the answers stay
+    packed (each lookup unpacks its own)."""
+    view, tp_keys = _view_of(tmp_path / "view", 63, 3)
+    try:
+        read = {tp_key: read_partition(view._cf, tp_key) for tp_key in tp_keys}
+        tp_key = next(tp_key for tp_key, partition in read.items() if partition is not None and partition.segments)
+        partition = read[tp_key]
+        assert partition is not None
+        partition.decoded_answers = True
+        mark = view.state_mark("meta")
+        path = tmp_path / "kept"
+        resume_file.write(path, mark, [(tp_key, partition, snapshot_of(partition))])
+        model = view.model
+        model.hold_hosted()
+        model.resume(resume_file.take(path, mark))
+        model.host([tp_key], 0.0)  # no time to take it: its first lookup does, its answers packed
+        published = model.watch(tp_key)
+        assert {type(found) for floors in published.floors.values() for found in floors.segments} <= {bytes, type(None)}
+        replacements: list[PartitionSnapshot] = []
+        pauses: list[None] = []
+        # `pause` is called at each epoch's first answer and every UNPACK_PAUSE_EVERY after: this many times in all.
+        per_decoding = sum(-(-len(floors.segments) // read_model.UNPACK_PAUSE_EVERY)
+                           for floors in published.floors.values())
+
+        def fold_meanwhile() -> None:  # what a fold does to the snapshot: replaces it whole, under the lock
+            pauses.append(None)
+            if (len(pauses) - 1) % per_decoding == 0 and len(replacements) < replaced:  # once in a decoding
+                with model.lock:
+                    replacements.append(dataclasses.replace(model.snapshots[tp_key]))
+                    model._publish(tp_key, replacements[-1])
+
+        model.prepare(tp_key, fold_meanwhile)
+        assert len(replacements) == replaced
+        kinds = {type(found) for floors in model.snapshots[tp_key].floors.values() for found in floors.segments
+                 if found is not None}
+        if replaced < read_model.DECODE_TRIES:
+            assert kinds == {RemoteLogSegmentMetadata}
+            assert model.snapshots[tp_key] == snapshot_of(model.partitions[tp_key])
+        else:
+            assert kinds == {bytes}
+            assert model.snapshots[tp_key] is replacements[-1]
+        assert not model._undecoded
+    finally:
+        view.close()
 
 
 def test_partitions_not_hosted_within_the_hold_are_let_go(make_manager: MakeManager, tmp_path: Path) -> None:
