@@ -784,8 +784,9 @@ class ReadModel:
 
     def _decode_taken(self, tp_key: bytes, pause: Callable[[], None] | None) -> None:
         """Decode the answers of a partition taken from what the node kept (`_resume`) with them packed, without the
-        lock unless the caller holds it (`host`). Published unless a fold replaced the snapshot meanwhile: then decoded again from the new one, at most
-        DECODE_TRIES times in all (past that its packed answers stay: the same answers, each unpacked by its lookup)."""
+        lock unless the caller holds it (`host`). Published unless a fold replaced the snapshot meanwhile: then
+        decoded again from the new one, at most DECODE_TRIES times in all (past that its packed answers stay: the
+        same answers, each unpacked by its lookup)."""
         for _try in range(DECODE_TRIES):
             with self.lock:
                 if tp_key not in self._undecoded:
