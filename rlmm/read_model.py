@@ -753,7 +753,8 @@ class ReadModel:
         and every other partition go on meanwhile, where a partition of 100k segments would otherwise stop them
         for seconds. The partition enters `partitions` with its snapshot at the end, under the lock, unless a fold,
         a load or a reset touched it meanwhile (`_reading`): it is then read again under the lock, as `watch` reads.
-        Until it enters, the manager answers its lookups from disk."""
+        Until it enters, the manager answers its lookups from disk. A partition taken from what the node kept, here
+        or before, has its answers decoded here if `host` had no time to (`_decode_taken`)."""
         with self.lock:
             done = not self._wanted(tp_key) or self._take_kept(tp_key)
             if not done and (tp_key in self.partitions or tp_key in self._reading):  # held, or read by another thread

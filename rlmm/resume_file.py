@@ -151,7 +151,7 @@ class ResumedState:
         self._directory.clear()
         data, self._data = self._data, None
         if isinstance(data, mmap.mmap):
-            threading.Thread(target=data.close, name="tierlog-rlmm-resume-close", daemon=True).start()
+            threading.Thread(target=_close, args=(data,), name="tierlog-rlmm-resume-close", daemon=True).start()
 
 
 _MADV_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)  # Linux and most Unixes
@@ -209,7 +209,10 @@ def _temporary(path: Path) -> Path:
 
 def _close(data: mmap.mmap | bytes) -> None:
     if isinstance(data, mmap.mmap):
-        data.close()
+        try:
+            data.close()
+        except BufferError as exc:  # a view of it still held: the mapping goes when that does
+            log.debug("the hosted-state file's mapping stays until its last view goes: %s", exc)
 
 
 # --- a partition's state as marshal's types, and back --------------------------------------------------------------
