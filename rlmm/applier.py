@@ -393,6 +393,7 @@ class MetadataApplier:
         left_here: list[int] = []
         kept: float = 0
         span = 0
+        least_share = 0.0  # what a group refused as too large for a worker showed its share to be at least
         # The user partitions the groups loaded ahead named, and their metadata partitions: a group whose hosted
         # partitions are about half of its partitions or more is loaded at once, not in two steps.
         named_partitions = named_here = 0
@@ -418,7 +419,7 @@ class MetadataApplier:
                             # ready once their groups were loaded ahead. (A node hosting one partition of its
                             # last metadata partition waited for every other group, 30 s at 10M live segments.)
                             self._ungrouped.sort(key=lambda partition: partition not in hosting)
-                            kept_share = kept / span if span else None
+                            kept_share = max(kept / span, least_share) if span else least_share or None
                             group = self._take_into(set(), 0, kept_share)
                             if kept_share is not None and \
                                     sum(self._backlog[p] for p in group) * kept_share > GROUP_WORKER_MAX_KEPT:
@@ -463,10 +464,28 @@ class MetadataApplier:
                             worker.tidy()
                             continue
                         if not isinstance(answer, fresh_load.GroupShare):
+                            too_large = isinstance(answer, fresh_load.GroupTooLarge)
+                            if too_large and rest_of is None and len(group) > 1:
+                                # Sized on a share of kept records the groups before it understated (one loaded
+                                # ahead for a partition or two of its own): it keeps at least this many, so the groups
+                                # after it are smaller, and its partitions go out again among them.
+                                log.info("metadata topic %s: metadata partitions %s keep more than %d records, too "
+                                         "many for one worker's group; handed out again in smaller groups",
+                                         self._settings.metadata_topic, group, GROUP_WORKER_MAX_KEPT)
+                                # As large a share as that at least: never again a group of these partitions all
+                                # (GROUP_WORKER_MAX_KEPT is past a group's room, GROUP_FILL * WINDOW_MAX_KEPT).
+                                least_share = max(least_share, GROUP_WORKER_MAX_KEPT / max(1, sum(
+                                    self._backlog[partition] for partition in group)))
+                                self._ungrouped = sorted(group + self._ungrouped)
+                                worker.tidy()
+                                continue
                             log.warning("metadata topic %s: a worker could not load metadata partitions %s (%s); "
                                         "reading them in this process", self._settings.metadata_topic, group, answer)
-                            workers.remove(worker)
-                            worker.close()
+                            if too_large:
+                                worker.tidy()  # it answered, and takes the next group
+                            else:
+                                workers.remove(worker)
+                                worker.close()
                         else:
                             worker.tidy()
                         self._take_back(rest_of, loaded)

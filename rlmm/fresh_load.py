@@ -401,7 +401,18 @@ def fold_share(records: Sequence[Record], directory: Path) -> WorkerShare | str:
     return WorkerShare(folded, tables, lean.partition_keys())
 
 
-def read_group(request: GroupRequest) -> GroupShare | str:
+@dataclass(frozen=True)
+class GroupTooLarge:
+    """A worker's answer for a group whose window would keep more than the request's `max_kept` records: it stopped
+    reading the group, loaded nothing of it, and takes the next group it is handed."""
+
+    max_kept: int
+
+    def __str__(self) -> str:
+        return f"its window keeps more than {self.max_kept} records"
+
+
+def read_group(request: GroupRequest) -> GroupShare | GroupTooLarge | str:
     """The worker's work for a group: read its metadata partitions from Kafka, keep the newest record of each key
     as the applier's window does (CompactedWindow; a record after a gap in its partition's offsets may stand for
     records the log cleaner removed), fold them and write their tables; its answer, or why it gave up. The records
@@ -414,7 +425,7 @@ def read_group(request: GroupRequest) -> GroupShare | str:
         only = (request.rest_of, named, _user_partition_key, False)
     elif request.first:
         only = (request.first, named, _user_partition_key, True)
-    read: int | str | None = None
+    read: int | str | GroupTooLarge | None = None
     reader, how = _raw_reader_for(request)
     if reader is not None:
         try:
@@ -426,7 +437,7 @@ def read_group(request: GroupRequest) -> GroupShare | str:
             window = CompactedWindow(_no_own_write, holds_nothing)
     if read is None:
         read = _read_consumed(request, window, only)
-    if isinstance(read, str):
+    if isinstance(read, (str, GroupTooLarge)):
         return read
     replay = window.replay_entries()
     window.clear()
@@ -496,19 +507,21 @@ class _Kept:
 
 
 def _read_raw(reader: raw_fetch.RawReader, request: GroupRequest, window: CompactedWindow,
-              only: record_batches.Only | None) -> int | str:
+              only: record_batches.Only | None) -> int | str | GroupTooLarge:
     """The group's records as raw batches into `window` (those `only` keeps): how many were read, or why the group
     was given up. RawFetchUnusable, with the window part filled, when the consumer must read the group instead."""
     kept = _Kept(window, request.starts, only)
     read = 0
+    # Each fetch is answered before the next is sent: given up between two, the reader has nothing in flight.
     for _, count in reader.take(request.starts, request.ends, GROUP_IDLE_S, kept.take):
         read += count
         if window.kept() > request.max_kept:
-            return f"its window keeps more than {request.max_kept} records"
+            return GroupTooLarge(request.max_kept)
     return read
 
 
-def _read_consumed(request: GroupRequest, window: CompactedWindow, only: record_batches.Only | None) -> int | str:
+def _read_consumed(request: GroupRequest, window: CompactedWindow, only: record_batches.Only | None
+                   ) -> int | str | GroupTooLarge:
     """The group's records from the consumer into `window` (those `only` keeps): how many were read, or why the group
     was given up."""
     from confluent_kafka import KafkaError
@@ -556,7 +569,8 @@ def _read_consumed(request: GroupRequest, window: CompactedWindow, only: record_
             if run:
                 kept.run(run_of, run)
             if window.kept() > request.max_kept:
-                return f"its window keeps more than {request.max_kept} records"
+                consumer.assign({}, [])  # ready for the next group
+                return GroupTooLarge(request.max_kept)
     except BaseException:
         _close_consumer()
         raise
@@ -633,7 +647,7 @@ def main() -> int:
                 return 0                                          # without this worker
             records: list[Record] = []
             try:
-                answer: WorkerShare | GroupShare | str
+                answer: WorkerShare | GroupShare | GroupTooLarge | str
                 if isinstance(request, GroupRequest):
                     answer = read_group(request)
                 else:

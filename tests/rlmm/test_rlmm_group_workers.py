@@ -21,6 +21,7 @@ from rlmm_testkit import (
     counting_commits,
     fault_on_handing,
     produce_to,
+    read_topic,
     rebuilt_past_garbage,
     register,
     segment,
@@ -147,6 +148,43 @@ def test_a_group_no_worker_loaded_is_read_by_the_applier_and_the_view_is_the_sam
     assert rebuilt.metadata_errors() == {}
     for process, _ in handed:
         wait_until(lambda process=process: process.poll() is not None, timeout=10, description="the worker gone")
+
+
+def test_a_group_too_large_for_a_worker_goes_out_again_in_smaller_groups(
+    make_manager: MakeManager, kafka_bootstrap: str, metadata_topic: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, handed: list[tuple[subprocess.Popen[bytes], list[int]]],
+) -> None:
+    """A group is sized on the share of records the groups before it kept. Where that understated it (at 10M live
+    segments, a node hosting one small partition: the group loaded ahead for it kept 401 records of a metadata
+    partition that keeps 205k, and the next group, four such partitions, kept more than a worker's 300k), the worker
+    answers that the group keeps too many records: its partitions go out again in smaller groups, to the same worker,
+    and the applier reads none of them itself (it read them all in this process, and the worker was closed)."""
+    writer, tps = written_history(make_manager, 430)
+    records = read_topic(kafka_bootstrap, metadata_topic)
+    keys = max(len({record.key for record in records if record.partition == partition}) for partition in (0, 1))
+    monkeypatch.setattr(applier, "GROUP_WORKERS", 1)
+    # Each partition alone fits in a worker's group (a window keeps a record per key at most), the two together do
+    # not (here); and as in production, that is more than a group's room (GROUP_FILL * WINDOW_MAX_KEPT).
+    monkeypatch.setattr(applier, "GROUP_WORKER_MAX_KEPT", keys)
+    monkeypatch.setattr(applier, "WINDOW_MAX_KEPT", keys // 3)
+    take_into = MetadataApplier._take_into
+
+    def both_at_first(self: MetadataApplier, group: set[int], kept: int, kept_share: float | None) -> list[int]:
+        if kept_share is None:  # an understated share, as from a group loaded ahead for one small partition
+            kept_share = 0.0
+        return take_into(self, group, kept, kept_share)
+
+    monkeypatch.setattr(MetadataApplier, "_take_into", both_at_first)
+    commits = counting_commits(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="rlmm.applier"):
+        rebuilt = make_manager(broker_id=1, partitions=2, **WINDOWED)
+        assert_rebuilt_like(rebuilt, writer, tps)
+    assert [group for _, group in handed] == [[0, 1], [0], [1]]
+    assert len({process.pid for process, _ in handed}) == 1, "the same worker throughout"
+    assert any("keep more than" in message and "handed out again in smaller groups" in message
+               for message in messages(caplog)), messages(caplog)
+    assert not any("reading them in this process" in message for message in messages(caplog))
+    assert commits == []  # the applier read no record of the backlog itself
 
 
 def test_an_unreadable_record_in_a_workers_group_halts_only_its_partition(

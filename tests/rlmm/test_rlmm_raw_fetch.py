@@ -69,7 +69,7 @@ def _read_group(bootstrap: str, topic: str, ends: dict[int, int], directory: Pat
     finally:
         fresh_load._close_consumer()
         fresh_load._close_raw_reader()
-    assert not isinstance(answer, str), answer
+    assert isinstance(answer, fresh_load.GroupShare), answer
     return answer
 
 
