@@ -158,7 +158,7 @@ def test_a_group_too_large_for_a_worker_goes_out_again_in_smaller_groups(
     segments, a node hosting one small partition: the group loaded ahead for it kept 401 records of a metadata
     partition that keeps 205k, and the next group, four such partitions, kept more than a worker's 300k), the worker
     answers that the group keeps too many records: its partitions go out again in smaller groups, to the same worker,
-    and the applier reads none of them itself (it read them all in this process, and the worker was closed)."""
+    and the applier reads none of them itself (it used to read the whole group itself and close the worker)."""
     writer, tps = written_history(make_manager, 430)
     records = read_topic(kafka_bootstrap, metadata_topic)
     keys = max(len({record.key for record in records if record.partition == partition}) for partition in (0, 1))
