@@ -209,9 +209,8 @@ def test_what_a_registration_has_no_time_to_hold_is_taken_from_the_kept_state_la
     assert not node.view.model.resuming(), "each was taken from the kept state"
 
 
-def _answer_kinds(node: RemoteLogMetadataManager, tp: TopicIdPartition) -> set[type]:
-    """The kinds of the answers tp's published snapshot holds: bytes (packed) or RemoteLogSegmentMetadata."""
-    snapshot = node.view.model.snapshots[vf.tp_key_of(tp)]
+def _answer_kinds(snapshot: PartitionSnapshot) -> set[type]:
+    """The kinds of the answers a snapshot holds: bytes (packed) or RemoteLogSegmentMetadata."""
     return {type(found) for floors in snapshot.floors.values() for found in floors.segments if found is not None}
 
 
@@ -238,7 +237,7 @@ def test_the_answers_of_a_resumed_partition_granted_that_are_decoded(
             model.prepare(vf.tp_key_of(tp))
     for tp in tps:
         tp_key = vf.tp_key_of(tp)
-        assert _answer_kinds(node, tp) == {RemoteLogSegmentMetadata}
+        assert _answer_kinds(model.snapshots[tp_key]) == {RemoteLogSegmentMetadata}
         assert model.snapshots[tp_key] == snapshot_of(model.partitions[tp_key])
     assert not model._undecoded
     assert {tp: answered_by(node, tp) for tp in tps} == before
@@ -266,7 +265,7 @@ def test_a_snapshot_replaced_while_its_answers_are_decoded_is_decoded_again_or_l
         model.resume(resume_file.take(path, mark))
         model.host([tp_key], 0.0)  # no time to take it: its first lookup does, its answers packed
         published = model.watch(tp_key)
-        assert {type(found) for floors in published.floors.values() for found in floors.segments} <= {bytes, type(None)}
+        assert _answer_kinds(published) == {bytes}
         replacements: list[PartitionSnapshot] = []
         pauses: list[None] = []
         # `pause` is called at each epoch's first answer and every UNPACK_PAUSE_EVERY after: this many times in all.
@@ -282,8 +281,7 @@ def test_a_snapshot_replaced_while_its_answers_are_decoded_is_decoded_again_or_l
 
         model.prepare(tp_key, fold_meanwhile)
         assert len(replacements) == replaced
-        kinds = {type(found) for floors in model.snapshots[tp_key].floors.values() for found in floors.segments
-                 if found is not None}
+        kinds = _answer_kinds(model.snapshots[tp_key])
         if replaced < read_model.DECODE_TRIES:
             assert kinds == {RemoteLogSegmentMetadata}
             assert model.snapshots[tp_key] == snapshot_of(model.partitions[tp_key])
